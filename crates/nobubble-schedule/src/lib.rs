@@ -1,1 +1,24 @@
-pub fn hello() {}
+//! Pipeline-parallel schedules: an IR, generators for the classic and zero-bubble
+//! schedules, an exact event simulator, a validator, and exports.
+//!
+//! The flow is always the same: [`generate`] (or read a file) → [`Schedule`] →
+//! [`CostModel::for_schedule`] → [`simulate`] → [`Simulation`] → an export. Nothing here
+//! knows about tensors; the runtime executes the same [`Schedule`] for real.
+
+pub mod action;
+pub mod cost;
+pub mod error;
+pub mod export;
+pub mod generate;
+pub mod paper;
+pub mod schedule;
+pub mod sim;
+pub mod validate;
+
+pub use action::{Action, Kind};
+pub use cost::{CostModel, CostSpec, RankCost};
+pub use error::Error;
+pub use generate::{generate, Request, ScheduleKind};
+pub use schedule::Schedule;
+pub use sim::{simulate, Metrics, Simulation, Slot};
+pub use validate::{check_memory, check_structure, validate};

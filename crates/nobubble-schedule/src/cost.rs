@@ -1,0 +1,213 @@
+//! What each pass costs in time and memory.
+//!
+//! One convention everywhere, so schedules compare on the same model: a [`RankCost`]
+//! describes one rank's share of the model (one 1F1B stage). A schedule that puts `v`
+//! stages on each rank (interleaved, V shapes) gives each of its stages `1/v` of that time
+//! and memory. [`CostModel::for_schedule`] applies the rule.
+
+use crate::action::Kind;
+use crate::error::Error;
+use crate::schedule::Schedule;
+use serde::{Deserialize, Serialize};
+
+/// Time and activation memory of one rank's share of the model.
+///
+/// Times are in whatever unit the user picks (µs in the paper). Memory follows the paper:
+/// F adds `mem_b`, I changes it by `mem_w − mem_b`, W frees `mem_w`, B frees `mem_b`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankCost {
+    /// Forward time.
+    pub f: f64,
+    /// Input-gradient time.
+    pub i: f64,
+    /// Weight-gradient time (B costs `i + w`).
+    pub w: f64,
+    /// Memory a microbatch holds after F (M_B).
+    #[serde(default = "one")]
+    pub mem_b: f64,
+    /// Memory a microbatch still holds after I, until W (M_W).
+    #[serde(default = "half")]
+    pub mem_w: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn half() -> f64 {
+    0.5
+}
+
+impl Default for RankCost {
+    /// F = I = W = 1, M_B = 1, M_W = 0.5: the paper's unit setting.
+    fn default() -> Self {
+        RankCost {
+            f: 1.0,
+            i: 1.0,
+            w: 1.0,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        }
+    }
+}
+
+impl RankCost {
+    fn scaled(&self, k: f64) -> RankCost {
+        RankCost {
+            f: self.f * k,
+            i: self.i * k,
+            w: self.w * k,
+            mem_b: self.mem_b * k,
+            mem_w: self.mem_w * k,
+        }
+    }
+
+    fn check(&self, what: &str) -> Result<(), Error> {
+        for (name, v) in [("f", self.f), ("i", self.i), ("w", self.w)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::Input(format!(
+                    "{what}: time `{name}` must be a positive number, got {v}"
+                )));
+            }
+        }
+        for (name, v) in [("mem_b", self.mem_b), ("mem_w", self.mem_w)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::Input(format!(
+                    "{what}: memory `{name}` must be zero or positive, got {v}"
+                )));
+            }
+        }
+        if self.mem_w > self.mem_b {
+            return Err(Error::Input(format!(
+                "{what}: mem_w ({}) is larger than mem_b ({}); what a microbatch keeps for W \
+                 is part of what it held after F",
+                self.mem_w, self.mem_b
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Costs as the user describes them: per 1F1B stage (one entry for all, one per rank, or one
+/// per schedule stage) plus the transfer time. This is the `--costs FILE.json` format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostSpec {
+    /// Time of one transfer between stages on different ranks.
+    #[serde(default)]
+    pub comm: f64,
+    /// One entry (all ranks alike), one per rank (1F1B stage), or one per schedule stage.
+    pub stages: Vec<RankCost>,
+}
+
+impl CostSpec {
+    /// Same cost on every rank.
+    pub fn uniform(cost: RankCost, comm: f64) -> CostSpec {
+        CostSpec {
+            comm,
+            stages: vec![cost],
+        }
+    }
+
+    /// Reads the `--costs` JSON file format (see the README).
+    pub fn from_json(text: &str) -> Result<CostSpec, Error> {
+        let spec: CostSpec = serde_json::from_str(text).map_err(|e| {
+            Error::Input(format!(
+                "costs file: {e}; expected {{\"comm\": C, \"stages\": [{{\"f\": .., \"i\": .., \"w\": .., \"mem_b\": .., \"mem_w\": ..}}, ...]}}"
+            ))
+        })?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Rejects non-positive times, negative memory and an empty list.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.stages.is_empty() {
+            return Err(Error::Input(
+                "costs: `stages` is empty; give one entry for all ranks or one per rank".into(),
+            ));
+        }
+        if !(self.comm.is_finite() && self.comm >= 0.0) {
+            return Err(Error::Input(format!(
+                "costs: comm must be zero or positive, got {}",
+                self.comm
+            )));
+        }
+        for (k, c) in self.stages.iter().enumerate() {
+            c.check(&format!("costs entry {k}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-stage costs resolved for one schedule; what the simulator reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Cost of each schedule stage (already divided by chunks per rank).
+    pub stages: Vec<RankCost>,
+    /// Transfer time between stages on different ranks (zero on the same rank).
+    pub comm: f64,
+}
+
+impl CostModel {
+    /// Resolves a [`CostSpec`] for `schedule`, applying the one-rank's-share rule:
+    /// with `v = stages / ranks`, stage `s` gets `1/v` of entry `⌊s / v⌋` when the spec has
+    /// one entry per rank, or its own entry, unscaled, when the spec lists every stage.
+    pub fn for_schedule(spec: &CostSpec, schedule: &Schedule) -> Result<CostModel, Error> {
+        spec.check()?;
+        let (n, p, v) = (schedule.stages, schedule.ranks, schedule.chunks_per_rank());
+        let stages = match spec.stages.len() {
+            1 => vec![spec.stages[0].scaled(1.0 / v); n],
+            k if k == n => spec.stages.clone(),
+            k if k == p => (0..n)
+                .map(|s| spec.stages[s * p / n].scaled(1.0 / v))
+                .collect(),
+            k => return Err(Error::Input(format!(
+                "costs list {k} stages; this schedule has {p} ranks and {n} stages: give 1, {p} \
+                     (one per rank, split evenly over its chunks) or {n} entries"
+            ))),
+        };
+        Ok(CostModel {
+            stages,
+            comm: spec.comm,
+        })
+    }
+
+    /// Uniform costs for a plain one-stage-per-rank schedule; a convenience for tests.
+    pub fn uniform(stages: usize, cost: RankCost, comm: f64) -> CostModel {
+        CostModel {
+            stages: vec![cost; stages],
+            comm,
+        }
+    }
+
+    /// Duration of `kind` on `stage`.
+    pub fn time(&self, stage: usize, kind: Kind) -> f64 {
+        let c = &self.stages[stage];
+        match kind {
+            Kind::F => c.f,
+            Kind::I => c.i,
+            Kind::W => c.w,
+            Kind::B => c.i + c.w,
+        }
+    }
+
+    /// Memory change caused by `kind` on `stage` (paper convention).
+    pub fn mem_delta(&self, stage: usize, kind: Kind) -> f64 {
+        let c = &self.stages[stage];
+        match kind {
+            Kind::F => c.mem_b,
+            Kind::I => c.mem_w - c.mem_b,
+            Kind::W => -c.mem_w,
+            Kind::B => -c.mem_b,
+        }
+    }
+
+    /// Sum of all pass times a rank must execute per microbatch; the busy time of any
+    /// schedule is `m` times this, whatever the order.
+    pub fn work_per_microbatch(&self, schedule: &Schedule, rank: usize) -> f64 {
+        schedule
+            .stages_of(rank)
+            .iter()
+            .map(|&s| self.stages[s].f + self.stages[s].i + self.stages[s].w)
+            .sum()
+    }
+}

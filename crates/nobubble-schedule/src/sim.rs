@@ -1,0 +1,273 @@
+//! The exact event simulator: when does each action start and end?
+//!
+//! Each rank runs its list in order, one action at a time. An action starts when its rank is
+//! free and its dependency has ended (+ `comm` when the dependency ran on another rank):
+//! F(s,j) after F(s−1,j); I/B(s,j) after I/B(s+1,j), or after F(s,j) on the last stage;
+//! W(s,j) after I(s,j). Because the order on every rank is fixed, these rules define the
+//! times uniquely; the simulator evaluates them in one pass over the actions and reports a
+//! deadlock when no rank can move.
+
+use crate::action::{Action, Kind};
+use crate::cost::CostModel;
+use crate::error::Error;
+use crate::schedule::Schedule;
+use crate::validate::{check_structure, peak_memory};
+use serde::Serialize;
+
+/// One executed action on the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Slot {
+    /// What ran.
+    pub action: Action,
+    /// When it started.
+    pub start: f64,
+    /// When it ended.
+    pub end: f64,
+    /// The cross-pass dependency that made it wait, if the rank was idle because of it.
+    pub waited_for: Option<Action>,
+}
+
+/// Summary figures of one simulated iteration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Metrics {
+    /// End of the last action on any rank (all ranks start at 0).
+    pub makespan: f64,
+    /// Compute time per rank.
+    pub busy: Vec<f64>,
+    /// First start to last end, per rank.
+    pub span: Vec<f64>,
+    /// `span − busy` per rank: gaps between a rank's first and last action.
+    pub idle: Vec<f64>,
+    /// Peak activation memory per rank.
+    pub peak_memory: Vec<f64>,
+    /// `1 − max(busy)/max(span)`: the paper's measure. Right when consecutive iterations tile
+    /// (post-validated optimizer step, no barrier), so a rank's own span is what it pays.
+    pub bubble_rate: f64,
+    /// `1 − Σ busy / (ranks · makespan)`: share of all device time left idle, start-up
+    /// stagger included. Right when every iteration ends in a barrier (synchronous step).
+    pub bubble_fraction: f64,
+    /// Point-to-point transfers per iteration.
+    pub messages: usize,
+}
+
+/// The result of simulating a schedule under a cost model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Simulation {
+    /// Per rank, its actions with start and end times, in program order.
+    pub timeline: Vec<Vec<Slot>>,
+    /// Summary figures.
+    pub metrics: Metrics,
+    /// The chain of actions that determines the makespan, first to last.
+    pub critical_path: Vec<Action>,
+}
+
+/// Dense per-(stage, slot, microbatch) table; slot 0 = F, 1 = I or B, 2 = W.
+struct PassTable<T> {
+    m: usize,
+    data: Vec<T>,
+}
+
+impl<T: Copy> PassTable<T> {
+    fn new(stages: usize, m: usize, init: T) -> Self {
+        PassTable {
+            m,
+            data: vec![init; stages * m * 3],
+        }
+    }
+    fn idx(&self, a: Action) -> usize {
+        let slot = match a.kind {
+            Kind::F => 0,
+            Kind::I | Kind::B => 1,
+            Kind::W => 2,
+        };
+        (a.stage * 3 + slot) * self.m + a.microbatch
+    }
+    fn get(&self, a: Action) -> T {
+        self.data[self.idx(a)]
+    }
+    fn set(&mut self, a: Action, v: T) {
+        let i = self.idx(a);
+        self.data[i] = v;
+    }
+}
+
+/// The pass `a` waits for, if any. For a backward the dependency is written as I; the
+/// table maps I and B to the same slot, so a fused B upstream satisfies it too.
+pub fn dependency(a: Action, stages: usize) -> Option<Action> {
+    let (s, j) = (a.stage, a.microbatch);
+    match a.kind {
+        Kind::F if s == 0 => None,
+        Kind::F => Some(Action::new(s - 1, Kind::F, j)),
+        Kind::I | Kind::B if s + 1 == stages => Some(Action::new(s, Kind::F, j)),
+        Kind::I | Kind::B => Some(Action::new(s + 1, Kind::I, j)),
+        Kind::W => Some(Action::new(s, Kind::I, j)),
+    }
+}
+
+/// Simulates one iteration. Fails on structural errors (see
+/// [`check_structure`](crate::validate::check_structure)) and on deadlocks, naming the
+/// cycle of waiting ranks.
+pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Error> {
+    check_structure(schedule)?;
+    if costs.stages.len() != schedule.stages {
+        return Err(Error::Input(format!(
+            "cost model has {} stages, schedule has {}",
+            costs.stages.len(),
+            schedule.stages
+        )));
+    }
+    let (n, p, m) = (schedule.stages, schedule.ranks, schedule.microbatches);
+    let mut end = PassTable::new(n, m, f64::NAN);
+    let mut clock = vec![0.0f64; p];
+    let mut pos = vec![0usize; p];
+    let mut timeline: Vec<Vec<Slot>> = schedule
+        .orders
+        .iter()
+        .map(|o| Vec::with_capacity(o.len()))
+        .collect();
+    let total = schedule.len();
+    let mut done = 0;
+    while done < total {
+        let mut progressed = false;
+        for r in 0..p {
+            let order = &schedule.orders[r];
+            while pos[r] < order.len() {
+                let a = order[pos[r]];
+                let mut ready = 0.0;
+                let mut dep_used = None;
+                if let Some(d) = dependency(a, n) {
+                    let e = end.get(d);
+                    if e.is_nan() {
+                        break;
+                    }
+                    let hop = if schedule.placement[d.stage] != r {
+                        costs.comm
+                    } else {
+                        0.0
+                    };
+                    ready = e + hop;
+                    dep_used = Some(d);
+                }
+                let start = clock[r].max(ready);
+                let waited_for = if ready > clock[r] { dep_used } else { None };
+                let finish = start + costs.time(a.stage, a.kind);
+                end.set(a, finish);
+                if a.kind == Kind::B {
+                    // A fused backward also completes the W slot.
+                    end.set(Action::new(a.stage, Kind::W, a.microbatch), finish);
+                }
+                timeline[r].push(Slot {
+                    action: a,
+                    start,
+                    end: finish,
+                    waited_for,
+                });
+                clock[r] = finish;
+                pos[r] += 1;
+                done += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            return Err(deadlock_cycle(schedule, &pos));
+        }
+    }
+    let metrics = metrics(schedule, costs, &timeline);
+    let critical_path = critical_path(schedule, &timeline);
+    Ok(Simulation {
+        timeline,
+        metrics,
+        critical_path,
+    })
+}
+
+/// Follows "rank r waits for an action on rank r′" from a stuck rank until a rank repeats.
+fn deadlock_cycle(schedule: &Schedule, pos: &[usize]) -> Error {
+    let n = schedule.stages;
+    let head = |r: usize| schedule.orders[r].get(pos[r]).copied();
+    let start = (0..schedule.ranks)
+        .find(|&r| head(r).is_some())
+        .expect("a stuck simulation has an unfinished rank");
+    let mut chain: Vec<(usize, Action, Action)> = Vec::new();
+    let mut r = start;
+    loop {
+        if let Some(k) = chain.iter().position(|&(q, _, _)| q == r) {
+            return Error::Deadlock(chain.split_off(k));
+        }
+        let at = head(r).expect("a rank waited on is unfinished");
+        let waits = dependency(at, n).expect("only actions with dependencies can block");
+        chain.push((r, at, waits));
+        r = schedule.placement[waits.stage];
+    }
+}
+
+fn metrics(schedule: &Schedule, costs: &CostModel, timeline: &[Vec<Slot>]) -> Metrics {
+    let busy: Vec<f64> = timeline
+        .iter()
+        .map(|t| t.iter().map(|s| s.end - s.start).sum())
+        .collect();
+    let span: Vec<f64> = timeline
+        .iter()
+        .map(|t| match (t.first(), t.last()) {
+            (Some(a), Some(b)) => b.end - a.start,
+            _ => 0.0,
+        })
+        .collect();
+    let idle: Vec<f64> = span.iter().zip(&busy).map(|(s, b)| s - b).collect();
+    let makespan = timeline
+        .iter()
+        .filter_map(|t| t.last().map(|s| s.end))
+        .fold(0.0, f64::max);
+    let max_busy = busy.iter().copied().fold(0.0, f64::max);
+    let max_span = span.iter().copied().fold(0.0, f64::max);
+    let ranks = schedule.ranks as f64;
+    let clamp = |x: f64| if x.abs() < 1e-12 { 0.0 } else { x };
+    Metrics {
+        makespan,
+        bubble_rate: clamp(1.0 - max_busy / max_span),
+        bubble_fraction: clamp(1.0 - busy.iter().sum::<f64>() / (ranks * makespan)),
+        busy,
+        span,
+        idle,
+        peak_memory: peak_memory(schedule, costs),
+        messages: schedule.messages(),
+    }
+}
+
+/// Walks back from the last action to finish: through the dependency when it made the
+/// action wait, else through the previous action on the same rank.
+fn critical_path(schedule: &Schedule, timeline: &[Vec<Slot>]) -> Vec<Action> {
+    let m = schedule.microbatches;
+    let mut where_is = PassTable::new(schedule.stages, m, (usize::MAX, 0usize));
+    for (r, t) in timeline.iter().enumerate() {
+        for (k, s) in t.iter().enumerate() {
+            where_is.set(s.action, (r, k));
+        }
+    }
+    let Some((mut r, mut k)) = timeline
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(r, t)| (r, t.len() - 1))
+        .max_by(|a, b| {
+            let (ea, eb) = (timeline[a.0][a.1].end, timeline[b.0][b.1].end);
+            ea.partial_cmp(&eb).unwrap().then(b.0.cmp(&a.0))
+        })
+    else {
+        return Vec::new();
+    };
+    let mut path = Vec::new();
+    loop {
+        let slot = timeline[r][k];
+        path.push(slot.action);
+        if let Some(d) = slot.waited_for {
+            (r, k) = where_is.get(d);
+        } else if k > 0 {
+            k -= 1;
+        } else {
+            break;
+        }
+    }
+    path.reverse();
+    path
+}

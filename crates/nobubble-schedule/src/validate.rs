@@ -1,0 +1,190 @@
+//! Structural rules every schedule must follow before its timing means anything.
+//!
+//! Cross-rank deadlocks are found by the simulator (a schedule deadlocks exactly when the
+//! simulation cannot make progress), and memory limits by [`check_memory`]; [`validate`]
+//! runs all three.
+
+use crate::action::{Action, Kind};
+use crate::cost::CostModel;
+use crate::error::Error;
+use crate::schedule::Schedule;
+use crate::sim::simulate;
+
+/// Where each (stage, microbatch) pass was listed, to spot duplicates and order errors.
+struct Seen {
+    m: usize,
+    pos: [Vec<Option<usize>>; 4],
+}
+
+impl Seen {
+    fn new(stages: usize, m: usize) -> Seen {
+        let v = || vec![None; stages * m];
+        Seen {
+            m,
+            pos: [v(), v(), v(), v()],
+        }
+    }
+    fn slot(kind: Kind) -> usize {
+        match kind {
+            Kind::F => 0,
+            Kind::I => 1,
+            Kind::W => 2,
+            Kind::B => 3,
+        }
+    }
+    fn get(&self, stage: usize, kind: Kind, mb: usize) -> Option<usize> {
+        self.pos[Self::slot(kind)][stage * self.m + mb]
+    }
+    fn set(&mut self, a: Action, at: usize) {
+        self.pos[Self::slot(a.kind)][a.stage * self.m + a.microbatch] = Some(at);
+    }
+}
+
+/// Checks counts, duplicates and local order: every stage has one F per microbatch and one
+/// backward (B, or I and W), I/B after its F, W after its I, nothing listed twice.
+pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
+    let (n, m) = (schedule.stages, schedule.microbatches);
+    let mut seen = Seen::new(n, m);
+    for (rank, order) in schedule.orders.iter().enumerate() {
+        for (at, &a) in order.iter().enumerate() {
+            let (s, j) = (a.stage, a.microbatch);
+            let invalid = |reason: String| Error::Invalid {
+                rank,
+                action: Some(a),
+                reason,
+            };
+            if let Some(prev) = seen.get(s, a.kind, j) {
+                return Err(invalid(format!(
+                    "duplicated: already listed at position {prev} of this rank"
+                )));
+            }
+            match a.kind {
+                Kind::F => {}
+                Kind::I | Kind::B => {
+                    let other = if a.kind == Kind::I { Kind::B } else { Kind::I };
+                    if seen.get(s, other, j).is_some() {
+                        return Err(invalid(format!(
+                            "microbatch {j} of stage {s} already has a backward ({}); use either B or I+W",
+                            Action::new(s, other, j)
+                        )));
+                    }
+                    if seen.get(s, Kind::F, j).is_none() {
+                        return Err(invalid(format!(
+                            "runs before its forward {}; move it after the forward",
+                            Action::new(s, Kind::F, j)
+                        )));
+                    }
+                }
+                Kind::W => {
+                    if seen.get(s, Kind::B, j).is_some() {
+                        return Err(invalid(format!(
+                            "microbatch {j} of stage {s} already ran a fused backward B, which includes W"
+                        )));
+                    }
+                    if seen.get(s, Kind::I, j).is_none() {
+                        return Err(invalid(format!(
+                            "runs before its input gradient {}; W needs what I leaves behind",
+                            Action::new(s, Kind::I, j)
+                        )));
+                    }
+                }
+            }
+            seen.set(a, at);
+        }
+    }
+    for s in 0..n {
+        let rank = schedule.placement[s];
+        if (0..m).all(|j| seen.get(s, Kind::F, j).is_none()) {
+            return Err(Error::Invalid {
+                rank,
+                action: None,
+                reason: format!("stage {s} is missing: it has no actions at all (expected {m} forwards and {m} backwards)"),
+            });
+        }
+        for j in 0..m {
+            let missing = |kind: Kind, why: &str| Error::Invalid {
+                rank,
+                action: Some(Action::new(s, kind, j)),
+                reason: format!("missing: {why}"),
+            };
+            if seen.get(s, Kind::F, j).is_none() {
+                return Err(missing(
+                    Kind::F,
+                    &format!("every stage runs a forward for each of the {m} microbatches"),
+                ));
+            }
+            let has_i = seen.get(s, Kind::I, j).is_some();
+            if !has_i && seen.get(s, Kind::B, j).is_none() {
+                return Err(missing(
+                    Kind::B,
+                    "no backward for this microbatch (need B, or I and W)",
+                ));
+            }
+            if has_i && seen.get(s, Kind::W, j).is_none() {
+                return Err(missing(
+                    Kind::W,
+                    "the input gradient I ran but its weight gradient W never does",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Memory held on each rank after each of its actions, in program order. Memory depends only
+/// on the order (one pass at a time per rank), not on timing.
+pub fn memory_trace(schedule: &Schedule, costs: &CostModel) -> Vec<Vec<f64>> {
+    schedule
+        .orders
+        .iter()
+        .map(|order| {
+            let mut used = 0.0;
+            order
+                .iter()
+                .map(|a| {
+                    used += costs.mem_delta(a.stage, a.kind);
+                    used
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Peak activation memory per rank.
+pub fn peak_memory(schedule: &Schedule, costs: &CostModel) -> Vec<f64> {
+    memory_trace(schedule, costs)
+        .iter()
+        .map(|t| t.iter().copied().fold(0.0, f64::max))
+        .collect()
+}
+
+/// Fails on the first action after which a rank holds more than `limit`.
+pub fn check_memory(schedule: &Schedule, costs: &CostModel, limit: f64) -> Result<(), Error> {
+    const EPS: f64 = 1e-9;
+    for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
+        for (k, &used) in trace.iter().enumerate() {
+            if used > limit + EPS * limit.abs().max(1.0) {
+                return Err(Error::MemoryLimit {
+                    rank,
+                    action: schedule.orders[rank][k],
+                    used,
+                    limit,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Full validation: structure, deadlock freedom and (when given) the memory limit.
+pub fn validate(
+    schedule: &Schedule,
+    costs: &CostModel,
+    mem_limit: Option<f64>,
+) -> Result<(), Error> {
+    simulate(schedule, costs)?;
+    if let Some(limit) = mem_limit {
+        check_memory(schedule, costs, limit)?;
+    }
+    Ok(())
+}

@@ -160,10 +160,12 @@ impl CostModel {
             k if k == p => (0..n)
                 .map(|s| spec.stages[s * p / n].scaled(1.0 / v))
                 .collect(),
-            k => return Err(Error::Input(format!(
+            k => {
+                return Err(Error::Input(format!(
                 "costs list {k} stages; this schedule has {p} ranks and {n} stages: give 1, {p} \
                      (one per rank, split evenly over its chunks) or {n} entries"
-            ))),
+            )))
+            }
         };
         Ok(CostModel {
             stages,

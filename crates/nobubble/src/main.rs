@@ -1,1 +1,58 @@
-fn main() {}
+//! `nobubble`: plan, compare, check and benchmark pipeline-parallel schedules.
+//!
+//! A thin layer over the libraries: argument parsing, file I/O and printing live here, all
+//! planning logic lives in `nobubble-schedule`.
+
+mod bench;
+mod check;
+mod compare;
+mod costs;
+mod plan;
+mod report;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "nobubble",
+    version,
+    about = "Zero-bubble pipeline parallelism: plan, simulate, validate and compare schedules",
+    long_about = "Zero-bubble pipeline parallelism: plan, simulate, validate and compare schedules.\n\n\
+Start with `nobubble compare --stages 4 --microbatches 8` to see every schedule side by side, \
+then `nobubble plan --schedule zb-h2 --stages 4 --microbatches 8` to look at one."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate one schedule, simulate it and print or export it.
+    Plan(plan::PlanArgs),
+    /// One table over every schedule that applies to a pipeline.
+    Compare(compare::CompareArgs),
+    /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
+    Check(check::CheckArgs),
+    /// Benchmarks: the paper's table, simulator speed.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Plan(a) => plan::run(a),
+        Command::Compare(a) => compare::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Bench(b) => bench::run(b),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! PyTorch's compute-only schedule CSV (`torch.distributed.pipelining`): no header, row r =
+//! rank r, each cell one action `{stage}{F|I|W|B}{microbatch}` in program order, empty cells
+//! are idle slots. Reading it lets `check` judge schedules written by someone else.
+
+use crate::action::Action;
+use crate::error::Error;
+use crate::schedule::Schedule;
+
+/// Writes one row per rank, actions in program order, no padding.
+pub fn write(schedule: &Schedule) -> String {
+    let mut out = String::new();
+    for order in &schedule.orders {
+        let cells: Vec<String> = order.iter().map(Action::to_string).collect();
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// Reads a compute-only CSV. The stage→rank placement comes from which row holds a stage;
+/// the stage and microbatch counts from the largest indices seen. Structural rules (counts,
+/// order) are left to the validator so its messages are the same for every source.
+pub fn read(text: &str, name: &str) -> Result<Schedule, Error> {
+    let mut rows: Vec<Vec<Action>> = text.lines().map(|_| Vec::new()).collect();
+    for (r, line) in text.lines().enumerate() {
+        for (c, cell) in line.split(',').enumerate() {
+            let cell = cell.trim().trim_matches('"').trim();
+            if cell.is_empty() {
+                continue;
+            }
+            let a: Action = cell.parse().map_err(|e| {
+                Error::Input(format!("row {} (rank {r}), column {}: {e}", r + 1, c + 1))
+            })?;
+            rows[r].push(a);
+        }
+    }
+    while rows.last().is_some_and(Vec::is_empty) {
+        rows.pop();
+    }
+    if rows.is_empty() {
+        return Err(Error::Input(
+            "the schedule file has no actions; expected one row per rank with cells like 0F0,0F1,0B0".into(),
+        ));
+    }
+    let stages = rows.iter().flatten().map(|a| a.stage).max().unwrap_or(0) + 1;
+    let microbatches = rows
+        .iter()
+        .flatten()
+        .map(|a| a.microbatch)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let mut placement = vec![usize::MAX; stages];
+    for (r, row) in rows.iter().enumerate() {
+        for a in row {
+            let p = &mut placement[a.stage];
+            if *p == usize::MAX {
+                *p = r;
+            } else if *p != r {
+                return Err(Error::Invalid {
+                    rank: r,
+                    action: Some(*a),
+                    reason: format!(
+                        "stage {} also appears on rank {}; a stage lives on exactly one rank",
+                        a.stage, *p
+                    ),
+                });
+            }
+        }
+    }
+    if let Some(s) = placement.iter().position(|&r| r == usize::MAX) {
+        return Err(Error::Input(format!(
+            "stage {s} is missing: no row holds it, but stages up to {} appear; \
+             every stage from 0 to the largest needs its actions",
+            stages - 1
+        )));
+    }
+    Schedule::new(name, stages, rows.len(), microbatches, placement, rows)
+}

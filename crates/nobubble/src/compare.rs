@@ -1,0 +1,160 @@
+//! `nobubble compare`: every applicable schedule in one table.
+
+use crate::costs::CostArgs;
+use clap::Args;
+use nobubble_schedule::error::fmt_num;
+use nobubble_schedule::{check_memory, generate, simulate, CostModel, Request, ScheduleKind};
+use serde_json::{json, Value};
+
+/// Arguments of `compare`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Pipeline stages (ranks, devices).
+    #[arg(long, short = 'p')]
+    pub stages: usize,
+    /// Microbatches per iteration.
+    #[arg(long, short = 'm')]
+    pub microbatches: usize,
+    /// Model chunks per rank for interleaved-1f1b.
+    #[arg(long, default_value_t = 2)]
+    pub chunks: usize,
+    #[command(flatten)]
+    pub costs: CostArgs,
+    /// Print a JSON array instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row: either figures or the reason the schedule does not apply.
+struct Row {
+    kind: ScheduleKind,
+    outcome: Result<Figures, String>,
+}
+
+struct Figures {
+    bubble_rate: f64,
+    bubble_fraction: f64,
+    makespan: f64,
+    peak_memory: f64,
+    messages: usize,
+    over_limit: Option<String>,
+}
+
+fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
+    let schedule = generate(&Request {
+        kind,
+        ranks: args.stages,
+        microbatches: args.microbatches,
+        chunks: args.chunks,
+    })
+    .map_err(|e| e.to_string())?;
+    let costs =
+        CostModel::for_schedule(&args.costs.spec()?, &schedule).map_err(|e| e.to_string())?;
+    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
+    let m = sim.metrics;
+    let over_limit = args.costs.mem_limit.and_then(|l| {
+        check_memory(&schedule, &costs, l)
+            .err()
+            .map(|e| e.to_string())
+    });
+    Ok(Figures {
+        bubble_rate: m.bubble_rate,
+        bubble_fraction: m.bubble_fraction,
+        makespan: m.makespan,
+        peak_memory: m.peak_memory.iter().copied().fold(0.0, f64::max),
+        messages: m.messages,
+        over_limit,
+    })
+}
+
+/// Runs `compare`.
+pub fn run(args: &CompareArgs) -> Result<(), String> {
+    if args.stages == 0 || args.microbatches == 0 {
+        return Err("--stages and --microbatches must be at least 1".into());
+    }
+    args.costs.spec()?;
+    let rows: Vec<Row> = ScheduleKind::ALL
+        .into_iter()
+        .map(|kind| Row {
+            kind,
+            outcome: evaluate(args, kind),
+        })
+        .collect();
+    let baseline = rows
+        .iter()
+        .find(|r| r.kind == ScheduleKind::OneFOneB)
+        .and_then(|r| r.outcome.as_ref().ok())
+        .map(|f| f.makespan);
+    let speedup = |f: &Figures| baseline.map(|b| b / f.makespan);
+    if args.json {
+        let out: Vec<Value> = rows
+            .iter()
+            .map(|r| match &r.outcome {
+                Ok(f) => json!({
+                    "schedule": r.kind.name(), "bubble_rate": f.bubble_rate,
+                    "bubble_fraction": f.bubble_fraction, "makespan": f.makespan,
+                    "peak_memory": f.peak_memory, "messages": f.messages,
+                    "speedup_vs_1f1b": speedup(f), "within_mem_limit": f.over_limit.is_none(),
+                }),
+                Err(e) => json!({"schedule": r.kind.name(), "error": e}),
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serializes")
+        );
+        return Ok(());
+    }
+    let best = rows
+        .iter()
+        .filter_map(|r| r.outcome.as_ref().ok().map(|f| (r.kind, f)))
+        .filter(|(_, f)| f.over_limit.is_none())
+        .min_by(|a, b| a.1.makespan.total_cmp(&b.1.makespan))
+        .map(|(k, _)| k);
+    println!(
+        "{} ranks, {} microbatches{}",
+        args.stages,
+        args.microbatches,
+        args.costs
+            .mem_limit
+            .map(|l| format!(", memory limit {} per rank", fmt_num(l)))
+            .unwrap_or_default()
+    );
+    println!(
+        "  {:<18} {:>11} {:>15} {:>10} {:>9} {:>9} {:>9}",
+        "schedule", "bubble rate", "bubble fraction", "makespan", "peak mem", "messages", "speedup"
+    );
+    let mut notes = Vec::new();
+    for r in &rows {
+        let mark = if Some(r.kind) == best { "*" } else { " " };
+        match &r.outcome {
+            Ok(f) => {
+                let limit = if f.over_limit.is_some() { " !" } else { "" };
+                println!(
+                    "{mark} {:<18} {:>10.2}% {:>14.2}% {:>10} {:>9} {:>9} {:>8}{limit}",
+                    r.kind.name(),
+                    100.0 * f.bubble_rate,
+                    100.0 * f.bubble_fraction,
+                    fmt_num(f.makespan),
+                    fmt_num(f.peak_memory),
+                    f.messages,
+                    speedup(f)
+                        .map(|s| format!("{s:.3}x"))
+                        .unwrap_or_else(|| "-".into()),
+                );
+                if let Some(e) = &f.over_limit {
+                    notes.push(format!("  ! {}: over the memory limit: {e}", r.kind.name()));
+                }
+            }
+            Err(e) => {
+                println!("  {:<18} n/a", r.kind.name());
+                notes.push(format!("  {} does not apply: {e}", r.kind.name()));
+            }
+        }
+    }
+    println!("\n* fastest within the memory limit. speedup = 1F1B makespan / makespan.");
+    for n in notes {
+        println!("{n}");
+    }
+    Ok(())
+}

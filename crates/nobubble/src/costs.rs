@@ -1,0 +1,71 @@
+//! The cost flags every command shares, turned into a [`CostSpec`].
+
+use clap::Args;
+use nobubble_schedule::{CostSpec, RankCost};
+use std::path::PathBuf;
+
+/// Time, communication and memory of one rank's share of the model (one 1F1B stage).
+#[derive(Args, Clone, Debug)]
+pub struct CostArgs {
+    /// Pass times F,I,W of one rank's share of the model (B = I+W); any unit (µs in the paper).
+    #[arg(long, value_name = "F,I,W", default_value = "1,1,1")]
+    pub cost: String,
+    /// Per-rank (or per-stage) costs from a JSON file; overrides --cost/--comm/--mem (see README).
+    #[arg(long, value_name = "FILE.json")]
+    pub costs: Option<PathBuf>,
+    /// Time of one transfer between stages on different ranks.
+    #[arg(long, value_name = "C", default_value_t = 0.0)]
+    pub comm: f64,
+    /// Activation memory MB,MW: what a microbatch holds after F, and after I until W.
+    #[arg(long, value_name = "MB,MW", default_value = "1,0.5")]
+    pub mem: String,
+    /// Activation memory limit per rank, in units of MB; schedules over it are rejected.
+    #[arg(long, value_name = "X")]
+    pub mem_limit: Option<f64>,
+}
+
+fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() != n {
+        return Err(format!(
+            "{flag} takes {n} comma-separated numbers, e.g. {flag} {example}; got `{text}`"
+        ));
+    }
+    parts
+        .iter()
+        .map(|p| {
+            p.parse::<f64>()
+                .map_err(|_| format!("{flag}: `{p}` is not a number (e.g. {flag} {example})"))
+        })
+        .collect()
+}
+
+impl CostArgs {
+    /// The cost description, from the file when given, else from the flags.
+    pub fn spec(&self) -> Result<CostSpec, String> {
+        if let Some(l) = self.mem_limit {
+            if !(l.is_finite() && l > 0.0) {
+                return Err(format!("--mem-limit must be a positive number, got {l}"));
+            }
+        }
+        if let Some(path) = &self.costs {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --costs {}: {e}", path.display()))?;
+            return CostSpec::from_json(&text).map_err(|e| format!("{}: {e}", path.display()));
+        }
+        let t = numbers("--cost", &self.cost, 3, "1,1,1")?;
+        let mem = numbers("--mem", &self.mem, 2, "1,0.5")?;
+        let spec = CostSpec::uniform(
+            RankCost {
+                f: t[0],
+                i: t[1],
+                w: t[2],
+                mem_b: mem[0],
+                mem_w: mem[1],
+            },
+            self.comm,
+        );
+        spec.check().map_err(|e| e.to_string())?;
+        Ok(spec)
+    }
+}

@@ -1,0 +1,64 @@
+//! `nobubble plan`: generate, simulate, export.
+
+use crate::costs::CostArgs;
+use crate::report::{emit, render, use_colour, Format};
+use clap::Args;
+use nobubble_schedule::{check_memory, generate, simulate, CostModel, Request, ScheduleKind};
+use std::path::PathBuf;
+
+/// Arguments of `plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2.
+    #[arg(long, short = 's', default_value = "zb-h2")]
+    pub schedule: String,
+    /// Pipeline stages (ranks, devices).
+    #[arg(long, short = 'p')]
+    pub stages: usize,
+    /// Microbatches per iteration.
+    #[arg(long, short = 'm')]
+    pub microbatches: usize,
+    /// Model chunks per rank (interleaved-1f1b).
+    #[arg(long, default_value_t = 2)]
+    pub chunks: usize,
+    #[command(flatten)]
+    pub costs: CostArgs,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write to this file instead of stdout.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Width of the text timeline in columns.
+    #[arg(long, default_value_t = 100)]
+    pub width: usize,
+}
+
+/// Runs `plan`.
+pub fn run(args: &PlanArgs) -> Result<(), String> {
+    let kind = ScheduleKind::from_name(&args.schedule).map_err(|e| e.to_string())?;
+    let schedule = generate(&Request {
+        kind,
+        ranks: args.stages,
+        microbatches: args.microbatches,
+        chunks: args.chunks,
+    })
+    .map_err(|e| e.to_string())?;
+    let spec = args.costs.spec()?;
+    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
+    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
+    if let Some(limit) = args.costs.mem_limit {
+        check_memory(&schedule, &costs, limit).map_err(|e| e.to_string())?;
+    }
+    let colour = use_colour(args.output.is_some());
+    let out = render(
+        args.format,
+        &schedule,
+        &costs,
+        &sim,
+        args.costs.mem_limit,
+        args.width,
+        colour,
+    );
+    emit(args.output.as_deref(), &out)
+}

@@ -1,0 +1,168 @@
+//! Shared output for `plan` and `check`: the JSON report, the text summary and where to
+//! write them.
+
+use nobubble_schedule::error::fmt_num;
+use nobubble_schedule::export::{chrome, csv, svg, text};
+use nobubble_schedule::{CostModel, Schedule, Simulation};
+use serde_json::{json, Value};
+use std::io::IsTerminal;
+use std::path::Path;
+
+/// Output formats of `plan` and `check`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Terminal timeline and summary.
+    Text,
+    /// Machine-readable report with metrics and the timeline.
+    Json,
+    /// PyTorch's compute-only schedule CSV.
+    Csv,
+    /// Chrome/Perfetto trace of the simulated timeline.
+    Chrome,
+    /// SVG picture of the timeline.
+    Svg,
+}
+
+/// The JSON report: stable field names scripts can rely on.
+pub fn json_report(
+    schedule: &Schedule,
+    costs: &CostModel,
+    sim: &Simulation,
+    mem_limit: Option<f64>,
+) -> Value {
+    let m = &sim.metrics;
+    json!({
+        "schedule": schedule.name,
+        "stages": schedule.stages,
+        "ranks": schedule.ranks,
+        "microbatches": schedule.microbatches,
+        "chunks_per_rank": schedule.chunks_per_rank(),
+        "makespan": m.makespan,
+        "bubble_rate": m.bubble_rate,
+        "bubble_fraction": m.bubble_fraction,
+        "peak_memory": m.peak_memory,
+        "mem_limit": mem_limit,
+        "busy": m.busy,
+        "idle": m.idle,
+        "span": m.span,
+        "messages": m.messages,
+        "comm": costs.comm,
+        "critical_path": sim.critical_path.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "placement": schedule.placement,
+        "actions": schedule.orders.iter()
+            .map(|o| o.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+        "timeline": sim.timeline.iter().map(|slots| slots.iter()
+            .map(|s| json!({"action": s.action.to_string(), "start": s.start, "end": s.end}))
+            .collect::<Vec<_>>()).collect::<Vec<_>>(),
+    })
+}
+
+/// The per-rank table and headline metrics printed under a text timeline.
+pub fn text_summary(schedule: &Schedule, sim: &Simulation, mem_limit: Option<f64>) -> String {
+    let m = &sim.metrics;
+    let mut out = String::new();
+    out.push_str("rank  stages        busy        idle        span   peak mem\n");
+    for r in 0..schedule.ranks {
+        let stages: Vec<String> = schedule
+            .stages_of(r)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        out.push_str(&format!(
+            "{r:>4}  {:<8} {:>11} {:>11} {:>11} {:>10}\n",
+            stages.join(","),
+            fmt_num(m.busy[r]),
+            fmt_num(m.idle[r]),
+            fmt_num(m.span[r]),
+            fmt_num(m.peak_memory[r]),
+        ));
+    }
+    let peak = m.peak_memory.iter().copied().fold(0.0, f64::max);
+    out.push_str(&format!(
+        "\nmakespan {}   bubble rate {:.2}%   bubble fraction {:.2}%   peak memory {}{}   messages {}\n",
+        fmt_num(m.makespan),
+        100.0 * m.bubble_rate,
+        100.0 * m.bubble_fraction,
+        fmt_num(peak),
+        mem_limit.map(|l| format!(" (limit {})", fmt_num(l))).unwrap_or_default(),
+        m.messages
+    ));
+    out.push_str(&format!(
+        "critical path: {} actions, {} … {}\n",
+        sim.critical_path.len(),
+        sim.critical_path
+            .first()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        sim.critical_path
+            .last()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+    ));
+    out
+}
+
+/// Whether to colour terminal output: only on a terminal, and never under NO_COLOR.
+pub fn use_colour(to_file: bool) -> bool {
+    !to_file && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Renders `format` for a simulated schedule.
+pub fn render(
+    format: Format,
+    schedule: &Schedule,
+    costs: &CostModel,
+    sim: &Simulation,
+    mem_limit: Option<f64>,
+    width: usize,
+    colour: bool,
+) -> String {
+    match format {
+        Format::Text => {
+            let mut out = format!(
+                "{} — {} stages on {} ranks, {} microbatches\n",
+                schedule.name, schedule.stages, schedule.ranks, schedule.microbatches
+            );
+            out.push_str(&text::render(schedule, sim, width, colour));
+            out.push('\n');
+            out.push_str(&text_summary(schedule, sim, mem_limit));
+            out
+        }
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(&json_report(schedule, costs, sim, mem_limit))
+                .expect("report serializes");
+            s.push('\n');
+            s
+        }
+        Format::Csv => csv::write(schedule),
+        Format::Chrome => {
+            let mut s =
+                serde_json::to_string(&chrome::trace(schedule, sim)).expect("trace serializes");
+            s.push('\n');
+            s
+        }
+        Format::Svg => svg::render(schedule, sim),
+    }
+}
+
+/// Writes to `-o FILE` (atomically: a temporary file renamed into place) or stdout.
+pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
+    match output {
+        None => {
+            print!("{content}");
+            Ok(())
+        }
+        Some(path) => {
+            let tmp = path.with_extension(format!(
+                "{}.tmp",
+                path.extension().and_then(|e| e.to_str()).unwrap_or("out")
+            ));
+            std::fs::write(&tmp, content)
+                .and_then(|_| std::fs::rename(&tmp, path))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+            Ok(())
+        }
+    }
+}

@@ -176,7 +176,7 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
 
 /// A round tick spacing (1, 2 or 5 × 10^k) near `raw`.
 fn nice_step(raw: f64) -> f64 {
-    if !(raw > 0.0) {
+    if raw.is_nan() || raw <= 0.0 {
         return 1.0;
     }
     let mag = 10f64.powf(raw.log10().floor());

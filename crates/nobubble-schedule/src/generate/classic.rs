@@ -58,7 +58,7 @@ pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error>
             "--chunks must be at least 1 (1 gives plain 1F1B)".into(),
         ));
     }
-    if m % p != 0 {
+    if !m.is_multiple_of(p) {
         let lo = (m / p).max(1) * p;
         return Err(Error::Input(format!(
             "interleaved-1f1b runs microbatches through the chunks in groups of {p} (one per rank), \

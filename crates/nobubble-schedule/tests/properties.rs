@@ -1,0 +1,137 @@
+//! Property tests: random pipelines, random heterogeneous costs and communication. Every
+//! generated schedule must validate, and its simulated timeline must obey the rules the
+//! simulator claims to implement, checked here independently.
+
+use nobubble_schedule::sim::dependency;
+use nobubble_schedule::{
+    generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule, ScheduleKind,
+    Simulation,
+};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn costs_strategy(p: usize) -> impl Strategy<Value = CostSpec> {
+    (
+        prop::collection::vec((0.1f64..5.0, 0.1f64..5.0, 0.1f64..5.0, 0.0f64..1.0), p),
+        0.0f64..2.0,
+    )
+        .prop_map(|(stages, comm)| CostSpec {
+            comm,
+            stages: stages
+                .into_iter()
+                .map(|(f, i, w, frac)| RankCost {
+                    f,
+                    i,
+                    w,
+                    mem_b: 1.0,
+                    mem_w: frac,
+                })
+                .collect(),
+        })
+}
+
+/// Checks the timeline against the rules, without using the simulator's own bookkeeping.
+fn check_timeline(s: &Schedule, c: &CostModel, sim: &Simulation) {
+    let mut end: HashMap<(usize, usize, usize), f64> = HashMap::new();
+    for slots in &sim.timeline {
+        for sl in slots {
+            let a = sl.action;
+            let slot = match a.kind {
+                Kind::F => 0,
+                Kind::I | Kind::B => 1,
+                Kind::W => 2,
+            };
+            end.insert((a.stage, slot, a.microbatch), sl.end);
+        }
+    }
+    for (r, slots) in sim.timeline.iter().enumerate() {
+        assert_eq!(slots.len(), s.orders[r].len());
+        let mut prev_end = 0.0;
+        for (k, sl) in slots.iter().enumerate() {
+            let a = sl.action;
+            assert_eq!(a, s.orders[r][k], "timeline keeps program order");
+            assert!(
+                sl.start >= prev_end - 1e-9,
+                "rank {r}: {a} overlaps the previous action"
+            );
+            assert!((sl.end - sl.start - c.time(a.stage, a.kind)).abs() < 1e-9);
+            if let Some(d) = dependency(a, s.stages) {
+                let slot = if d.kind == Kind::F { 0 } else { 1 };
+                let hop = if s.placement[d.stage] != r {
+                    c.comm
+                } else {
+                    0.0
+                };
+                let ready = end[&(d.stage, slot, d.microbatch)] + hop;
+                assert!(
+                    sl.start >= ready - 1e-9,
+                    "{a} starts before {d} is available"
+                );
+            }
+            prev_end = sl.end;
+        }
+    }
+}
+
+/// A simple lower bound: the busiest rank's work, and one microbatch's trip down and back.
+fn lower_bound(s: &Schedule, c: &CostModel) -> f64 {
+    let m = s.microbatches as f64;
+    let busiest = (0..s.ranks)
+        .map(|r| m * c.work_per_microbatch(s, r))
+        .fold(0.0, f64::max);
+    let crossings = (1..s.stages)
+        .filter(|&k| s.placement[k] != s.placement[k - 1])
+        .count();
+    let trip: f64 =
+        c.stages.iter().map(|x| x.f + x.i).sum::<f64>() + 2.0 * crossings as f64 * c.comm;
+    busiest.max(trip)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    #[test]
+    fn every_generated_schedule_is_valid_and_respected(
+        (p, m, spec) in (1usize..=16, 1usize..=64).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        v in 2usize..=3,
+    ) {
+        for kind in ScheduleKind::ALL {
+            let req = Request { kind, ranks: p, microbatches: m, chunks: v };
+            let s = match generate(&req) {
+                Ok(s) => s,
+                Err(e) => {
+                    // The only refusal: interleaving with m not a multiple of p.
+                    prop_assert!(kind == ScheduleKind::Interleaved1F1B && m % p != 0, "{}: {e}", kind.name());
+                    prop_assert!(e.to_string().contains("multiple"));
+                    continue;
+                }
+            };
+            let c = CostModel::for_schedule(&spec, &s).unwrap();
+            let sim = simulate(&s, &c).unwrap_or_else(|e| panic!("{} p={p} m={m}: {e}", kind.name()));
+            check_timeline(&s, &c, &sim);
+            let lb = lower_bound(&s, &c);
+            prop_assert!(sim.metrics.makespan >= lb - 1e-9, "{}: makespan {} < bound {lb}", kind.name(), sim.metrics.makespan);
+            for r in 0..s.ranks {
+                let work = m as f64 * c.work_per_microbatch(&s, r);
+                prop_assert!((sim.metrics.busy[r] - work).abs() < 1e-6 * work.max(1.0));
+            }
+            prop_assert!(sim.metrics.bubble_rate >= 0.0 && sim.metrics.bubble_rate < 1.0);
+            prop_assert!(sim.metrics.bubble_fraction >= sim.metrics.bubble_rate - 1e-9);
+            // The critical path starts at time 0 and ends at the makespan.
+            let cp = &sim.critical_path;
+            prop_assert!(!cp.is_empty());
+            let last = sim.timeline.iter().flatten().find(|sl| sl.action == *cp.last().unwrap()).unwrap();
+            prop_assert!((last.end - sim.metrics.makespan).abs() < 1e-9);
+            let first = sim.timeline.iter().flatten().find(|sl| sl.action == cp[0]).unwrap();
+            prop_assert!(first.start.abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn generators_are_deterministic(p in 1usize..=8, m in 1usize..=24) {
+        for kind in ScheduleKind::ALL {
+            let req = Request { kind, ranks: p, microbatches: m, chunks: 2 };
+            prop_assert_eq!(generate(&req).ok(), generate(&req).ok());
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The binary as a user meets it: exit codes, messages, output formats.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn nobubble(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = nobubble(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command that must fail and returns its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = nobubble(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn temp_file(name: &str, content: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nobubble-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+#[test]
+fn plan_json_has_the_documented_fields_and_values() {
+    let out = ok(&["plan", "-s", "1f1b", "-p", "4", "-m", "8", "-f", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["schedule"], "1f1b");
+    assert_eq!(v["stages"], 4);
+    assert_eq!(v["ranks"], 4);
+    assert_eq!(v["microbatches"], 8);
+    // 1F1B, F=I=W=1: makespan m(F+B) + (p−1)(F+B) = 24 + 9.
+    assert_eq!(v["makespan"], 33.0);
+    let rate = v["bubble_rate"].as_f64().unwrap();
+    assert!((rate - 3.0 / 11.0).abs() < 1e-12);
+    assert_eq!(v["peak_memory"].as_array().unwrap().len(), 4);
+    assert_eq!(v["peak_memory"][0], 4.0);
+    assert_eq!(v["busy"][3], 24.0);
+    assert_eq!(v["messages"], 2 * 3 * 8);
+    assert!(v["bubble_fraction"].as_f64().is_some());
+}
+
+#[test]
+fn compare_lists_every_schedule_with_speedups() {
+    let out = ok(&["compare", "-p", "4", "-m", "8", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["schedule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"]
+    );
+    let h1 = rows.iter().find(|r| r["schedule"] == "zb-h1").unwrap();
+    assert!((h1["speedup_vs_1f1b"].as_f64().unwrap() - 33.0 / 27.0).abs() < 1e-12);
+    let text = ok(&["compare", "-p", "4", "-m", "8"]);
+    assert!(text.contains("zb-h2") && text.contains("speedup"));
+}
+
+#[test]
+fn compare_marks_schedules_over_the_memory_limit() {
+    let out = ok(&[
+        "compare",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "4",
+        "--json",
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let within = |n: &str| {
+        rows.iter().find(|r| r["schedule"] == n).unwrap()["within_mem_limit"]
+            .as_bool()
+            .unwrap()
+    };
+    assert!(within("1f1b") && within("zb-h1"));
+    assert!(!within("zb-h2") && !within("gpipe"));
+}
+
+#[test]
+fn plan_csv_then_check_gives_the_same_makespan() {
+    for s in ["zb-h2", "interleaved-1f1b", "gpipe"] {
+        let args = [
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--cost",
+            "1,1.5,0.5",
+            "--comm",
+            "0.25",
+        ];
+        let planned: Value =
+            serde_json::from_str(&ok(&[&["plan", "-s", s, "-f", "json"][..], &args].concat()))
+                .unwrap();
+        let csv = ok(&[&["plan", "-s", s, "-f", "csv"][..], &args].concat());
+        let path = temp_file(&format!("{s}.csv"), &csv);
+        let p = path.to_str().unwrap();
+        let checked: Value =
+            serde_json::from_str(&ok(&[&["check", p, "--json"][..], &args[4..]].concat())).unwrap();
+        assert_eq!(planned["makespan"], checked["makespan"], "{s}");
+        assert_eq!(planned["stages"], checked["stages"]);
+    }
+}
+
+#[test]
+fn exports_are_well_formed() {
+    let trace: Value = serde_json::from_str(&ok(&[
+        "plan", "-s", "zb-h1", "-p", "3", "-m", "6", "-f", "chrome",
+    ]))
+    .unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let complete = events.iter().filter(|e| e["ph"] == "X").count();
+    assert_eq!(complete, 3 * 6 * 3);
+    let svg = ok(&["plan", "-s", "zb-h1", "-p", "3", "-m", "6", "-f", "svg"]);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<title>").count(), 3 * 6 * 3);
+    let text = ok(&["plan", "-s", "zb-h1", "-p", "3", "-m", "6"]);
+    assert!(text.contains("rank  0 |F0") && text.contains("bubble rate"));
+}
+
+#[test]
+fn zero_stages_or_microbatches_are_refused() {
+    assert!(fails(&["plan", "-s", "1f1b", "-p", "0", "-m", "4"])
+        .contains("--stages must be at least 1"));
+    assert!(fails(&["plan", "-s", "1f1b", "-p", "4", "-m", "0"])
+        .contains("--microbatches must be at least 1"));
+    assert!(fails(&["compare", "-p", "0", "-m", "4"]).contains("at least 1"));
+}
+
+#[test]
+fn unknown_schedule_lists_the_valid_ones() {
+    let e = fails(&["plan", "-s", "zb-h3", "-p", "4", "-m", "8"]);
+    assert!(
+        e.contains("unknown schedule `zb-h3`") && e.contains("zb-h1, zb-h2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_flags_say_what_to_write() {
+    assert!(fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,1"]).contains("--cost takes 3"));
+    assert!(
+        fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,x,1"]).contains("`x` is not a number")
+    );
+    assert!(fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,0,1"]).contains("positive"));
+    assert!(
+        fails(&["plan", "-s", "interleaved-1f1b", "-p", "4", "-m", "6"])
+            .contains("multiple of --stages 4")
+    );
+}
+
+#[test]
+fn memory_limit_exceeded_is_an_error() {
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-h2",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "4",
+    ]);
+    assert!(
+        e.contains("rank 0, action 0F4") && e.contains("exceeds the limit 4 by 1"),
+        "{e}"
+    );
+    ok(&[
+        "plan",
+        "-s",
+        "zb-h2",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "7",
+    ]);
+}
+
+#[test]
+fn check_rejects_broken_files_with_the_validator_message() {
+    let cases = [
+        ("malformed.csv", "0F0,0X3\n", "`X` is not a pass kind"),
+        ("dup.csv", "0F0,0F0,0B0\n", "duplicated"),
+        ("missing.csv", "0F0,0B0\n2F0,2B0\n", "stage 1 is missing"),
+        (
+            "deadlock.csv",
+            "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n",
+            "deadlock",
+        ),
+    ];
+    for (name, content, needle) in cases {
+        let path = temp_file(name, content);
+        let e = fails(&["check", path.to_str().unwrap()]);
+        assert!(e.contains(needle), "{name}: {e}");
+    }
+    let e = fails(&["check", "/nonexistent/schedule.csv"]);
+    assert!(e.contains("cannot read"), "{e}");
+}
+
+#[test]
+fn costs_file_per_rank_is_used() {
+    let path = temp_file(
+        "costs.json",
+        r#"{"comm": 0, "stages": [{"f":1,"i":1,"w":1},{"f":2,"i":2,"w":2}]}"#,
+    );
+    let v: Value = serde_json::from_str(&ok(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "-f",
+        "json",
+        "--costs",
+        path.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(v["busy"][0], 12.0);
+    assert_eq!(v["busy"][1], 24.0);
+    let bad = temp_file(
+        "bad.json",
+        r#"{"stages": [{"f":1,"i":1,"w":1},{"f":1,"i":1,"w":1},{"f":1,"i":1,"w":1}]}"#,
+    );
+    let e = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--costs",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(e.contains("costs list 3 stages"), "{e}");
+}
+
+#[test]
+fn paper_table_matches_the_published_columns() {
+    let rows: Vec<Value> = serde_json::from_str(&ok(&["bench", "paper", "--json"])).unwrap();
+    assert_eq!(rows.len(), 12);
+    for r in &rows {
+        for s in r["schedules"].as_array().unwrap() {
+            let (ours, paper) = (s["ours"].as_f64().unwrap(), s["paper"].as_f64().unwrap());
+            assert!((ours - paper).abs() < 5e-4, "{r}");
+        }
+    }
+}

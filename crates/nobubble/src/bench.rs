@@ -93,7 +93,7 @@ fn paper(as_json: bool) -> Result<(), String> {
             s.model, s.p, s.m, cells[0], cells[1], cells[2], diff
         );
     }
-    println!("\nlargest difference over all rows: {worst:.4}");
+    println!("\nlargest difference over all rows: {worst:.2e}");
     Ok(())
 }
 

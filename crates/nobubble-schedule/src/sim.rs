@@ -118,6 +118,8 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
     }
     let (n, p, m) = (schedule.stages, schedule.ranks, schedule.microbatches);
     let mut end = PassTable::new(n, m, f64::NAN);
+    // Which kind filled each slot, so a wait on a fused B upstream is reported as B.
+    let mut end_kind = PassTable::new(n, m, Kind::I);
     let mut clock = vec![0.0f64; p];
     let mut pos = vec![0usize; p];
     let mut timeline: Vec<Vec<Slot>> = schedule
@@ -146,12 +148,13 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
                         0.0
                     };
                     ready = e + hop;
-                    dep_used = Some(d);
+                    dep_used = Some(actual(d, &end_kind));
                 }
                 let start = clock[r].max(ready);
                 let waited_for = if ready > clock[r] { dep_used } else { None };
                 let finish = start + costs.time(a.stage, a.kind);
                 end.set(a, finish);
+                end_kind.set(a, a.kind);
                 if a.kind == Kind::B {
                     // A fused backward also completes the W slot.
                     end.set(Action::new(a.stage, Kind::W, a.microbatch), finish);
@@ -181,6 +184,12 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
     })
 }
 
+/// `d` as it appears in the schedule: a backward dependency is looked up as I but may be
+/// satisfied by a fused B.
+fn actual(d: Action, kinds: &PassTable<Kind>) -> Action {
+    Action::new(d.stage, kinds.get(d), d.microbatch)
+}
+
 /// Follows "rank r waits for an action on rank r′" from a stuck rank until a rank repeats.
 fn deadlock_cycle(schedule: &Schedule, pos: &[usize]) -> Error {
     let n = schedule.stages;
@@ -195,7 +204,11 @@ fn deadlock_cycle(schedule: &Schedule, pos: &[usize]) -> Error {
             return Error::Deadlock(chain.split_off(k));
         }
         let at = head(r).expect("a rank waited on is unfinished");
-        let waits = dependency(at, n).expect("only actions with dependencies can block");
+        let mut waits = dependency(at, n).expect("only actions with dependencies can block");
+        let holder = &schedule.orders[schedule.placement[waits.stage]];
+        if waits.kind == Kind::I && !holder.contains(&waits) {
+            waits.kind = Kind::B;
+        }
         chain.push((r, at, waits));
         r = schedule.placement[waits.stage];
     }

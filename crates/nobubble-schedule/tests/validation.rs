@@ -120,7 +120,7 @@ fn deadlock_reports_the_cycle_of_waiting_ranks() {
     assert!(ranks.contains(&0) && ranks.contains(&1));
     let msg = e.to_string();
     assert!(
-        msg.contains("rank 0 is stuck at 0B0 waiting for 1I0"),
+        msg.contains("rank 0 is stuck at 0B0 waiting for 1B0"),
         "{msg}"
     );
     assert!(

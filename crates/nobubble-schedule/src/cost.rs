@@ -203,6 +203,16 @@ impl CostModel {
         }
     }
 
+    /// M_B of a rank's whole share: what one microbatch holds on `rank` after all its
+    /// forwards there. `--mem-limit X` means `X` times this, per rank.
+    pub fn rank_mem_b(&self, schedule: &Schedule, rank: usize) -> f64 {
+        schedule
+            .stages_of(rank)
+            .iter()
+            .map(|&s| self.stages[s].mem_b)
+            .sum()
+    }
+
     /// Sum of all pass times a rank must execute per microbatch; the busy time of any
     /// schedule is `m` times this, whatever the order.
     pub fn work_per_microbatch(&self, schedule: &Schedule, rank: usize) -> f64 {

@@ -30,8 +30,10 @@ pub enum Error {
         action: Action,
         /// Memory held after that action.
         used: f64,
-        /// The limit in force.
+        /// The limit in force, in the cost model's memory units.
         limit: f64,
+        /// The limit as the user gave it, in multiples of the rank's M_B.
+        units: f64,
     },
 }
 
@@ -67,12 +69,14 @@ impl fmt::Display for Error {
                 action,
                 used,
                 limit,
+                units,
             } => write!(
                 f,
-                "rank {rank}, action {action}: activation memory {} exceeds the limit {} by {} \
+                "rank {rank}, action {action}: activation memory {} exceeds the limit {} ({} × M_B) by {} \
                  (raise --mem-limit or pick a schedule with less memory, e.g. 1f1b or zb-h1)",
                 fmt_num(*used),
                 fmt_num(*limit),
+                fmt_num(*units),
                 fmt_num(used - limit)
             ),
         }

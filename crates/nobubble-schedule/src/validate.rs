@@ -158,10 +158,13 @@ pub fn peak_memory(schedule: &Schedule, costs: &CostModel) -> Vec<f64> {
         .collect()
 }
 
-/// Fails on the first action after which a rank holds more than `limit`.
-pub fn check_memory(schedule: &Schedule, costs: &CostModel, limit: f64) -> Result<(), Error> {
+/// Fails on the first action after which a rank holds more than `x` times its M_B (the
+/// memory one microbatch holds on that rank after its forwards; see
+/// [`CostModel::rank_mem_b`]).
+pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<(), Error> {
     const EPS: f64 = 1e-9;
     for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
+        let limit = x * costs.rank_mem_b(schedule, rank);
         for (k, &used) in trace.iter().enumerate() {
             if used > limit + EPS * limit.abs().max(1.0) {
                 return Err(Error::MemoryLimit {
@@ -169,6 +172,7 @@ pub fn check_memory(schedule: &Schedule, costs: &CostModel, limit: f64) -> Resul
                     action: schedule.orders[rank][k],
                     used,
                     limit,
+                    units: x,
                 });
             }
         }

@@ -147,6 +147,7 @@ fn memory_limit_violation_names_rank_action_and_excess() {
             action,
             used,
             limit,
+            ..
         } => {
             assert_eq!(*rank, 0);
             assert_eq!(action.to_string(), "0F4");
@@ -155,6 +156,24 @@ fn memory_limit_violation_names_rank_action_and_excess() {
         other => panic!("{other:?}"),
     }
     assert!(e.to_string().contains("by 1"), "{e}");
+    // The limit is in units of the rank's M_B: doubling M_B doubles the absolute limit.
+    let big = CostModel::for_schedule(
+        &CostSpec::uniform(
+            RankCost {
+                mem_b: 2.0,
+                mem_w: 1.0,
+                ..RankCost::default()
+            },
+            0.0,
+        ),
+        &s,
+    )
+    .unwrap();
+    check_memory(&s, &big, 7.0).unwrap();
+    match check_memory(&s, &big, 4.0).unwrap_err() {
+        Error::MemoryLimit { used, limit, .. } => assert_eq!((used, limit), (10.0, 8.0)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -183,7 +183,7 @@ fn memory_limit_exceeded_is_an_error() {
         "4",
     ]);
     assert!(
-        e.contains("rank 0, action 0F4") && e.contains("exceeds the limit 4 by 1"),
+        e.contains("rank 0, action 0F4") && e.contains("exceeds the limit 4 (4 × M_B) by 1"),
         "{e}"
     );
     ok(&[

@@ -152,8 +152,14 @@ impl CostModel {
     /// with `v = stages / ranks`, stage `s` gets `1/v` of entry `⌊s / v⌋` when the spec has
     /// one entry per rank, or its own entry, unscaled, when the spec lists every stage.
     pub fn for_schedule(spec: &CostSpec, schedule: &Schedule) -> Result<CostModel, Error> {
+        CostModel::for_layout(spec, schedule.stages, schedule.ranks)
+    }
+
+    /// As [`CostModel::for_schedule`], for a schedule still to be built with `n` stages on
+    /// `p` ranks (stage `s` belongs to 1F1B stage `⌊s·p/n⌋` of the model).
+    pub fn for_layout(spec: &CostSpec, n: usize, p: usize) -> Result<CostModel, Error> {
         spec.check()?;
-        let (n, p, v) = (schedule.stages, schedule.ranks, schedule.chunks_per_rank());
+        let v = n as f64 / p as f64;
         let stages = match spec.stages.len() {
             1 => vec![spec.stages[0].scaled(1.0 / v); n],
             k if k == n => spec.stages.clone(),

@@ -160,31 +160,49 @@ pub const SETTINGS: [PaperSetting; 12] = [
 ];
 
 /// The schedules the paper table compares, with the index of their reported column.
-pub const COMPARED: [(ScheduleKind, usize); 3] = [
+pub const COMPARED: [(ScheduleKind, usize); 5] = [
     (ScheduleKind::OneFOneB, 0),
     (ScheduleKind::ZbH1, 2),
     (ScheduleKind::ZbH2, 3),
+    (ScheduleKind::Zb1p, 4),
+    (ScheduleKind::Zb2p, 5),
 ];
+
+impl PaperSetting {
+    /// (hidden size, attention heads) of the model, from the paper's table.
+    pub fn shape(&self) -> (f64, f64) {
+        match self.model {
+            "1.5B" => (2304.0, 24.0),
+            "6.2B" => (4096.0, 32.0),
+            "14.6B" => (5120.0, 40.0),
+            _ => (6144.0, 48.0),
+        }
+    }
+
+    /// The paper's cost model for this row: its profiled times and comm, and its memory per
+    /// token, M_B = 34h + 5·a·s held after F and M_W = 32h kept after I (sequence 1024),
+    /// expressed with M_B = 1.
+    pub fn costs(&self) -> CostSpec {
+        let (h, a) = self.shape();
+        let mem_b = 34.0 * h + 5.0 * a * 1024.0;
+        CostSpec::uniform(
+            RankCost {
+                f: self.t_f,
+                i: self.t_i,
+                w: self.t_w,
+                mem_b: 1.0,
+                mem_w: 32.0 * h / mem_b,
+            },
+            self.t_comm,
+        )
+    }
+}
 
 /// Our simulated bubble rate for `kind` on `setting`, with T_comm as a latency on every
 /// cross-rank dependency (see BENCHMARKS.md for why this is the model that matches).
 pub fn bubble_rate(setting: &PaperSetting, kind: ScheduleKind) -> Result<f64, Error> {
-    let schedule = generate(&Request {
-        kind,
-        ranks: setting.p,
-        microbatches: setting.m,
-        chunks: 1,
-    })?;
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: setting.t_f,
-            i: setting.t_i,
-            w: setting.t_w,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        setting.t_comm,
-    );
+    let spec = setting.costs();
+    let schedule = generate(&Request::new(kind, setting.p, setting.m), &spec)?;
     let costs = CostModel::for_schedule(&spec, &schedule)?;
     Ok(simulate(&schedule, &costs)?.metrics.bubble_rate)
 }

@@ -284,3 +284,55 @@ fn critical_path(schedule: &Schedule, timeline: &[Vec<Slot>]) -> Vec<Action> {
     path.reverse();
     path
 }
+
+/// The two objectives a planner search needs — (longest rank span, makespan) — without
+/// building a timeline. Assumes a structurally valid schedule (as generators produce);
+/// returns `None` on a deadlock.
+pub fn span_and_makespan(schedule: &Schedule, costs: &CostModel) -> Option<(f64, f64)> {
+    let (n, p, m) = (schedule.stages, schedule.ranks, schedule.microbatches);
+    let mut end = PassTable::new(n, m, f64::NAN);
+    let mut clock = vec![0.0f64; p];
+    let mut first = vec![f64::NAN; p];
+    let mut pos = vec![0usize; p];
+    let total = schedule.len();
+    let mut done = 0;
+    while done < total {
+        let mut progressed = false;
+        for r in 0..p {
+            let order = &schedule.orders[r];
+            while pos[r] < order.len() {
+                let a = order[pos[r]];
+                let mut ready = 0.0;
+                if let Some(d) = dependency(a, n) {
+                    let e = end.get(d);
+                    if e.is_nan() {
+                        break;
+                    }
+                    ready = e + if schedule.placement[d.stage] != r {
+                        costs.comm
+                    } else {
+                        0.0
+                    };
+                }
+                let start = clock[r].max(ready);
+                if first[r].is_nan() {
+                    first[r] = start;
+                }
+                let finish = start + costs.time(a.stage, a.kind);
+                end.set(a, finish);
+                clock[r] = finish;
+                pos[r] += 1;
+                done += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            return None;
+        }
+    }
+    let span = (0..p)
+        .filter(|&r| !first[r].is_nan())
+        .map(|r| clock[r] - first[r])
+        .fold(0.0, f64::max);
+    Some((span, clock.iter().copied().fold(0.0, f64::max)))
+}

@@ -19,13 +19,6 @@ struct Outcome {
 }
 
 fn run(kind: ScheduleKind, p: usize, m: usize, v: usize, (f, i, w): (f64, f64, f64)) -> Outcome {
-    let s = generate(&Request {
-        kind,
-        ranks: p,
-        microbatches: m,
-        chunks: v,
-    })
-    .unwrap();
     let spec = CostSpec::uniform(
         RankCost {
             f,
@@ -36,6 +29,14 @@ fn run(kind: ScheduleKind, p: usize, m: usize, v: usize, (f, i, w): (f64, f64, f
         },
         0.0,
     );
+    let s = generate(
+        &Request {
+            chunks: v,
+            ..Request::new(kind, p, m)
+        },
+        &spec,
+    )
+    .unwrap();
     let c = CostModel::for_schedule(&spec, &s).unwrap();
     let sim = simulate(&s, &c).unwrap();
     let max_span = sim.metrics.span.iter().copied().fold(0.0, f64::max);

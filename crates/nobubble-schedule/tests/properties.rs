@@ -95,14 +95,19 @@ proptest! {
         (p, m, spec) in (1usize..=16, 1usize..=64).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
         v in 2usize..=3,
     ) {
-        for kind in ScheduleKind::ALL {
-            let req = Request { kind, ranks: p, microbatches: m, chunks: v };
-            let s = match generate(&req) {
+        for kind in ScheduleKind::ALL.into_iter().filter(|k| !k.uses_costs()) {
+            let req = Request { chunks: v, ..Request::new(kind, p, m) };
+            let s = match generate(&req, &spec) {
                 Ok(s) => s,
                 Err(e) => {
-                    // The only refusal: interleaving with m not a multiple of p.
-                    prop_assert!(kind == ScheduleKind::Interleaved1F1B && m % p != 0, "{}: {e}", kind.name());
-                    prop_assert!(e.to_string().contains("multiple"));
+                    // The only refusals: interleaving with m not a multiple of p, and
+                    // DualPipeV with fewer than 2p microbatches.
+                    let interleaved = matches!(kind, ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb);
+                    if interleaved {
+                        prop_assert!(m % p != 0 && e.to_string().contains("multiple"), "{}: {e}", kind.name());
+                    } else {
+                        prop_assert!(kind == ScheduleKind::DualPipeV && m < 2 * p, "{}: {e}", kind.name());
+                    }
                     continue;
                 }
             };
@@ -130,8 +135,9 @@ proptest! {
     #[test]
     fn generators_are_deterministic(p in 1usize..=8, m in 1usize..=24) {
         for kind in ScheduleKind::ALL {
-            let req = Request { kind, ranks: p, microbatches: m, chunks: 2 };
-            prop_assert_eq!(generate(&req).ok(), generate(&req).ok());
+            let req = Request::new(kind, p, m);
+            let spec = CostSpec::uniform(RankCost::default(), 0.5);
+            prop_assert_eq!(generate(&req, &spec).ok(), generate(&req, &spec).ok());
         }
     }
 }

@@ -28,14 +28,6 @@ fn hand_written_csv_with_idle_cells_and_mixed_backwards_is_accepted() {
 fn csv_round_trip_keeps_the_makespan_for_every_generator() {
     for kind in ScheduleKind::ALL {
         for (p, m) in [(1, 1), (2, 4), (4, 8), (3, 9)] {
-            let Ok(s) = generate(&Request {
-                kind,
-                ranks: p,
-                microbatches: m,
-                chunks: 3,
-            }) else {
-                continue;
-            };
             let spec = CostSpec::uniform(
                 RankCost {
                     f: 1.0,
@@ -46,6 +38,13 @@ fn csv_round_trip_keeps_the_makespan_for_every_generator() {
                 },
                 0.125,
             );
+            let req = Request {
+                chunks: 3,
+                ..Request::new(kind, p, m)
+            };
+            let Ok(s) = generate(&req, &spec) else {
+                continue;
+            };
             let a = simulate(&s, &CostModel::for_schedule(&spec, &s).unwrap()).unwrap();
             let back = csv::read(&csv::write(&s), "back").unwrap();
             assert_eq!(back.orders, s.orders);
@@ -131,13 +130,8 @@ fn deadlock_reports_the_cycle_of_waiting_ranks() {
 
 #[test]
 fn memory_limit_violation_names_rank_action_and_excess() {
-    let s = generate(&Request {
-        kind: ScheduleKind::ZbH2,
-        ranks: 4,
-        microbatches: 8,
-        chunks: 1,
-    })
-    .unwrap();
+    let unit_spec = CostSpec::uniform(RankCost::default(), 0.0);
+    let s = generate(&Request::new(ScheduleKind::ZbH2, 4, 8), &unit_spec).unwrap();
     let c = unit(&s);
     check_memory(&s, &c, 7.0).unwrap();
     let e = check_memory(&s, &c, 4.0).unwrap_err();

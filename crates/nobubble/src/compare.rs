@@ -41,15 +41,19 @@ struct Figures {
 }
 
 fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
-    let schedule = generate(&Request {
-        kind,
-        ranks: args.stages,
-        microbatches: args.microbatches,
-        chunks: args.chunks,
-    })
+    let spec = args.costs.spec()?;
+    let schedule = generate(
+        &Request {
+            kind,
+            ranks: args.stages,
+            microbatches: args.microbatches,
+            chunks: args.chunks,
+            mem_limit: args.costs.mem_limit,
+        },
+        &spec,
+    )
     .map_err(|e| e.to_string())?;
-    let costs =
-        CostModel::for_schedule(&args.costs.spec()?, &schedule).map_err(|e| e.to_string())?;
+    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
     let m = sim.metrics;
     let over_limit = args.costs.mem_limit.and_then(|l| {

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 /// Arguments of `plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2.
+    /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto,
+    /// interleaved-zb, zb-v, v-half, v-min, v-auto, dualpipe-v.
     #[arg(long, short = 's', default_value = "zb-h2")]
     pub schedule: String,
     /// Pipeline stages (ranks, devices).
@@ -18,7 +19,7 @@ pub struct PlanArgs {
     /// Microbatches per iteration.
     #[arg(long, short = 'm')]
     pub microbatches: usize,
-    /// Model chunks per rank (interleaved-1f1b).
+    /// Model chunks per rank (interleaved-1f1b, interleaved-zb).
     #[arg(long, default_value_t = 2)]
     pub chunks: usize,
     #[command(flatten)]
@@ -37,14 +38,18 @@ pub struct PlanArgs {
 /// Runs `plan`.
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let kind = ScheduleKind::from_name(&args.schedule).map_err(|e| e.to_string())?;
-    let schedule = generate(&Request {
-        kind,
-        ranks: args.stages,
-        microbatches: args.microbatches,
-        chunks: args.chunks,
-    })
-    .map_err(|e| e.to_string())?;
     let spec = args.costs.spec()?;
+    let schedule = generate(
+        &Request {
+            kind,
+            ranks: args.stages,
+            microbatches: args.microbatches,
+            chunks: args.chunks,
+            mem_limit: args.costs.mem_limit,
+        },
+        &spec,
+    )
+    .map_err(|e| e.to_string())?;
     let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
     if let Some(limit) = args.costs.mem_limit {

@@ -66,7 +66,22 @@ fn compare_lists_every_schedule_with_speedups() {
         .collect();
     assert_eq!(
         names,
-        ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"]
+        [
+            "gpipe",
+            "1f1b",
+            "interleaved-1f1b",
+            "zb-h1",
+            "zb-h2",
+            "zb-1p",
+            "zb-2p",
+            "zb-auto",
+            "interleaved-zb",
+            "zb-v",
+            "v-half",
+            "v-min",
+            "v-auto",
+            "dualpipe-v"
+        ]
     );
     let h1 = rows.iter().find(|r| r["schedule"] == "zb-h1").unwrap();
     assert!((h1["speedup_vs_1f1b"].as_f64().unwrap() - 33.0 / 27.0).abs() < 1e-12);
@@ -264,10 +279,24 @@ fn costs_file_per_rank_is_used() {
 fn paper_table_matches_the_published_columns() {
     let rows: Vec<Value> = serde_json::from_str(&ok(&["bench", "paper", "--json"])).unwrap();
     assert_eq!(rows.len(), 12);
+    let mut beaten = 0;
     for r in &rows {
         for s in r["schedules"].as_array().unwrap() {
             let (ours, paper) = (s["ours"].as_f64().unwrap(), s["paper"].as_f64().unwrap());
-            assert!((ours - paper).abs() < 5e-4, "{r}");
+            match s["schedule"].as_str().unwrap() {
+                // Handcrafted schedules: same schedule, same cost model, same number.
+                "1f1b" | "zb-h1" | "zb-h2" => assert!((ours - paper).abs() < 5e-4, "{r}"),
+                // The automatic scheduler must never be worse than the paper's at 1p.
+                "zb-1p" => assert!(ours <= paper + 5e-5, "{r}"),
+                "zb-2p" => {
+                    if ours < paper - 5e-5 {
+                        beaten += 1;
+                    }
+                }
+                other => panic!("unexpected column {other}"),
+            }
         }
     }
+    // zb-2p beats the paper's ZB-2p on most rows (see BENCHMARKS.md for the exception).
+    assert!(beaten >= 8, "zb-2p beat the paper on only {beaten} rows");
 }

@@ -53,6 +53,31 @@ pub fn one_f_one_b(p: usize, m: usize) -> Result<Schedule, Error> {
 /// price of `v×` the messages. Microbatches go through the chunks in groups of `p`, which
 /// is why `m` must be a multiple of `p`.
 pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error> {
+    let orders = interleaved_orders(p, m, v, 2, Kind::B)?;
+    Schedule::new(
+        "interleaved-1f1b",
+        p * v,
+        p,
+        m,
+        loop_placement(p, v),
+        orders,
+    )
+}
+
+/// Stage `c·p + r` on rank `r`.
+pub(crate) fn loop_placement(p: usize, v: usize) -> Vec<usize> {
+    (0..p * v).map(|s| s % p).collect()
+}
+
+/// The interleaved order of forwards and backwards (`bwd` = B or I) on every rank, with
+/// `(v−1)·p + factor·(p−1−r)` warm-up forwards on rank `r`.
+pub(crate) fn interleaved_orders(
+    p: usize,
+    m: usize,
+    v: usize,
+    factor: usize,
+    bwd: Kind,
+) -> Result<Vec<Vec<Action>>, Error> {
     if v == 0 {
         return Err(Error::Input(
             "--chunks must be at least 1 (1 gives plain 1F1B)".into(),
@@ -61,13 +86,11 @@ pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error>
     if !m.is_multiple_of(p) {
         let lo = (m / p).max(1) * p;
         return Err(Error::Input(format!(
-            "interleaved-1f1b runs microbatches through the chunks in groups of {p} (one per rank), \
+            "interleaved schedules run microbatches through the chunks in groups of {p} (one per rank), \
              so --microbatches must be a multiple of --stages {p}; got {m}, try {lo} or {}",
             lo + p
         )));
     }
-    let n = p * v;
-    let placement = (0..n).map(|s| s % p).collect();
     let total = m * v;
     // k-th forward (or backward) of a rank: which chunk and microbatch it is.
     let unit = |k: usize, backward: bool| {
@@ -76,12 +99,12 @@ pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error>
         let mb = k / (p * v) * p + k % p;
         (chunk, mb)
     };
-    let orders = (0..p)
+    Ok((0..p)
         .map(|r| {
             let warmup = if m == p {
                 total
             } else {
-                ((p - r - 1) * 2 + (v - 1) * p).min(total)
+                ((p - r - 1) * factor + (v - 1) * p).min(total)
             };
             let f = |k: usize| {
                 let (c, j) = unit(k, false);
@@ -89,7 +112,7 @@ pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error>
             };
             let b = |k: usize| {
                 let (c, j) = unit(k, true);
-                Action::new(c * p + r, Kind::B, j)
+                Action::new(c * p + r, bwd, j)
             };
             let mut order: Vec<Action> = (0..warmup).map(f).collect();
             for k in 0..total - warmup {
@@ -99,6 +122,5 @@ pub fn interleaved_1f1b(p: usize, m: usize, v: usize) -> Result<Schedule, Error>
             order.extend((total - warmup..total).map(b));
             order
         })
-        .collect();
-    Schedule::new("interleaved-1f1b", n, p, m, placement, orders)
+        .collect())
 }

@@ -1,12 +1,18 @@
 //! Schedule generators, all deterministic, behind one name-based registry so the CLI,
 //! `compare` and tests see the same list.
 
+pub mod auto;
 mod classic;
+pub mod greedy;
+pub mod v_shape;
 mod zero_bubble;
 
+pub use auto::zb_auto;
 pub use classic::{gpipe, interleaved_1f1b, one_f_one_b};
-pub use zero_bubble::{zb_h1, zb_h2};
+pub use v_shape::{dualpipe_v, v_auto, v_placement, zb_v_pattern};
+pub use zero_bubble::{interleaved_zb, zb_h1, zb_h2, zb_template};
 
+use crate::cost::CostSpec;
 use crate::error::Error;
 use crate::schedule::Schedule;
 
@@ -23,16 +29,43 @@ pub enum ScheduleKind {
     ZbH1,
     /// Handcrafted zero bubble at (2p−1)·M_B.
     ZbH2,
+    /// Automatic zero bubble under `--mem-limit` (default 2p).
+    ZbAuto,
+    /// Automatic zero bubble at 1F1B's memory, p·M_B.
+    Zb1p,
+    /// Automatic zero bubble at 2p·M_B.
+    Zb2p,
+    /// Interleaved with split backward (PyTorch's ScheduleInterleavedZeroBubble shape).
+    InterleavedZb,
+    /// V placement at 1F1B's memory.
+    ZbV,
+    /// V placement at half of 1F1B's memory.
+    VHalf,
+    /// V placement at a third of 1F1B's memory.
+    VMin,
+    /// V placement under `--mem-limit` (default p).
+    VAuto,
+    /// DeepSeek's DualPipeV.
+    DualPipeV,
 }
 
 impl ScheduleKind {
     /// Every kind, in the order `compare` lists them.
-    pub const ALL: [ScheduleKind; 5] = [
+    pub const ALL: [ScheduleKind; 14] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved1F1B,
         ScheduleKind::ZbH1,
         ScheduleKind::ZbH2,
+        ScheduleKind::Zb1p,
+        ScheduleKind::Zb2p,
+        ScheduleKind::ZbAuto,
+        ScheduleKind::InterleavedZb,
+        ScheduleKind::ZbV,
+        ScheduleKind::VHalf,
+        ScheduleKind::VMin,
+        ScheduleKind::VAuto,
+        ScheduleKind::DualPipeV,
     ];
 
     /// The CLI name, stable for scripts.
@@ -43,6 +76,15 @@ impl ScheduleKind {
             ScheduleKind::Interleaved1F1B => "interleaved-1f1b",
             ScheduleKind::ZbH1 => "zb-h1",
             ScheduleKind::ZbH2 => "zb-h2",
+            ScheduleKind::ZbAuto => "zb-auto",
+            ScheduleKind::Zb1p => "zb-1p",
+            ScheduleKind::Zb2p => "zb-2p",
+            ScheduleKind::InterleavedZb => "interleaved-zb",
+            ScheduleKind::ZbV => "zb-v",
+            ScheduleKind::VHalf => "v-half",
+            ScheduleKind::VMin => "v-min",
+            ScheduleKind::VAuto => "v-auto",
+            ScheduleKind::DualPipeV => "dualpipe-v",
         }
     }
 
@@ -58,6 +100,47 @@ impl ScheduleKind {
             ScheduleKind::ZbH2 => {
                 "zero-bubble handcrafted; bubble (p−1)(F+I−2W), memory (2p−1)·M_B"
             }
+            ScheduleKind::ZbAuto => {
+                "automatic zero bubble under --mem-limit (default 2p), real costs"
+            }
+            ScheduleKind::Zb1p => "automatic zero bubble at p·M_B (1F1B's memory)",
+            ScheduleKind::Zb2p => "automatic zero bubble at 2p·M_B",
+            ScheduleKind::InterleavedZb => "interleaved with split backward, W delayed r on rank r",
+            ScheduleKind::ZbV => "V placement, 2 chunks per rank, at p·M_B; ≈0 bubble when F≈I≈W",
+            ScheduleKind::VHalf => "V placement at half of 1F1B's memory",
+            ScheduleKind::VMin => "V placement at a third of 1F1B's memory",
+            ScheduleKind::VAuto => "automatic V schedule under --mem-limit (default p), real costs",
+            ScheduleKind::DualPipeV => "DeepSeek's DualPipeV: V placement, F/B pairs, m ≥ 2·ranks",
+        }
+    }
+
+    /// Whether the generator reads costs (and so is worth re-planning on measured costs).
+    pub fn uses_costs(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::ZbAuto
+                | ScheduleKind::Zb1p
+                | ScheduleKind::Zb2p
+                | ScheduleKind::ZbV
+                | ScheduleKind::VHalf
+                | ScheduleKind::VMin
+                | ScheduleKind::VAuto
+        )
+    }
+
+    /// The memory limit (× M_B per rank) this kind plans under, given the user's
+    /// `--mem-limit`; `None` for fixed patterns, which ignore it.
+    pub fn planning_limit(self, p: usize, user: Option<f64>) -> Option<f64> {
+        let p = p as f64;
+        match self {
+            ScheduleKind::ZbAuto => Some(user.unwrap_or(2.0 * p)),
+            ScheduleKind::Zb1p => Some(p),
+            ScheduleKind::Zb2p => Some(2.0 * p),
+            ScheduleKind::ZbV => Some(p),
+            ScheduleKind::VHalf => Some((p / 2.0).max(1.0)),
+            ScheduleKind::VMin => Some((p / 3.0).max(1.0)),
+            ScheduleKind::VAuto => Some(user.unwrap_or(p)),
+            _ => None,
         }
     }
 
@@ -68,6 +151,10 @@ impl ScheduleKind {
             "interleaved" | "1f1b-interleaved" | "1f1b-i" => "interleaved-1f1b",
             "zbh1" => "zb-h1",
             "zbh2" => "zb-h2",
+            "zbv" => "zb-v",
+            "dualpipev" | "dualpipe" => "dualpipe-v",
+            "zb1p" => "zb-1p",
+            "zb2p" => "zb-2p",
             other => other,
         };
         ScheduleKind::ALL
@@ -82,8 +169,9 @@ impl ScheduleKind {
     }
 }
 
-/// What to generate: the CLI's `--schedule`, `--stages`, `--microbatches`, `--chunks`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What to generate: the CLI's `--schedule`, `--stages`, `--microbatches`, `--chunks`,
+/// `--mem-limit`.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Request {
     /// Schedule family.
     pub kind: ScheduleKind,
@@ -93,10 +181,26 @@ pub struct Request {
     pub microbatches: usize,
     /// Chunks per rank for interleaved schedules (ignored by the others).
     pub chunks: usize,
+    /// Memory limit in multiples of a rank's M_B, for the automatic schedules.
+    pub mem_limit: Option<f64>,
 }
 
-/// Generates the schedule described by `req`, or says why it cannot exist.
-pub fn generate(req: &Request) -> Result<Schedule, Error> {
+impl Request {
+    /// A request with the defaults the CLI uses (2 chunks, no memory limit).
+    pub fn new(kind: ScheduleKind, ranks: usize, microbatches: usize) -> Request {
+        Request {
+            kind,
+            ranks,
+            microbatches,
+            chunks: 2,
+            mem_limit: None,
+        }
+    }
+}
+
+/// Generates the schedule described by `req`, or says why it cannot exist. Only the
+/// automatic kinds read `costs`; the fixed patterns are the same for every cost model.
+pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let (p, m) = (req.ranks, req.microbatches);
     if p == 0 {
         return Err(Error::Input(
@@ -109,11 +213,39 @@ pub fn generate(req: &Request) -> Result<Schedule, Error> {
                 .into(),
         ));
     }
+    let limit = req.kind.planning_limit(p, req.mem_limit);
+    if let Some(x) = limit {
+        if !(x.is_finite() && x >= 1.0 - 1e-9) {
+            return Err(Error::Input(format!(
+                "memory limit {x} × M_B is below the minimum feasible 1 × M_B: every rank must \
+                 hold at least one microbatch's activations; use --mem-limit 1 or more"
+            )));
+        }
+    }
+    let name = req.kind.name();
     match req.kind {
         ScheduleKind::GPipe => gpipe(p, m),
         ScheduleKind::OneFOneB => one_f_one_b(p, m),
         ScheduleKind::Interleaved1F1B => interleaved_1f1b(p, m, req.chunks),
         ScheduleKind::ZbH1 => zb_h1(p, m),
         ScheduleKind::ZbH2 => zb_h2(p, m),
+        ScheduleKind::ZbAuto | ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
+            p,
+            m,
+            costs,
+            limit.expect("auto kinds plan under a limit"),
+            name,
+        ),
+        ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
+        ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
+            v_auto(
+                p,
+                m,
+                costs,
+                limit.expect("V kinds plan under a limit"),
+                name,
+            )
+        }
+        ScheduleKind::DualPipeV => dualpipe_v(p, m),
     }
 }

@@ -5,13 +5,13 @@
 //! Delaying W keeps the critical chain of I passes moving; the lag is bounded so the number
 //! of microbatches in flight (forward done, W not yet) stays within the memory target.
 
-use super::classic::{linear_placement, one_f_one_b_order};
+use super::classic::{interleaved_orders, linear_placement, loop_placement, one_f_one_b_order};
 use crate::action::{Action, Kind};
 use crate::error::Error;
 use crate::schedule::Schedule;
 
 /// Inserts `W(j)` after `I(j + lag)`; the last `lag` W's go at the end, in order.
-fn place_weight_grads(fi_order: Vec<Action>, m: usize, lag: usize) -> Vec<Action> {
+pub(crate) fn place_weight_grads(fi_order: Vec<Action>, m: usize, lag: usize) -> Vec<Action> {
     let mut out = Vec::with_capacity(fi_order.len() + m);
     for a in fi_order {
         out.push(a);
@@ -49,4 +49,75 @@ pub fn zb_h2(p: usize, m: usize) -> Result<Schedule, Error> {
         })
         .collect();
     Schedule::new("zb-h2", p, p, m, linear_placement(p), orders)
+}
+
+/// The family ZB-H1 and ZB-H2 belong to: stage `s` warms up with `warmup[s]` forwards
+/// (beyond 1F1B's first) and, from its input gradient number `m − lag[s] − delay` on,
+/// delays W by `lag[s]` input gradients (before that, W follows its I at once). A large
+/// `delay` lags from the start, as ZB-H1/H2 do; a small one keeps the steady state tight and
+/// saves the deferred W's for the tail. `zb-auto` searches this family.
+pub fn zb_template(
+    p: usize,
+    m: usize,
+    warmup: &[usize],
+    lag: &[usize],
+    delay: usize,
+    name: &str,
+) -> Result<Schedule, Error> {
+    let orders = (0..p)
+        .map(|s| {
+            let start = m.saturating_sub(lag[s] + delay);
+            let mut queue = std::collections::VecDeque::new();
+            let mut out = Vec::with_capacity(3 * m);
+            for a in one_f_one_b_order(s, m, warmup[s], Kind::I) {
+                out.push(a);
+                if a.kind == Kind::I {
+                    queue.push_back(a.microbatch);
+                    let target = if a.microbatch >= start { lag[s] } else { 0 };
+                    while queue.len() > target {
+                        let j = queue.pop_front().expect("non-empty");
+                        out.push(Action::new(s, Kind::W, j));
+                    }
+                }
+            }
+            out.extend(queue.into_iter().map(|j| Action::new(s, Kind::W, j)));
+            out
+        })
+        .collect();
+    Schedule::new(name, p, p, m, linear_placement(p), orders)
+}
+
+/// Inserts each W `lag` input gradients after its I, over all stages of a rank (oldest
+/// first), then the rest at the end.
+fn lag_weight_grads(order: Vec<Action>, lag: usize) -> Vec<Action> {
+    let mut queue = std::collections::VecDeque::new();
+    let mut out = Vec::with_capacity(order.len() * 3 / 2);
+    for a in order {
+        out.push(a);
+        if a.kind == Kind::I {
+            queue.push_back(a);
+            if queue.len() > lag {
+                let i = queue.pop_front().expect("non-empty");
+                out.push(Action::new(i.stage, Kind::W, i.microbatch));
+            }
+        }
+    }
+    out.extend(
+        queue
+            .into_iter()
+            .map(|i| Action::new(i.stage, Kind::W, i.microbatch)),
+    );
+    out
+}
+
+/// Interleaved zero bubble (the shape of PyTorch's ScheduleInterleavedZeroBubble): the
+/// interleaved order with one warm-up forward per downstream rank instead of two, split
+/// backwards, and W delayed by `r` input gradients on rank `r`, as ZB-H1 does for one chunk.
+pub fn interleaved_zb(p: usize, m: usize, v: usize) -> Result<Schedule, Error> {
+    let orders = interleaved_orders(p, m, v, 1, Kind::I)?
+        .into_iter()
+        .enumerate()
+        .map(|(r, o)| lag_weight_grads(o, r))
+        .collect();
+    Schedule::new("interleaved-zb", p * v, p, m, loop_placement(p, v), orders)
 }

@@ -1,0 +1,291 @@
+//! A list scheduler that builds every rank's order at once under a memory limit, using the
+//! real per-stage costs and communication time. It is the engine behind `zb-auto` and the
+//! automatic V schedules: placement-agnostic, so the same code plans linear, V and
+//! interleaved placements.
+//!
+//! Ranks are advanced in order of their clocks, so when a rank decides at time `t` every
+//! pass that could be ready by `t` is already known. Priorities, per decision:
+//! 1. an input gradient whose dependency has arrived (it is on the critical path);
+//! 2. a forward whose input has arrived and that fits in memory (optionally only when it
+//!    does not delay an input gradient known to arrive before it would end);
+//! 3. a weight gradient, if memory forces it or (per policy) it fits in the wait;
+//! 4. otherwise wait for the next arrival.
+//!
+//! Memory: a microbatch's first forward on a rank (its first chunk there) is admitted only if
+//! room stays free for one microbatch's later chunks. A rank therefore never fills up with
+//! first chunks and starves the later-chunk forward of the oldest microbatch it holds (which
+//! would deadlock a V schedule), yet long-lived first-chunk activations can use all the rest.
+
+use crate::action::{Action, Kind};
+use crate::cost::CostModel;
+use crate::error::Error;
+use crate::schedule::Schedule;
+
+/// The knobs the search turns. Each is a policy choice for which no single setting is best
+/// on every input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    /// Run a ready forward even if an input gradient will arrive before it ends.
+    pub forward_may_delay_backward: bool,
+    /// How much a weight gradient may overshoot the wait for the next arrival, as a fraction
+    /// of its own time (0 = only when it fits, ≥ 1 = whenever the rank would idle).
+    pub w_overshoot: f64,
+    /// Per-rank cap on microbatches admitted but not yet through their first input
+    /// gradient there (`usize::MAX` = memory is the only cap).
+    pub max_in_flight: usize,
+    /// Prefer the deeper stage (larger index) among ready forwards; for V placements this
+    /// pushes microbatches to the turn sooner.
+    pub deeper_forward_first: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            forward_may_delay_backward: false,
+            w_overshoot: 0.0,
+            max_in_flight: usize::MAX,
+            deeper_forward_first: true,
+        }
+    }
+}
+
+struct RankState {
+    clock: f64,
+    mem: f64,
+    /// Memory kept free for one microbatch's later-chunk forwards.
+    reserve: f64,
+    limit: f64,
+    /// Admitted microbatches whose first-stage input gradient has not run yet.
+    in_flight: usize,
+    stages: Vec<usize>,
+    first_stage: usize,
+    /// Memory one microbatch needs on this rank (all its stages' M_B).
+    admit: f64,
+    order: Vec<Action>,
+}
+
+/// Builds a schedule for `placement` (stage → rank) with per-rank memory limit `x` (in
+/// multiples of each rank's M_B) under `policy`. Each pass kind runs in microbatch order on
+/// every stage, which also keeps gradient accumulation bit-identical to unpipelined training.
+pub fn list_schedule(
+    name: &str,
+    placement: &[usize],
+    ranks: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    policy: &Policy,
+) -> Result<Schedule, Error> {
+    let n = placement.len();
+    let mut rs: Vec<RankState> = (0..ranks)
+        .map(|r| {
+            let stages: Vec<usize> = (0..n).filter(|&s| placement[s] == r).collect();
+            let admit: f64 = stages.iter().map(|&s| costs.stages[s].mem_b).sum();
+            RankState {
+                clock: 0.0,
+                mem: 0.0,
+                reserve: admit - stages.first().map_or(0.0, |&s| costs.stages[s].mem_b),
+                limit: x * admit,
+                in_flight: 0,
+                first_stage: stages.first().copied().unwrap_or(0),
+                stages,
+                admit,
+                order: Vec::with_capacity(3 * m * n / ranks.max(1)),
+            }
+        })
+        .collect();
+    for (r, st) in rs.iter().enumerate() {
+        if st.stages.is_empty() {
+            return Err(Error::Input(format!("rank {r} holds no stage")));
+        }
+        if st.admit > st.limit + 1e-9 * st.limit.abs().max(1.0) {
+            return Err(Error::Input(format!(
+                "memory limit {x} × M_B is below the minimum feasible 1 × M_B on rank {r}: \
+                 a rank must hold at least one microbatch's activations; use --mem-limit 1 or more"
+            )));
+        }
+    }
+    // Next microbatch per stage for each pass kind, and end times of F and I per (stage, mb).
+    let mut next_f = vec![0usize; n];
+    let mut next_i = vec![0usize; n];
+    let mut next_w = vec![0usize; n];
+    let mut end_f = vec![f64::NAN; n * m];
+    let mut end_i = vec![f64::NAN; n * m];
+    let total = 3 * n * m;
+    let mut done = 0;
+    let comm = |from: usize, to: usize| {
+        if placement[from] != placement[to] {
+            costs.comm
+        } else {
+            0.0
+        }
+    };
+    // Ranks that found nothing to do at their current clock and wait for another rank.
+    let mut blocked = vec![false; ranks];
+    while done < total {
+        // The unfinished, unblocked rank with the earliest clock decides next.
+        let unfinished = |q: usize| {
+            rs[q]
+                .stages
+                .iter()
+                .any(|&s| next_w[s] < m || next_f[s] < m || next_i[s] < m)
+        };
+        let Some(r) = (0..ranks)
+            .filter(|&q| !blocked[q] && unfinished(q))
+            .min_by(|&a, &b| rs[a].clock.total_cmp(&rs[b].clock))
+        else {
+            return Err(Error::Input(format!(
+                "the automatic scheduler found no rank able to move (memory limit {x} × M_B too tight for this placement?)"
+            )));
+        };
+        let t = rs[r].clock;
+        let st = &rs[r];
+        // Input gradients: ready ones, and the earliest known future arrival.
+        let mut ready_i: Option<usize> = None;
+        let mut next_i_arrival = f64::INFINITY;
+        for &s in &st.stages {
+            let j = next_i[s];
+            if j >= m || j >= next_f[s] {
+                continue;
+            }
+            let arrival = if s + 1 == n {
+                end_f[s * m + j]
+            } else {
+                end_i[(s + 1) * m + j] + comm(s + 1, s)
+            };
+            if arrival.is_nan() {
+                continue;
+            }
+            if arrival <= t {
+                if ready_i.is_none_or(|b| s > b) {
+                    ready_i = Some(s);
+                }
+            } else {
+                next_i_arrival = next_i_arrival.min(arrival);
+            }
+        }
+        // Forwards whose input has arrived and that memory admits.
+        let mut ready_f: Option<usize> = None;
+        let mut next_f_arrival = f64::INFINITY;
+        let mut memory_blocks_f = false;
+        for &s in &st.stages {
+            let j = next_f[s];
+            if j >= m {
+                continue;
+            }
+            let arrival = if s == 0 {
+                0.0
+            } else {
+                end_f[(s - 1) * m + j] + comm(s - 1, s)
+            };
+            if arrival.is_nan() {
+                continue;
+            }
+            if arrival > t {
+                next_f_arrival = next_f_arrival.min(arrival);
+                continue;
+            }
+            let need = costs.stages[s].mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
+            if st.mem + need > st.limit * (1.0 + 1e-9) + 1e-12 {
+                memory_blocks_f = true;
+                continue;
+            }
+            if s == st.first_stage && st.in_flight >= policy.max_in_flight {
+                continue;
+            }
+            let better = match ready_f {
+                None => true,
+                Some(b) => (s > b) == policy.deeper_forward_first,
+            };
+            if better {
+                ready_f = Some(s);
+            }
+        }
+        let w_stage = pending_w(st, &next_w, &next_i);
+        let next_arrival = next_i_arrival.min(next_f_arrival);
+        let w_fits = |s: usize, until: f64| {
+            let w = costs.stages[s].w;
+            until.is_infinite() || t + w <= until + policy.w_overshoot * w + 1e-12
+        };
+        let chosen: Option<Action> = if let Some(s) = ready_i {
+            Some(Action::new(s, Kind::I, next_i[s]))
+        } else if let Some(s) = ready_f {
+            let f_end = t + costs.stages[s].f;
+            if policy.forward_may_delay_backward || f_end <= next_i_arrival + 1e-12 {
+                Some(Action::new(s, Kind::F, next_f[s]))
+            } else {
+                w_stage
+                    .filter(|&ws| w_fits(ws, next_i_arrival))
+                    .map(|ws| Action::new(ws, Kind::W, next_w[ws]))
+            }
+        } else if let Some(ws) = w_stage {
+            (memory_blocks_f || w_fits(ws, next_arrival))
+                .then(|| Action::new(ws, Kind::W, next_w[ws]))
+        } else {
+            None
+        };
+        let Some(a) = chosen else {
+            // Nothing to do now: sleep until the next known arrival or the next other clock.
+            let wake = if next_arrival.is_finite() {
+                next_arrival
+            } else {
+                (0..ranks)
+                    .filter(|&q| q != r && unfinished(q) && rs[q].clock > t)
+                    .map(|q| rs[q].clock)
+                    .fold(f64::INFINITY, f64::min)
+            };
+            if wake.is_finite() && wake > t {
+                rs[r].clock = wake;
+            } else {
+                blocked[r] = true;
+            }
+            continue;
+        };
+        blocked.fill(false);
+        let (s, j) = (a.stage, a.microbatch);
+        let st = &mut rs[r];
+        let dur = costs.time(s, a.kind);
+        let start = match a.kind {
+            Kind::F => {
+                if s == st.first_stage {
+                    st.in_flight += 1;
+                }
+                next_f[s] += 1;
+                t
+            }
+            Kind::I => {
+                if s == st.first_stage {
+                    st.in_flight -= 1;
+                }
+                next_i[s] += 1;
+                t
+            }
+            Kind::W => {
+                next_w[s] += 1;
+                t
+            }
+            Kind::B => unreachable!("the list scheduler splits every backward"),
+        };
+        st.mem += costs.mem_delta(s, a.kind);
+        let end = start + dur;
+        match a.kind {
+            Kind::F => end_f[s * m + j] = end,
+            Kind::I => end_i[s * m + j] = end,
+            _ => {}
+        }
+        st.clock = end;
+        st.order.push(a);
+        done += 1;
+    }
+    let orders = rs.into_iter().map(|st| st.order).collect();
+    Schedule::new(name, n, ranks, m, placement.to_vec(), orders)
+}
+
+/// The stage with the oldest pending weight gradient on this rank, if any.
+fn pending_w(st: &RankState, next_w: &[usize], next_i: &[usize]) -> Option<usize> {
+    st.stages
+        .iter()
+        .copied()
+        .filter(|&s| next_w[s] < next_i[s])
+        .min_by_key(|&s| (next_w[s], std::cmp::Reverse(s)))
+}

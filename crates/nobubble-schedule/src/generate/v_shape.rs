@@ -1,0 +1,204 @@
+//! V-shaped schedules: rank d holds stage d (chunk 0) and stage 2p−1−d (chunk 1), so a
+//! microbatch goes down the ranks and comes back up, and the turn on the last rank is local.
+//! Each chunk costs half of a rank's share (the one-rank's-share convention of
+//! [`crate::cost`]).
+
+use super::auto::{best_list_schedule, improve, pick_best};
+use crate::action::{Action, Kind};
+use crate::cost::{CostModel, CostSpec};
+use crate::error::Error;
+use crate::schedule::Schedule;
+
+/// Stage → rank for the V: stages 0..p go down the ranks, p..2p come back up.
+pub fn v_placement(p: usize) -> Vec<usize> {
+    (0..2 * p)
+        .map(|s| if s < p { s } else { 2 * p - 1 - s })
+        .collect()
+}
+
+/// Builds one rank's list from phases over its two chunks, tracking the next microbatch of
+/// each (chunk, pass) and queueing weight gradients in the order their I ran.
+struct VBuilder {
+    stages: [usize; 2],
+    m: usize,
+    next: [[usize; 3]; 2], // [chunk][F, I/B, W]
+    pending_w: std::collections::VecDeque<usize>,
+    order: Vec<Action>,
+}
+
+impl VBuilder {
+    fn new(p: usize, rank: usize, m: usize) -> VBuilder {
+        VBuilder {
+            stages: [rank, 2 * p - 1 - rank],
+            m,
+            next: [[0; 3]; 2],
+            pending_w: Default::default(),
+            order: Vec::new(),
+        }
+    }
+    /// Forward of the next microbatch on `chunk`; a no-op once all `m` ran (so the fixed
+    /// phase counts work for small m without padding).
+    fn f(&mut self, chunk: usize) {
+        let j = self.next[chunk][0];
+        if j < self.m {
+            self.order.push(Action::new(self.stages[chunk], Kind::F, j));
+            self.next[chunk][0] += 1;
+        }
+    }
+    /// Input gradient (queueing its W) or, with `fused`, a full backward.
+    fn b(&mut self, chunk: usize, fused: bool) {
+        let j = self.next[chunk][1];
+        if j < self.m && j < self.next[chunk][0] {
+            let kind = if fused { Kind::B } else { Kind::I };
+            self.order.push(Action::new(self.stages[chunk], kind, j));
+            self.next[chunk][1] += 1;
+            if fused {
+                self.next[chunk][2] += 1;
+            } else {
+                self.pending_w.push_back(chunk);
+            }
+        }
+    }
+    /// The oldest pending weight gradient, if any.
+    fn w(&mut self) {
+        if let Some(chunk) = self.pending_w.pop_front() {
+            let j = self.next[chunk][2];
+            self.order.push(Action::new(self.stages[chunk], Kind::W, j));
+            self.next[chunk][2] += 1;
+        }
+    }
+    /// Whatever is left, in dependency-safe order: backwards (chunk 1 first), then W's.
+    fn finish(mut self) -> Vec<Action> {
+        while self.next[1][1] < self.m || self.next[0][1] < self.m {
+            self.b(1, false);
+            self.b(0, false);
+        }
+        while !self.pending_w.is_empty() {
+            self.w();
+        }
+        self.order
+    }
+}
+
+/// ZB-V as a fixed pattern (the shape PyTorch ships as ScheduleZBVZeroBubble): rank r warms
+/// up with 2(p−r)−1 chunk-0 forwards, then r pairs of chunk-1/chunk-0 forwards, then p−r
+/// rounds of F1 I1 W1; the steady state runs F0 I0 W0 F1 I1 W1; the cool-down drains
+/// input gradients first and weight gradients last. Zero bubble when F = I = W, at 1F1B's
+/// peak memory.
+pub fn zb_v_pattern(p: usize, m: usize) -> Result<Schedule, Error> {
+    let orders = (0..p)
+        .map(|r| {
+            let mut v = VBuilder::new(p, r, m);
+            for _ in 0..2 * (p - r) - 1 {
+                v.f(0);
+            }
+            for _ in 0..r {
+                v.f(1);
+                v.f(0);
+            }
+            for _ in 0..p - r {
+                v.f(1);
+                v.b(1, false);
+                v.w();
+            }
+            while v.next[1][0] < m || v.next[0][0] < m {
+                v.f(0);
+                v.b(0, false);
+                v.w();
+                v.f(1);
+                v.b(1, false);
+                v.w();
+            }
+            for _ in 0..r {
+                v.b(0, false);
+                v.b(1, false);
+            }
+            for _ in 0..p - r {
+                v.b(0, false);
+                v.w();
+            }
+            v.finish()
+        })
+        .collect();
+    Schedule::new("zb-v", 2 * p, p, m, v_placement(p), orders)
+}
+
+/// DualPipeV (DeepSeek): V placement, with a main phase of paired chunk-0 forward + chunk-1
+/// backward and chunk-1 forward + chunk-0 backward (DeepSeek overlaps each pair's compute with
+/// the other's communication; here a pair is two consecutive passes, costing their sum), and
+/// split backwards in the warm-up and the second half of the cool-down. Needs m ≥ 2·ranks.
+pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
+    if m < 2 * p {
+        return Err(Error::Input(format!(
+            "dualpipe-v needs at least 2 × ranks = {} microbatches to fill both directions; got {m}",
+            2 * p
+        )));
+    }
+    let orders = (0..p)
+        .map(|r| {
+            let mut v = VBuilder::new(p, r, m);
+            for _ in 0..2 * (p - r - 1) {
+                v.f(0);
+            }
+            for _ in 0..r + 1 {
+                v.f(0);
+                v.f(1);
+            }
+            for _ in 0..p - r - 1 {
+                v.b(1, false);
+                v.w();
+                v.f(1);
+            }
+            for _ in 0..m + r + 1 - 2 * p {
+                v.f(0);
+                v.b(1, true);
+                v.f(1);
+                v.b(0, true);
+            }
+            for _ in 0..p - r - 1 {
+                v.b(1, true);
+                v.f(1);
+                v.b(0, true);
+            }
+            let half = r.div_ceil(2);
+            let mut split = false;
+            for i in 0..r + 1 {
+                if i == half && r % 2 == 1 {
+                    split = true;
+                }
+                v.b(1, !split);
+                if i == half && r % 2 == 0 {
+                    split = true;
+                }
+                v.b(0, !split);
+            }
+            for _ in 0..p - r - 1 {
+                v.w();
+                v.b(0, !split);
+            }
+            for _ in 0..r + 1 {
+                v.w();
+            }
+            v.finish()
+        })
+        .collect();
+    Schedule::new("dualpipe-v", 2 * p, p, m, v_placement(p), orders)
+}
+
+/// The best V schedule we find under `x` × M_B per rank: the list scheduler under every
+/// policy and the ZB-V pattern (when it fits), then local search.
+pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
+    let placement = v_placement(p);
+    let costs = CostModel::for_layout(spec, 2 * p, p)?;
+    let mut candidates = best_list_schedule(name, &placement, p, m, &costs, x)?;
+    candidates.push(zb_v_pattern(p, m)?);
+    let (best, sc) = pick_best(candidates, &|_| Ok(costs.clone()), x)?.ok_or_else(|| {
+        Error::Input(format!(
+            "no V schedule fits memory limit {x} × M_B; the minimum is 1"
+        ))
+    })?;
+    let budget = (20_000_000 / (6 * p * m)).clamp(60, 3000);
+    let (mut best, _) = improve(best, sc, &costs, x, budget)?;
+    best.name = name.to_string();
+    Ok(best)
+}

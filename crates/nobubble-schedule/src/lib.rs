@@ -6,6 +6,7 @@
 //! knows about tensors; the runtime executes the same [`Schedule`] for real.
 
 pub mod action;
+pub mod bound;
 pub mod cost;
 pub mod error;
 pub mod export;
@@ -16,6 +17,7 @@ pub mod sim;
 pub mod validate;
 
 pub use action::{Action, Kind};
+pub use bound::lower_bound;
 pub use cost::{CostModel, CostSpec, RankCost};
 pub use error::Error;
 pub use generate::{generate, Request, ScheduleKind};

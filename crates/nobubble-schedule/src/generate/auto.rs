@@ -6,7 +6,7 @@
 //! the paper's: the longest per-rank span, then the makespan.
 
 use super::greedy::{list_schedule, Policy};
-use crate::cost::CostModel;
+use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::{simulate, span_and_makespan};
@@ -26,28 +26,28 @@ pub(crate) fn score(schedule: &Schedule, costs: &CostModel) -> Result<Score, Err
     }
 }
 
-fn better(a: Score, b: Score) -> bool {
+pub(crate) fn better(a: Score, b: Score) -> bool {
     const EPS: f64 = 1e-9;
     a.0 < b.0 - EPS * b.0.abs().max(1.0)
         || ((a.0 - b.0).abs() <= EPS * b.0.abs().max(1.0) && a.1 < b.1 - EPS * b.1.abs().max(1.0))
 }
 
-/// The policy combinations the search tries.
+/// The list-scheduler policies every ladder level tries: W only in gaps it fits, W in any
+/// idle time, and forwards allowed to delay a backward with some W overshoot.
 pub(crate) fn policies() -> Vec<Policy> {
-    let mut out = Vec::new();
-    for delay in [false, true] {
-        for over in [0.0, 0.5, 1e9] {
-            for deeper in [true, false] {
-                out.push(Policy {
-                    forward_may_delay_backward: delay,
-                    w_overshoot: over,
-                    max_in_flight: usize::MAX,
-                    deeper_forward_first: deeper,
-                });
-            }
-        }
-    }
-    out
+    let base = Policy::default();
+    vec![
+        base,
+        Policy {
+            w_overshoot: 1e9,
+            ..base
+        },
+        Policy {
+            forward_may_delay_backward: true,
+            w_overshoot: 0.5,
+            ..base
+        },
+    ]
 }
 
 /// Keeps the best of `candidates` that fit the memory limit.
@@ -127,53 +127,234 @@ pub(crate) fn improve(
     }
 }
 
-/// Runs the list scheduler under every policy for `placement`, returning the best that fits.
-pub(crate) fn best_list_schedule(
-    name: &str,
-    placement: &[usize],
-    ranks: usize,
-    m: usize,
-    costs: &CostModel,
-    x: f64,
-) -> Result<Vec<Schedule>, Error> {
-    let mut out = Vec::new();
-    let mut last_err = None;
-    for pol in policies() {
-        match list_schedule(name, placement, ranks, m, costs, x, &pol) {
-            Ok(s) => out.push(s),
-            Err(e) => last_err = Some(e),
-        }
+/// The smallest limit (× each rank's M_B) a schedule fits in.
+pub(crate) fn needed_limit(s: &Schedule, costs: &CostModel) -> f64 {
+    let peaks = crate::validate::peak_memory(s, costs);
+    (0..s.ranks)
+        .map(|r| peaks[r] / costs.rank_mem_b(s, r).max(f64::MIN_POSITIVE))
+        .fold(0.0, f64::max)
+}
+
+/// The memory levels a ladder search visits: every whole multiple of M_B up to `x`, then
+/// `x`. Keeping the best schedule found at any level makes the result non-increasing in
+/// the limit (over whole-number limits), because a schedule that fits a smaller limit fits
+/// every larger one.
+pub(crate) fn ladder(x: f64) -> Vec<f64> {
+    let mut levels: Vec<f64> = (1..=(x + 1e-9).floor() as usize)
+        .map(|k| k as f64)
+        .collect();
+    if levels.last().is_none_or(|&l| (l - x).abs() > 1e-9) {
+        levels.push(x);
     }
-    if out.is_empty() {
-        return Err(last_err.expect("at least one policy ran"));
-    }
-    Ok(out)
+    levels
 }
 
 /// `zb-auto` on a linear placement (stage s on rank s) with memory limit `x` × M_B.
-pub fn zb_auto(
-    p: usize,
-    m: usize,
-    spec: &crate::cost::CostSpec,
-    x: f64,
-    name: &str,
-) -> Result<Schedule, Error> {
+///
+/// Climbs the memory [`ladder`], running the same steps at every level — so the result at a
+/// whole-number limit never depends on the limit asked for, and more memory never gives a
+/// worse schedule: the handcrafted schedules and (on small pipelines) the list scheduler
+/// under three policies at that level; the best point of a fixed grid over the ZB-H family that fits; coordinate descent
+/// from the best parameters so far; and a local search over weight-gradient positions.
+pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
     let placement: Vec<usize> = (0..p).collect();
     let costs = CostModel::for_layout(spec, p, p)?;
-    let mut candidates = best_list_schedule(name, &placement, p, m, &costs, x)?;
-    candidates.push(super::zb_h1(p, m)?);
-    candidates.push(super::zb_h2(p, m)?);
-    let (best, sc) = pick_best(candidates, &|_| Ok(costs.clone()), x)?
-        .ok_or_else(|| Error::Input(format!("no schedule fits memory limit {x} × M_B")))?;
-    let budget = (400_000 / (3 * p * m)).clamp(10, 3000);
-    let (best, sc) = template_search(p, m, &costs, x, best, sc, name)?;
-    let (mut best, _) = improve(best, sc, &costs, x, budget)?;
+    let actions = 3 * p * m;
+    let search = TemplateSearch {
+        p,
+        m,
+        costs: &costs,
+        name,
+    };
+    let grid = search.grid();
+    let descent_budget = (100_000 / actions).clamp(4, 300);
+    let improve_budget = (30_000 / actions).clamp(2, 100);
+    let improve_budget = if actions <= 6000 { improve_budget } else { 0 };
+    // The handcrafted schedules do not depend on the limit: score them once.
+    let mut handcrafted = Vec::new();
+    for s in [super::zb_h1(p, m)?, super::zb_h2(p, m)?] {
+        let need = needed_limit(&s, &costs);
+        let sc = score(&s, &costs)?;
+        handcrafted.push((s, sc, need));
+    }
+    let mut best: Option<(Schedule, Score)> = None;
+    let mut params: Option<(TemplateParams, Score)> = None;
+    for level in ladder(x) {
+        let mut candidates = Vec::new();
+        // On linear placements the list scheduler rarely beats the family search; it is
+        // worth its time only on small pipelines.
+        if actions <= 1500 {
+            for pol in policies() {
+                if let Ok(s) = list_schedule(name, &placement, p, m, &costs, level, &pol) {
+                    candidates.push(s);
+                }
+            }
+        }
+        let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
+        for (s, sc, need) in &handcrafted {
+            if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+                level_best = Some((s.clone(), *sc));
+            }
+        }
+        let fitting = grid.iter().filter(|g| g.2 <= level + 1e-9).min_by(|a, b| {
+            if better(a.1, b.1) {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        });
+        if let Some((t, sc, _)) = fitting {
+            if params.as_ref().is_none_or(|(_, ps)| better(*sc, *ps)) {
+                params = Some((t.clone(), *sc));
+            }
+        }
+        if let Some((t, sc)) = params.take() {
+            let (t, sc) = search.descend(t, sc, level, descent_budget);
+            if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                level_best = Some((search.build(&t)?, sc));
+            }
+            params = Some((t, sc));
+        }
+        if let Some((s, sc)) = level_best {
+            let improved = if improve_budget > 0 {
+                improve(s, sc, &costs, level, improve_budget)?
+            } else {
+                (s, sc)
+            };
+            if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
+                best = Some(improved);
+            }
+        }
+    }
+    let (mut best, _) =
+        best.ok_or_else(|| Error::Input(format!("no schedule fits memory limit {x} × M_B")))?;
     best.name = name.to_string();
     Ok(best)
 }
 
-/// Per-stage warm-up, per-stage lag, and their score.
-type Template = (Vec<usize>, Vec<usize>, Score);
+/// A point of the ZB-H family (see [`super::zb_template`]).
+#[derive(Clone, Debug, PartialEq)]
+struct TemplateParams {
+    warm: Vec<usize>,
+    lag: Vec<usize>,
+    delay: usize,
+}
+
+struct TemplateSearch<'a> {
+    p: usize,
+    m: usize,
+    costs: &'a CostModel,
+    name: &'a str,
+}
+
+impl TemplateSearch<'_> {
+    fn build(&self, t: &TemplateParams) -> Result<Schedule, Error> {
+        super::zb_template(self.p, self.m, &t.warm, &t.lag, t.delay, self.name)
+    }
+
+    fn eval(&self, t: &TemplateParams, x: f64) -> Option<Score> {
+        let s = self.build(t).ok()?;
+        check_memory(&s, self.costs, x).ok()?;
+        score(&s, self.costs).ok()
+    }
+
+    /// The schedule's score and the smallest limit it fits in.
+    fn eval_any(&self, t: &TemplateParams) -> Option<(Score, f64)> {
+        let s = self.build(t).ok()?;
+        let need = needed_limit(&s, self.costs);
+        Some((score(&s, self.costs).ok()?, need))
+    }
+
+    /// Every point of a grid over a three-parameter shape — warm-up = natural + γ, lag =
+    /// α·s + β, for a few lag delays — with its score and the memory it needs. The grid does
+    /// not depend on the limit, so each level just picks the best point that fits.
+    fn grid(&self) -> Vec<(TemplateParams, Score, f64)> {
+        let (p, m) = (self.p, self.m);
+        let natural = natural_warmup(p, m, self.costs);
+        let large = 3 * p * m > 3000;
+        let gammas: &[i64] = if large { &[0, -1] } else { &[0, -1, 1, -2] };
+        let alphas: Vec<f64> = if large {
+            (0..=8).map(|a| a as f64 * 0.5).collect()
+        } else {
+            (0..=16).map(|a| a as f64 * 0.25).collect()
+        };
+        let betas: &[f64] = if large {
+            &[0.0, 1.0]
+        } else {
+            &[0.0, 1.0, -1.0, 2.0]
+        };
+        let delays = [m, 0, p / 2, p, 2 * p];
+        let mut out = Vec::new();
+        for &delay in &delays {
+            for &gamma in gammas {
+                for &alpha in &alphas {
+                    for &beta in betas {
+                        let t = TemplateParams {
+                            warm: natural
+                                .iter()
+                                .map(|&w| (w as i64 + gamma).clamp(0, m as i64) as usize)
+                                .collect(),
+                            lag: (0..p)
+                                .map(|s| {
+                                    (alpha * s as f64 + beta).round().clamp(0.0, m as f64) as usize
+                                })
+                                .collect(),
+                            delay,
+                        };
+                        if let Some((sc, need)) = self.eval_any(&t) {
+                            out.push((t, sc, need));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Coordinate descent on single stages' warm-up and lag, within `max_evals` simulations.
+    fn descend(
+        &self,
+        mut t: TemplateParams,
+        mut cur: Score,
+        x: f64,
+        max_evals: usize,
+    ) -> (TemplateParams, Score) {
+        let m = self.m as i64;
+        let mut evals = 0;
+        loop {
+            let mut moved = false;
+            for s in 0..self.p {
+                for (dw, dl) in [(0i64, 1i64), (0, -1), (1, 0), (-1, 0), (1, -1), (-1, 1)] {
+                    if evals >= max_evals {
+                        return (t, cur);
+                    }
+                    let nw = t.warm[s] as i64 + dw;
+                    let nl = t.lag[s] as i64 + dl;
+                    if nw < 0 || nl < 0 || nw > m || nl > m {
+                        continue;
+                    }
+                    let (ow, ol) = (t.warm[s], t.lag[s]);
+                    t.warm[s] = nw as usize;
+                    t.lag[s] = nl as usize;
+                    evals += 1;
+                    match self.eval(&t, x) {
+                        Some(sc) if better(sc, cur) => {
+                            cur = sc;
+                            moved = true;
+                        }
+                        _ => {
+                            t.warm[s] = ow;
+                            t.lag[s] = ol;
+                        }
+                    }
+                }
+            }
+            if !moved {
+                return (t, cur);
+            }
+        }
+    }
+}
 
 /// How many forwards stage `s` can finish, beyond its first, before the input gradient of
 /// microbatch 0 can arrive: the warm-up that exactly fills the start-up wait, from costs.
@@ -199,99 +380,4 @@ fn natural_warmup(p: usize, m: usize, costs: &CostModel) -> Vec<usize> {
             (1..m).take_while(|&j| ends[s][j] <= arrival + 1e-9).count()
         })
         .collect()
-}
-
-/// Search over the ZB-H family (per-stage warm-up and W lag): first a grid over a
-/// three-parameter shape — warm-up = natural + γ, lag = α·s + β — then coordinate descent
-/// on single stages, within `max_evals` simulations. Keeps `incumbent` if nothing beats it.
-fn template_search(
-    p: usize,
-    m: usize,
-    costs: &CostModel,
-    x: f64,
-    incumbent: Schedule,
-    inc_score: Score,
-    name: &str,
-) -> Result<(Schedule, Score), Error> {
-    let evals = std::cell::Cell::new(0usize);
-    let delay = std::cell::Cell::new(m);
-    let max_evals = (20_000_000 / (3 * p * m)).clamp(60, 3000);
-    let eval = |warm: &[usize], lag: &[usize]| -> Option<Score> {
-        evals.set(evals.get() + 1);
-        let s = super::zb_template(p, m, warm, lag, delay.get(), name).ok()?;
-        check_memory(&s, costs, x).ok()?;
-        score(&s, costs).ok()
-    };
-    let natural = natural_warmup(p, m, costs);
-    let mut best: Option<Template> = None;
-    let shape = |gamma: i64, alpha: f64, beta: f64| -> (Vec<usize>, Vec<usize>) {
-        let warm = natural
-            .iter()
-            .map(|&w| (w as i64 + gamma).clamp(0, m as i64) as usize)
-            .collect();
-        let lag = (0..p)
-            .map(|s| (alpha * s as f64 + beta).round().clamp(0.0, m as f64) as usize)
-            .collect();
-        (warm, lag)
-    };
-    let mut best_delay = m;
-    for d in [m, 0, p / 2, p, 2 * p] {
-        delay.set(d);
-        for gamma in [0i64, -1, 1, -2] {
-            for ai in 0..=16 {
-                for beta in [0.0, 1.0, -1.0, 2.0] {
-                    let (w, l) = shape(gamma, ai as f64 * 0.25, beta);
-                    if let Some(sc) = eval(&w, &l) {
-                        if best.as_ref().is_none_or(|b| better(sc, b.2)) {
-                            best = Some((w, l, sc));
-                            best_delay = d;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    delay.set(best_delay);
-    let Some((mut warm, mut lag, mut cur)) = best else {
-        return Ok((incumbent, inc_score));
-    };
-    'descent: loop {
-        let mut moved = false;
-        for s in 0..p {
-            for (dw, dl) in [(0i64, 1i64), (0, -1), (1, 0), (-1, 0), (1, -1), (-1, 1)] {
-                if evals.get() >= max_evals {
-                    break 'descent;
-                }
-                let nw = warm[s] as i64 + dw;
-                let nl = lag[s] as i64 + dl;
-                if nw < 0 || nl < 0 || nw as usize > m || nl as usize > m {
-                    continue;
-                }
-                let (ow, ol) = (warm[s], lag[s]);
-                warm[s] = nw as usize;
-                lag[s] = nl as usize;
-                match eval(&warm, &lag) {
-                    Some(sc) if better(sc, cur) => {
-                        cur = sc;
-                        moved = true;
-                    }
-                    _ => {
-                        warm[s] = ow;
-                        lag[s] = ol;
-                    }
-                }
-            }
-        }
-        if !moved {
-            break;
-        }
-    }
-    if better(cur, inc_score) {
-        Ok((
-            super::zb_template(p, m, &warm, &lag, delay.get(), name)?,
-            cur,
-        ))
-    } else {
-        Ok((incumbent, inc_score))
-    }
 }

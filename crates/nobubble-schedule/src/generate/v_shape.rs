@@ -3,7 +3,8 @@
 //! Each chunk costs half of a rank's share (the one-rank's-share convention of
 //! [`crate::cost`]).
 
-use super::auto::{best_list_schedule, improve, pick_best};
+use super::auto::{better, improve, ladder, pick_best, policies, Score};
+use super::greedy::list_schedule;
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
@@ -185,20 +186,34 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
     Schedule::new("dualpipe-v", 2 * p, p, m, v_placement(p), orders)
 }
 
-/// The best V schedule we find under `x` × M_B per rank: the list scheduler under every
-/// policy and the ZB-V pattern (when it fits), then local search.
+/// The best V schedule we find under `x` × M_B per rank. Climbs the memory
+/// [`ladder`](super::auto::ladder) running the same steps at every level (so more memory
+/// never gives a worse schedule): the ZB-V pattern when it fits, the list scheduler under
+/// its three policies, and a local search over weight-gradient positions.
 pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let costs = CostModel::for_layout(spec, 2 * p, p)?;
-    let mut candidates = best_list_schedule(name, &placement, p, m, &costs, x)?;
-    candidates.push(zb_v_pattern(p, m)?);
-    let (best, sc) = pick_best(candidates, &|_| Ok(costs.clone()), x)?.ok_or_else(|| {
+    let improve_budget = (60_000 / (6 * p * m)).clamp(2, 200);
+    let mut best: Option<(Schedule, Score)> = None;
+    for level in ladder(x) {
+        let mut candidates = vec![zb_v_pattern(p, m)?];
+        for pol in policies() {
+            if let Ok(s) = list_schedule(name, &placement, p, m, &costs, level, &pol) {
+                candidates.push(s);
+            }
+        }
+        if let Some((s, sc)) = pick_best(candidates, &|_| Ok(costs.clone()), level)? {
+            let improved = improve(s, sc, &costs, level, improve_budget)?;
+            if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
+                best = Some(improved);
+            }
+        }
+    }
+    let (mut best, _) = best.ok_or_else(|| {
         Error::Input(format!(
             "no V schedule fits memory limit {x} × M_B; the minimum is 1"
         ))
     })?;
-    let budget = (20_000_000 / (6 * p * m)).clamp(60, 3000);
-    let (mut best, _) = improve(best, sc, &costs, x, budget)?;
     best.name = name.to_string();
     Ok(best)
 }

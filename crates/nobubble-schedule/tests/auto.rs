@@ -1,0 +1,129 @@
+//! Property tests for the automatic schedulers: valid, within their memory limit, never
+//! below the proven lower bound, never worse than the handcrafted schedules they replace,
+//! and never worse with more memory.
+
+use nobubble_schedule::{
+    check_memory, generate, lower_bound, simulate, CostModel, CostSpec, RankCost, Request,
+    Schedule, ScheduleKind,
+};
+use proptest::prelude::*;
+
+fn costs_strategy(p: usize) -> impl Strategy<Value = CostSpec> {
+    (
+        prop::collection::vec((0.5f64..3.0, 0.5f64..3.0, 0.3f64..2.0, 0.1f64..0.9), p),
+        0.0f64..0.5,
+    )
+        .prop_map(|(stages, comm)| CostSpec {
+            comm,
+            stages: stages
+                .into_iter()
+                .map(|(f, i, w, frac)| RankCost {
+                    f,
+                    i,
+                    w,
+                    mem_b: 1.0,
+                    mem_w: frac,
+                })
+                .collect(),
+        })
+}
+
+fn plan(kind: ScheduleKind, p: usize, m: usize, spec: &CostSpec, x: Option<f64>) -> Schedule {
+    let req = Request {
+        mem_limit: x,
+        ..Request::new(kind, p, m)
+    };
+    generate(&req, spec).unwrap_or_else(|e| panic!("{} p={p} m={m} x={x:?}: {e}", kind.name()))
+}
+
+/// (longest rank span, makespan), the planner's objective.
+fn score(s: &Schedule, spec: &CostSpec) -> (f64, f64) {
+    let c = CostModel::for_schedule(spec, s).unwrap();
+    let sim = simulate(s, &c).unwrap();
+    (
+        sim.metrics.span.iter().copied().fold(0.0, f64::max),
+        sim.metrics.makespan,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, .. ProptestConfig::default() })]
+
+    #[test]
+    fn auto_schedules_are_valid_fit_and_respect_the_bound(
+        (p, m, spec) in (1usize..=6, 1usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        frac in 0.0f64..1.0,
+    ) {
+        for (kind, max_x) in [(ScheduleKind::ZbAuto, 2 * p + 1), (ScheduleKind::VAuto, p + 1)] {
+            let x = 1.0 + frac * (max_x as f64 - 1.0);
+            let s = plan(kind, p, m, &spec, Some(x));
+            let c = CostModel::for_schedule(&spec, &s).unwrap();
+            let sim = simulate(&s, &c).unwrap();
+            check_memory(&s, &c, x).unwrap();
+            let lb = lower_bound(&s.placement, m, &c, Some(x));
+            prop_assert!(sim.metrics.makespan >= lb - 1e-9, "{} makespan {} < bound {lb}", kind.name(), sim.metrics.makespan);
+        }
+    }
+
+    #[test]
+    fn zb_auto_is_never_worse_than_the_handcrafted_schedules(
+        (p, m, spec) in (1usize..=6, 1usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+    ) {
+        let h1 = score(&plan(ScheduleKind::ZbH1, p, m, &spec, None), &spec);
+        let a1 = score(&plan(ScheduleKind::ZbAuto, p, m, &spec, Some(p as f64)), &spec);
+        prop_assert!(a1.0 <= h1.0 + 1e-9, "zb-auto at p: {a1:?} vs zb-h1 {h1:?}");
+        let h2_sched = plan(ScheduleKind::ZbH2, p, m, &spec, None);
+        let h2 = score(&h2_sched, &spec);
+        let c = CostModel::for_schedule(&spec, &h2_sched).unwrap();
+        let h2_peak = simulate(&h2_sched, &c).unwrap().metrics.peak_memory.iter().copied().fold(0.0, f64::max);
+        let x = h2_peak.max((2 * p - 1) as f64);
+        let a2 = score(&plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x)), &spec);
+        prop_assert!(a2.0 <= h2.0 + 1e-9, "zb-auto at {x}: {a2:?} vs zb-h2 {h2:?}");
+    }
+
+    #[test]
+    fn more_memory_never_gives_a_worse_schedule(
+        (p, m, spec) in (1usize..=5, 1usize..=12).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+    ) {
+        for kind in [ScheduleKind::ZbAuto, ScheduleKind::VAuto] {
+            let mut prev = f64::INFINITY;
+            for x in 1..=(2 * p + 1) {
+                let sc = score(&plan(kind, p, m, &spec, Some(x as f64)), &spec);
+                prop_assert!(sc.0 <= prev + 1e-9, "{} p={p} m={m}: span {} at limit {x} > {prev} at {}", kind.name(), sc.0, x - 1);
+                prev = sc.0;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_limit_below_one_microbatch_is_refused_with_the_minimum() {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    for kind in [ScheduleKind::ZbAuto, ScheduleKind::VAuto] {
+        let req = Request {
+            mem_limit: Some(0.5),
+            ..Request::new(kind, 4, 8)
+        };
+        let e = generate(&req, &spec).unwrap_err().to_string();
+        assert!(e.contains("minimum feasible 1"), "{e}");
+    }
+}
+
+#[test]
+fn two_p_and_zb_v_reach_near_zero_bubble_when_passes_are_equal() {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    for p in [2usize, 4, 8] {
+        for m in [2 * p, 3 * p, 4 * p] {
+            for kind in [ScheduleKind::Zb2p, ScheduleKind::ZbV] {
+                let s = plan(kind, p, m, &spec, None);
+                let c = CostModel::for_schedule(&spec, &s).unwrap();
+                let rate = simulate(&s, &c).unwrap().metrics.bubble_rate;
+                assert!(
+                    rate <= 0.005,
+                    "{} p={p} m={m}: bubble rate {rate}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}

@@ -55,13 +55,17 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     if let Some(limit) = args.costs.mem_limit {
         check_memory(&schedule, &costs, limit).map_err(|e| e.to_string())?;
     }
+    // The limit the schedule was planned under (automatic kinds) or checked against.
+    let limit = kind
+        .planning_limit(args.stages, args.costs.mem_limit)
+        .or(args.costs.mem_limit);
     let colour = use_colour(args.output.is_some());
     let out = render(
         args.format,
         &schedule,
         &costs,
         &sim,
-        args.costs.mem_limit,
+        limit,
         args.width,
         colour,
     );

@@ -3,7 +3,7 @@
 
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::export::{chrome, csv, svg, text};
-use nobubble_schedule::{CostModel, Schedule, Simulation};
+use nobubble_schedule::{lower_bound, CostModel, Schedule, Simulation};
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::Path;
@@ -31,6 +31,7 @@ pub fn json_report(
     mem_limit: Option<f64>,
 ) -> Value {
     let m = &sim.metrics;
+    let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     json!({
         "schedule": schedule.name,
         "stages": schedule.stages,
@@ -46,6 +47,8 @@ pub fn json_report(
         "idle": m.idle,
         "span": m.span,
         "messages": m.messages,
+        "lower_bound": bound,
+        "gap": m.makespan / bound - 1.0,
         "comm": costs.comm,
         "critical_path": sim.critical_path.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "placement": schedule.placement,
@@ -59,7 +62,12 @@ pub fn json_report(
 }
 
 /// The per-rank table and headline metrics printed under a text timeline.
-pub fn text_summary(schedule: &Schedule, sim: &Simulation, mem_limit: Option<f64>) -> String {
+pub fn text_summary(
+    schedule: &Schedule,
+    costs: &CostModel,
+    sim: &Simulation,
+    mem_limit: Option<f64>,
+) -> String {
     let m = &sim.metrics;
     let mut out = String::new();
     out.push_str("rank  stages        busy        idle        span   peak mem\n");
@@ -87,6 +95,12 @@ pub fn text_summary(schedule: &Schedule, sim: &Simulation, mem_limit: Option<f64
         fmt_num(peak),
         mem_limit.map(|l| format!(" (limit {})", fmt_num(l))).unwrap_or_default(),
         m.messages
+    ));
+    let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
+    out.push_str(&format!(
+        "lower bound on the makespan {} (this schedule is {:.2}% above it)\n",
+        fmt_num(bound),
+        100.0 * (m.makespan / bound - 1.0)
     ));
     out.push_str(&format!(
         "critical path: {} actions, {} … {}\n",
@@ -126,7 +140,7 @@ pub fn render(
             );
             out.push_str(&text::render(schedule, sim, width, colour));
             out.push('\n');
-            out.push_str(&text_summary(schedule, sim, mem_limit));
+            out.push_str(&text_summary(schedule, costs, sim, mem_limit));
             out
         }
         Format::Json => {

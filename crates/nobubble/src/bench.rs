@@ -1,5 +1,6 @@
 //! `nobubble bench …`: figures recorded in BENCHMARKS.md.
 
+use crate::costs::CostArgs;
 use clap::{Args, Subcommand};
 use nobubble_schedule::paper::{bubble_rate, COMPARED, SETTINGS};
 use nobubble_schedule::{generate, simulate, CostModel, CostSpec, RankCost, Request, ScheduleKind};
@@ -17,6 +18,39 @@ pub enum BenchCommand {
     },
     /// Time to validate and simulate one schedule, per generator.
     Sim(SimBenchArgs),
+    /// Time to plan with the automatic schedulers.
+    Plan(PlanBenchArgs),
+    /// Bubble rate of the automatic schedulers against the memory limit.
+    Memory(MemoryBenchArgs),
+}
+
+/// Arguments of `bench plan`.
+#[derive(Args, Debug)]
+pub struct PlanBenchArgs {
+    /// Schedules to time (comma-separated).
+    #[arg(long, default_value = "zb-auto,v-auto")]
+    pub schedules: String,
+    /// Pipelines to time, as P×M pairs.
+    #[arg(long, default_value = "8x24,32x256")]
+    pub sizes: String,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    #[command(flatten)]
+    pub costs: CostArgs,
+}
+
+/// Arguments of `bench memory`.
+#[derive(Args, Debug)]
+pub struct MemoryBenchArgs {
+    /// Pipeline stages.
+    #[arg(long, short = 'p', default_value_t = 8)]
+    pub stages: usize,
+    /// Microbatches.
+    #[arg(long, short = 'm', default_value_t = 24)]
+    pub microbatches: usize,
+    #[command(flatten)]
+    pub costs: CostArgs,
 }
 
 /// Arguments of `bench sim`.
@@ -41,6 +75,8 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Paper { json } => paper(*json),
         BenchCommand::Sim(a) => sim(a),
+        BenchCommand::Plan(a) => plan(a),
+        BenchCommand::Memory(a) => memory(a),
     }
 }
 
@@ -157,6 +193,93 @@ fn sim(a: &SimBenchArgs) -> Result<(), String> {
     );
     for (n, len, med, min) in results {
         println!("{n:<18} {len:>8} {med:>10.3} {min:>10.3}");
+    }
+    Ok(())
+}
+
+fn parse_sizes(text: &str) -> Result<Vec<(usize, usize)>, String> {
+    text.split(',')
+        .map(|pair| {
+            let (p, m) = pair
+                .trim()
+                .split_once(['x', 'X', '×'])
+                .ok_or_else(|| format!("--sizes: `{pair}` is not P×M, e.g. 8x24"))?;
+            let parse = |t: &str| {
+                t.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("--sizes: `{t}` in `{pair}` is not a whole number"))
+            };
+            Ok((parse(p)?, parse(m)?))
+        })
+        .collect()
+}
+
+fn plan(a: &PlanBenchArgs) -> Result<(), String> {
+    let spec = a.costs.spec()?;
+    let sizes = parse_sizes(&a.sizes)?;
+    println!(
+        "planning time, median of {} runs (limit: each schedule's default or --mem-limit)",
+        a.repeat.max(1)
+    );
+    println!(
+        "{:<10} {:>4} {:>5} {:>11} {:>12}",
+        "schedule", "p", "m", "median ms", "bubble rate"
+    );
+    for name in a.schedules.split(',') {
+        let kind = ScheduleKind::from_name(name).map_err(|e| e.to_string())?;
+        for &(p, m) in &sizes {
+            let req = Request {
+                mem_limit: a.costs.mem_limit,
+                ..Request::new(kind, p, m)
+            };
+            let mut times = Vec::new();
+            let mut rate = 0.0;
+            for _ in 0..a.repeat.max(1) {
+                let t0 = Instant::now();
+                let s = generate(&req, &spec).map_err(|e| e.to_string())?;
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+                let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
+                rate = simulate(&s, &c)
+                    .map_err(|e| e.to_string())?
+                    .metrics
+                    .bubble_rate;
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "{:<10} {p:>4} {m:>5} {:>11.1} {:>11.4}",
+                kind.name(),
+                times[times.len() / 2],
+                rate
+            );
+        }
+    }
+    Ok(())
+}
+
+fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
+    let spec = a.costs.spec()?;
+    let (p, m) = (a.stages, a.microbatches);
+    if p == 0 || m == 0 {
+        return Err("--stages and --microbatches must be at least 1".into());
+    }
+    println!("bubble rate against the memory limit (× M_B per rank), p={p} m={m}");
+    println!("{:>6} {:>10} {:>10}", "limit", "zb-auto", "v-auto");
+    for x in 1..=2 * p {
+        let mut cells = Vec::new();
+        for kind in [ScheduleKind::ZbAuto, ScheduleKind::VAuto] {
+            let req = Request {
+                mem_limit: Some(x as f64),
+                ..Request::new(kind, p, m)
+            };
+            let s = generate(&req, &spec).map_err(|e| e.to_string())?;
+            let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
+            let rate = simulate(&s, &c)
+                .map_err(|e| e.to_string())?
+                .metrics
+                .bubble_rate;
+            cells.push(format!("{:>9.2}%", 100.0 * rate));
+        }
+        println!("{x:>6} {}", cells.join(" "));
     }
     Ok(())
 }

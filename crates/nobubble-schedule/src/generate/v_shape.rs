@@ -189,21 +189,32 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 /// The best V schedule we find under `x` × M_B per rank. Climbs the memory
 /// [`ladder`](super::auto::ladder) running the same steps at every level (so more memory
 /// never gives a worse schedule): the ZB-V pattern when it fits, the list scheduler under
-/// its three policies, and a local search over weight-gradient positions.
+/// its three policies, and a local search over weight-gradient positions (large pipelines:
+/// one policy, no local search).
 pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let costs = CostModel::for_layout(spec, 2 * p, p)?;
-    let improve_budget = (60_000 / (6 * p * m)).clamp(2, 200);
+    let actions = 6 * p * m;
+    // Large pipelines get one policy and no local search, to plan within a second.
+    let (n_policies, improve_budget) = if actions <= 6000 {
+        (3, (60_000 / actions).clamp(2, 200))
+    } else {
+        (1, 0)
+    };
     let mut best: Option<(Schedule, Score)> = None;
     for level in ladder(x) {
         let mut candidates = vec![zb_v_pattern(p, m)?];
-        for pol in policies() {
+        for pol in policies().into_iter().take(n_policies) {
             if let Ok(s) = list_schedule(name, &placement, p, m, &costs, level, &pol) {
                 candidates.push(s);
             }
         }
         if let Some((s, sc)) = pick_best(candidates, &|_| Ok(costs.clone()), level)? {
-            let improved = improve(s, sc, &costs, level, improve_budget)?;
+            let improved = if improve_budget > 0 {
+                improve(s, sc, &costs, level, improve_budget)?
+            } else {
+                (s, sc)
+            };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 best = Some(improved);
             }

@@ -9,6 +9,7 @@ pub mod action;
 pub mod bound;
 pub mod cost;
 pub mod error;
+pub mod exact;
 pub mod export;
 pub mod generate;
 pub mod paper;

@@ -127,3 +127,59 @@ fn two_p_and_zb_v_reach_near_zero_bubble_when_passes_are_equal() {
         }
     }
 }
+
+/// On small pipelines the exact branch and bound proves the optimum; `zb-auto` (given all
+/// the memory it wants) must be within 2% of it, and the lower bound never above it.
+#[test]
+fn zb_auto_is_near_optimal_on_small_instances() {
+    use nobubble_schedule::exact::min_makespan;
+    let mut proven = 0;
+    let mut worst_gap: f64 = 0.0;
+    for (p, m) in [(2usize, 2usize), (2, 4), (3, 3), (3, 4), (4, 4)] {
+        for (f, i, w, c) in [
+            (1.0, 1.0, 1.0, 0.0),
+            (1.0, 1.3, 0.6, 0.2),
+            (1.0, 1.5, 0.5, 0.0),
+            (2.0, 1.0, 1.5, 0.5),
+        ] {
+            let spec = CostSpec::uniform(
+                RankCost {
+                    f,
+                    i,
+                    w,
+                    mem_b: 1.0,
+                    mem_w: 0.5,
+                },
+                c,
+            );
+            let s = plan(ScheduleKind::ZbAuto, p, m, &spec, Some(m as f64));
+            let costs = CostModel::for_schedule(&spec, &s).unwrap();
+            let auto = simulate(&s, &costs).unwrap().metrics.makespan;
+            // Search from a loose incumbent so the optimum is found, not just confirmed.
+            let e = min_makespan(p, m, &costs, auto * 1.5, 2_000_000);
+            if !e.proven {
+                continue;
+            }
+            proven += 1;
+            let lb = lower_bound(&s.placement, m, &costs, None);
+            assert!(
+                lb <= e.makespan + 1e-9,
+                "bound {lb} above optimum {}",
+                e.makespan
+            );
+            let gap = auto / e.makespan - 1.0;
+            worst_gap = worst_gap.max(gap);
+            assert!(
+                gap <= 0.02,
+                "p={p} m={m} costs {f},{i},{w} comm {c}: zb-auto {auto} vs optimum {}",
+                e.makespan
+            );
+            // The exact schedule is itself valid under the simulator.
+            let ex = e.better.expect("a 1.5× incumbent is always beaten");
+            let sim = simulate(&ex, &costs).unwrap();
+            assert!((sim.metrics.makespan - e.makespan).abs() < 1e-9);
+        }
+    }
+    assert!(proven >= 15, "only {proven} instances proven optimal");
+    println!("zb-auto worst gap to the proven optimum: {worst_gap:.4}");
+}

@@ -1,0 +1,19 @@
+//! # nobubble-nn: a transformer engine with split backward passes
+//!
+//! Zero-bubble pipeline schedules split each layer's backward into **I** (input
+//! gradient, on the critical path) and **W** (weight gradient, deferrable). No Rust
+//! autograd engine can do that, so this crate owns its layers, written by hand.
+//! See `README.md` in this crate for the design (device seam, per-microbatch deferred
+//! state, memory accounting, bit-identity contract).
+
+pub mod backend;
+mod cpu;
+pub mod error;
+pub mod layers;
+pub mod memory;
+pub mod param;
+pub mod tensor;
+
+pub use backend::{Backend, CpuBackend};
+pub use error::{MicrobatchId, NnError, Result};
+pub use tensor::Tensor;

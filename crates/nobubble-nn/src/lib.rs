@@ -7,13 +7,17 @@
 //! state, memory accounting, bit-identity contract).
 
 pub mod backend;
+pub mod config;
 mod cpu;
 pub mod error;
 pub mod layers;
 pub mod memory;
+pub mod model;
 pub mod param;
 pub mod tensor;
 
 pub use backend::{Backend, CpuBackend};
+pub use config::{GptConfig, StageLayout};
 pub use error::{MicrobatchId, NnError, Result};
+pub use model::{build_stages, split_model, split_model_v, Stage, StageInput, StageOutput};
 pub use tensor::Tensor;

@@ -262,7 +262,10 @@ mod tests {
             vec![1, 3, 3, 1]
         );
         assert_eq!(block_counts(3, 1, &StageLayout::Even).unwrap(), vec![3]);
-        assert_eq!(block_counts(2, 4, &StageLayout::Even).unwrap(), vec![0, 1, 1, 0]);
+        assert_eq!(
+            block_counts(2, 4, &StageLayout::Even).unwrap(),
+            vec![0, 1, 1, 0]
+        );
         assert!(block_counts(1, 4, &StageLayout::Even).is_err());
         assert!(block_counts(4, 2, &StageLayout::Explicit(vec![1, 2])).is_err());
         assert_eq!(v_placement_device(0, 4).unwrap(), 0);

@@ -15,6 +15,8 @@ pub mod memory;
 pub mod model;
 pub mod param;
 pub mod tensor;
+#[cfg(test)]
+mod testutil;
 
 pub use backend::{Backend, CpuBackend};
 pub use config::{GptConfig, StageLayout};

@@ -9,17 +9,25 @@
 pub mod backend;
 pub mod config;
 mod cpu;
+pub mod data;
 pub mod error;
 pub mod layers;
 pub mod memory;
 pub mod model;
+#[cfg(test)]
+mod model_tests;
+pub mod optim;
 pub mod param;
+pub mod reference;
 pub mod tensor;
 #[cfg(test)]
 mod testutil;
 
 pub use backend::{Backend, CpuBackend};
 pub use config::{GptConfig, StageLayout};
+pub use data::ByteCorpus;
 pub use error::{MicrobatchId, NnError, Result};
 pub use model::{build_stages, split_model, split_model_v, Stage, StageInput, StageOutput};
+pub use optim::{AdamW, AdamWConfig};
+pub use reference::{ReferenceTrainer, TrainConfig};
 pub use tensor::Tensor;

@@ -7,6 +7,7 @@
 //! state, memory accounting, bit-identity contract).
 
 pub mod backend;
+pub mod bench;
 pub mod config;
 mod cpu;
 pub mod data;

@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let r = t.train_step()?;
         if r.step % 10 == 0 || r.step + 1 == steps {
             println!(
-                "step {:4} loss {:.4} grad_norm {:.3} clip {:.3} lr {:.2e} ({:.1}s)",
+                "step {:4} loss {:?} grad_norm {:.3} clip {:.3} lr {:.2e} ({:.1}s)",
                 r.step,
                 r.loss,
                 r.grad_norm,

@@ -6,6 +6,8 @@
 //! See `README.md` in this crate for the design (device seam, per-microbatch deferred
 //! state, memory accounting, bit-identity contract).
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod bench;
 pub mod config;

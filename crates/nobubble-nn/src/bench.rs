@@ -10,8 +10,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, CpuBackend};
+use crate::error::MicrobatchId;
 use crate::error::{NnError, Result};
 use crate::layers::{Block, SplitLayer};
+use crate::model::{Stage, StageInput};
 use crate::param::SplitMix64;
 use crate::tensor::Tensor;
 
@@ -184,6 +186,84 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     })
 }
 
+/// Measured per-stage costs for the planner: median F, I, W times of one microbatch
+/// on this stage's backend, and the activation bytes held after F (M_B) and after I
+/// (M_W).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageProfile {
+    /// Stage index.
+    pub stage: usize,
+    /// Median F time, ms.
+    pub f_ms: f64,
+    /// Median I time, ms.
+    pub i_ms: f64,
+    /// Median W time, ms.
+    pub w_ms: f64,
+    /// Bytes held from F until I (M_B).
+    pub bytes_after_forward: usize,
+    /// Bytes held from I until W (M_W).
+    pub bytes_after_input_grad: usize,
+}
+
+/// Times `repeats` F→I→W cycles of one microbatch (`config.microbatch_size` sequences
+/// of random data) on `stage` under a reserved microbatch id, after one warm-up
+/// cycle. Gradient accumulators are restored afterwards, so profiling mid-training is
+/// safe. This is how the planner's T_F, T_I, T_W become measurements.
+pub fn profile_stage(stage: &mut Stage, repeats: usize) -> Result<StageProfile> {
+    const PROBE: MicrobatchId = MicrobatchId::MAX - 1;
+    if repeats == 0 {
+        return Err(NnError::Config("repeats must be positive".into()));
+    }
+    let cfg = stage.config().clone();
+    let n = cfg.tokens_per_microbatch();
+    let mut rng = SplitMix64::new(11);
+    let tokens: Vec<u32> = (0..n)
+        .map(|_| rng.next_below(cfg.vocab as u64) as u32)
+        .collect();
+    let act = random(&[n, cfg.hidden], 12);
+    let grad = random(&[n, cfg.hidden], 13);
+    let saved: Vec<Tensor> = stage.params().iter().map(|p| p.grad.clone()).collect();
+    let (mut tf, mut ti, mut tw) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut after_f, mut after_i) = (0, 0);
+    for rep in 0..=repeats {
+        let input = if stage.is_first() {
+            StageInput::Tokens(&tokens)
+        } else {
+            StageInput::Activations(act.clone())
+        };
+        let g = (!stage.is_last()).then(|| grad.clone());
+        let t0 = Instant::now();
+        let out = stage.forward(PROBE, input, Some(&tokens))?;
+        let t1 = Instant::now();
+        drop(out);
+        after_f = stage.held_bytes(PROBE);
+        let t2 = Instant::now();
+        let dx = stage.backward_input(PROBE, g)?;
+        let t3 = Instant::now();
+        drop(dx);
+        after_i = stage.held_bytes(PROBE);
+        let t4 = Instant::now();
+        stage.backward_weight(PROBE)?;
+        let t5 = Instant::now();
+        if rep > 0 {
+            tf.push((t1 - t0).as_secs_f64() * 1e3);
+            ti.push((t3 - t2).as_secs_f64() * 1e3);
+            tw.push((t5 - t4).as_secs_f64() * 1e3);
+        }
+    }
+    for (p, g) in stage.params_mut().into_iter().zip(saved) {
+        p.grad = g;
+    }
+    Ok(StageProfile {
+        stage: stage.index(),
+        f_ms: median(tf),
+        i_ms: median(ti),
+        w_ms: median(tw),
+        bytes_after_forward: after_f,
+        bytes_after_input_grad: after_i,
+    })
+}
+
 impl EngineBenchReport {
     /// Human-readable table.
     pub fn to_table(&self) -> String {
@@ -247,6 +327,21 @@ mod tests {
         let r = engine_bench(&tiny).unwrap();
         assert!(r.f_ms > 0.0 && r.bytes_after_forward > r.bytes_after_input_grad);
         let json = serde_json::to_value(&r).unwrap();
+        let cfg = crate::GptConfig::micro();
+        let mut stages = crate::build_stages(&cfg, 1, &[1, 1]).unwrap();
+        for s in &mut stages {
+            let p = profile_stage(s, 2).unwrap();
+            let m = s.measure_memory().unwrap().total;
+            assert_eq!(
+                (p.bytes_after_forward, p.bytes_after_input_grad),
+                (m.after_forward, m.after_input_grad)
+            );
+            assert!(p.f_ms > 0.0 && p.i_ms > 0.0 && p.w_ms > 0.0);
+            assert!(s
+                .params()
+                .iter()
+                .all(|p| p.grad.data().iter().all(|&g| g == 0.0)));
+        }
         for key in [
             "f_ms",
             "i_ms",

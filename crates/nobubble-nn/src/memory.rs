@@ -115,6 +115,11 @@ impl<F: Saved, W: Saved> PassState<F, W> {
         }
     }
 
+    /// What F saved for `mb`, without consuming it (to validate an I's input first).
+    pub fn peek_forward(&self, mb: MicrobatchId) -> Option<&F> {
+        self.for_input_grad.get(&mb)
+    }
+
     /// Removes and returns what F saved (I consumes it).
     pub fn take_forward(&mut self, mb: MicrobatchId) -> Result<F> {
         self.check_input_grad(mb)?;

@@ -306,6 +306,30 @@ fn stage_pass_order_and_input_errors() {
         "rejected passes leave no state"
     );
 
+    // A wrongly shaped output gradient is an error and leaves the stage ready for
+    // the correct one.
+    s[0].forward(0, StageInput::Tokens(&d.tokens), None)
+        .unwrap();
+    for bad in [
+        Tensor::zeros(&[n - 1, cfg.hidden]),
+        Tensor::zeros(&[n, cfg.hidden + 1]),
+    ] {
+        assert!(matches!(
+            s[0].backward_input(0, Some(bad)),
+            Err(NnError::BadInput(_))
+        ));
+    }
+    assert!(
+        s[0].backward_input(0, None).is_err(),
+        "a first stage needs a gradient"
+    );
+    let held = s[0].held_bytes(0);
+    s[0].backward_input(0, Some(Tensor::zeros(&[n, cfg.hidden])))
+        .unwrap();
+    assert!(s[0].held_bytes(0) != held);
+    s[0].backward_weight(0).unwrap();
+    assert_eq!(s[0].held_bytes(0), 0);
+
     run_microbatch(&mut s, 0, &d).unwrap();
     let err = s[1].backward_weight(0).unwrap_err();
     assert!(

@@ -89,6 +89,17 @@ impl SplitLayer for LayerNorm {
                 dy.shape()
             )));
         }
+        let rows = self
+            .state
+            .peek_forward(mb)
+            .map_or(0, |(xhat, _)| xhat.rows());
+        if dy.rows() != rows {
+            return Err(NnError::BadInput(format!(
+                "layer `{}`: output gradient has {} rows, the forward had {rows}",
+                self.state.layer(),
+                dy.rows()
+            )));
+        }
         let (xhat, rstd) = self.state.take_forward(mb)?;
         let out = be.layernorm_backward(&dy, &xhat, &rstd, self.gamma.value.data());
         drop((xhat, rstd));

@@ -93,12 +93,15 @@ impl SplitLayer for Linear {
                 dy.shape()
             )));
         }
+        let rows = self.state.peek_forward(mb).map_or(0, Tensor::rows);
+        if dy.rows() != rows {
+            return Err(NnError::BadInput(format!(
+                "layer `{}`: output gradient has {} rows, the forward had {rows}",
+                self.state.layer(),
+                dy.rows()
+            )));
+        }
         let x = self.state.take_forward(mb)?;
-        assert_eq!(
-            x.rows(),
-            dy.rows(),
-            "output gradient rows differ from the forward's"
-        );
         let mut dx = Tensor::zeros(&[dy.rows(), self.in_features()]);
         be.matmul(
             dx.mat_mut(),

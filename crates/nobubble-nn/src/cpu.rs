@@ -1,10 +1,8 @@
 //! CPU implementation of [`Backend`]: `gemm` for matrix products, plain loops with a
 //! fixed order for everything else.
 
-// Index loops read closer to the math in these kernels.
-#![allow(clippy::needless_range_loop)]
-
 use crate::backend::{Backend, LayerNormBackward, LayerNormForward};
+use crate::kernels;
 use crate::tensor::{MatMut, MatRef, Tensor};
 
 /// CPU backend. `threads` is the gemm thread count per matrix product: a pipeline
@@ -41,34 +39,6 @@ impl CpuBackend {
             gemm::Parallelism::Rayon(self.threads)
         }
     }
-}
-
-const GELU_C: f32 = 0.797_884_6; // sqrt(2/pi)
-const GELU_A: f32 = 0.044_715;
-
-/// `e^x` to about 1 ulp, branch-free so loops over it vectorize (libm's `exp`/`tanh`
-/// calls were a third of a block's forward time). Pure f32 arithmetic without fused
-/// operations: the result is the same on every x86-64 machine.
-#[inline(always)]
-pub(crate) fn fast_exp(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
-    let x = x.clamp(-87.0, 88.0);
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    // Cody–Waite: ln 2 split in two parts so r = x − n·ln2 stays exact.
-    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let exponent = (shifted.to_bits() as i32 - ROUND.to_bits() as i32 + 127) << 23;
-    p * f32::from_bits(exponent as u32)
-}
-
-/// `tanh` via [`fast_exp`]: `1 − 2/(e^{2y} + 1)`; saturates cleanly at ±1.
-#[inline(always)]
-fn fast_tanh(y: f32) -> f32 {
-    1.0 - 2.0 / (fast_exp(2.0 * y) + 1.0)
 }
 
 impl Backend for CpuBackend {
@@ -161,27 +131,19 @@ impl Backend for CpuBackend {
         beta: &[f32],
         eps: f32,
     ) -> LayerNormForward {
-        let (rows, h) = (x.rows(), x.cols());
-        assert!(gamma.len() == h && beta.len() == h);
+        assert!(gamma.len() == x.cols() && beta.len() == x.cols());
         let mut y = Tensor::zeros(x.shape());
         let mut xhat = Tensor::zeros(x.shape());
-        let mut rstd = vec![0.0f32; rows];
-        for r in 0..rows {
-            let xr = &x.data()[r * h..(r + 1) * h];
-            let mean = xr.iter().sum::<f32>() / h as f32;
-            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
-            let rs = 1.0 / (var + eps).sqrt();
-            rstd[r] = rs;
-            let xh = &mut xhat.data_mut()[r * h..(r + 1) * h];
-            for (o, v) in xh.iter_mut().zip(xr) {
-                *o = (v - mean) * rs;
-            }
-            let yr = &mut y.data_mut()[r * h..(r + 1) * h];
-            let xh = &xhat.data()[r * h..(r + 1) * h];
-            for j in 0..h {
-                yr[j] = xh[j] * gamma[j] + beta[j];
-            }
-        }
+        let mut rstd = vec![0.0f32; x.rows()];
+        kernels::layernorm_forward(
+            x.data(),
+            gamma,
+            beta,
+            eps,
+            y.data_mut(),
+            xhat.data_mut(),
+            &mut rstd,
+        );
         LayerNormForward { y, xhat, rstd }
     }
 
@@ -192,98 +154,54 @@ impl Backend for CpuBackend {
         rstd: &[f32],
         gamma: &[f32],
     ) -> LayerNormBackward {
-        let (rows, h) = (dy.rows(), dy.cols());
         assert_eq!(dy.shape(), xhat.shape());
-        assert!(rstd.len() == rows && gamma.len() == h);
+        assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
+        let h = dy.cols();
         let mut dx = Tensor::zeros(dy.shape());
         let mut dgamma = vec![0.0f32; h];
         let mut dbeta = vec![0.0f32; h];
-        let mut dxhat = vec![0.0f32; h];
-        for r in 0..rows {
-            let dyr = &dy.data()[r * h..(r + 1) * h];
-            let xr = &xhat.data()[r * h..(r + 1) * h];
-            let mut sum_d = 0.0f32;
-            let mut sum_dx = 0.0f32;
-            for j in 0..h {
-                dgamma[j] += dyr[j] * xr[j];
-                dbeta[j] += dyr[j];
-                let d = dyr[j] * gamma[j];
-                dxhat[j] = d;
-                sum_d += d;
-                sum_dx += d * xr[j];
-            }
-            let mean_d = sum_d / h as f32;
-            let mean_dx = sum_dx / h as f32;
-            let out = &mut dx.data_mut()[r * h..(r + 1) * h];
-            for j in 0..h {
-                out[j] = rstd[r] * (dxhat[j] - mean_d - xr[j] * mean_dx);
-            }
-        }
+        kernels::layernorm_backward(
+            dy.data(),
+            xhat.data(),
+            rstd,
+            gamma,
+            dx.data_mut(),
+            &mut dgamma,
+            &mut dbeta,
+        );
         LayerNormBackward { dx, dgamma, dbeta }
     }
 
     fn gelu_forward(&self, u: &Tensor) -> Tensor {
         let mut y = Tensor::zeros(u.shape());
-        for (o, &x) in y.data_mut().iter_mut().zip(u.data()) {
-            let t = fast_tanh(GELU_C * (x + GELU_A * x * x * x));
-            *o = 0.5 * x * (1.0 + t);
-        }
+        kernels::gelu_forward(u.data(), y.data_mut());
         y
     }
 
     fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
         assert_eq!(u.shape(), dy.shape());
-        for (d, &x) in dy.data_mut().iter_mut().zip(u.data()) {
-            let t = fast_tanh(GELU_C * (x + GELU_A * x * x * x));
-            let dt = GELU_C * (1.0 + 3.0 * GELU_A * x * x);
-            *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt;
-        }
+        kernels::gelu_backward(u.data(), dy.data_mut());
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {
-        assert_eq!(scores.len(), n * n);
-        for (i, row) in scores.chunks_exact_mut(n).enumerate() {
-            let (valid, masked) = row.split_at_mut(i + 1);
-            let max = valid.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            for v in valid.iter_mut() {
-                *v = fast_exp(*v - max);
-            }
-            let sum: f32 = valid.iter().sum();
-            let inv = 1.0 / sum;
-            for v in valid.iter_mut() {
-                *v *= inv;
-            }
-            masked.fill(0.0);
-        }
+        kernels::causal_softmax(scores, n);
     }
 
     fn softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
-        assert!(p.len() == n * n && dp.len() == n * n);
-        for (pr, dr) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)) {
-            let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
-            for (d, &pv) in dr.iter_mut().zip(pr) {
-                *d = pv * (*d - dot);
-            }
-        }
+        kernels::softmax_backward(p, dp, n);
     }
 
     fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {
         let (rows, v) = (logits.rows(), logits.cols());
         assert_eq!(rows, targets.len());
         let mut probs = logits.clone();
+        let mut maxes = vec![0.0f32; rows];
+        let mut sums = vec![0.0f32; rows];
+        kernels::softmax_rows(probs.data_mut(), v, &mut maxes, &mut sums);
         let mut total = 0.0f64;
-        for (row, &t) in probs.data_mut().chunks_exact_mut(v).zip(targets) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let target_logit = row[t as usize];
-            for x in row.iter_mut() {
-                *x = fast_exp(*x - max);
-            }
-            let sum: f32 = row.iter().sum();
-            total += (sum.ln() + max - target_logit) as f64;
-            let inv = 1.0 / sum;
-            for x in row.iter_mut() {
-                *x *= inv;
-            }
+        for (r, &t) in targets.iter().enumerate() {
+            let target_logit = logits.data()[r * v + t as usize];
+            total += (sums[r].ln() + maxes[r] - target_logit) as f64;
         }
         ((total / rows.max(1) as f64) as f32, probs)
     }
@@ -382,30 +300,6 @@ mod tests {
                 assert!((ct.data()[j * m + i] - want[i * n + j]).abs() < 1e-5);
             }
         }
-    }
-
-    #[test]
-    fn fast_exp_and_tanh_are_accurate() {
-        let mut worst = 0.0f64;
-        for i in -8690..=8790 {
-            let x = i as f32 * 0.01 + 0.003;
-            let want = (x as f64).exp();
-            let rel = ((fast_exp(x) as f64 - want) / want).abs();
-            worst = worst.max(rel);
-        }
-        assert!(worst < 5e-7, "fast_exp worst relative error {worst}");
-        assert_eq!(fast_exp(0.0), 1.0);
-        assert!(fast_exp(-1000.0) >= 0.0 && fast_exp(-1000.0) < 1e-37);
-        assert!(fast_exp(1000.0).is_finite());
-        for i in -2000..=2000 {
-            let y = i as f32 * 0.005;
-            assert!(
-                (fast_tanh(y) as f64 - (y as f64).tanh()).abs() < 3e-7,
-                "tanh({y})"
-            );
-        }
-        assert_eq!(fast_tanh(50.0), 1.0);
-        assert_eq!(fast_tanh(-50.0), -1.0);
     }
 
     #[test]

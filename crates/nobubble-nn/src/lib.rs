@@ -14,6 +14,7 @@ pub mod config;
 mod cpu;
 pub mod data;
 pub mod error;
+mod kernels;
 pub mod layers;
 pub mod memory;
 pub mod model;

@@ -362,6 +362,22 @@ fn reference_trainer_is_deterministic_and_split_independent() {
     let (b, wb) = run(&[2], Some(1.0));
     assert_eq!(a, b, "same seed, same data → bit-identical losses");
     assert_eq!(wa, wb);
+    // A non-finite gradient skips the update and discards the gradients.
+    let mut t = trainer(&cfg, &[2], Some(1.0));
+    t.stages_mut()[0].params_mut()[1].value.data_mut()[0] = f32::NAN; // position 0
+    let before = all_params(t.stages());
+    let r = t.train_step().unwrap();
+    assert!(r.skipped && !r.grad_norm.is_finite() && r.loss.is_nan());
+    let after = all_params(t.stages());
+    assert_eq!(before[2..], after[2..], "no parameter moved");
+    assert_eq!(before[0], after[0]);
+    assert!(t.stages().iter().flat_map(|s| s.params()).all(|p| p
+        .grad
+        .data()
+        .iter()
+        .all(|&g| g == 0.0)));
+    assert_eq!(t.steps_taken(), 1);
+
     let (c, wc) = run(&[2], None);
     let (d, wd) = run(&[1, 1], None);
     assert_eq!(c, d, "the split does not change a single bit");

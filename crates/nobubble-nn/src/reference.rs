@@ -72,6 +72,10 @@ pub struct StepReport {
     pub clip_scale: f32,
     /// Learning rate used.
     pub lr: f32,
+    /// True if the gradients contained inf/NaN and the update was skipped (the
+    /// gradients are discarded and the step counter still advances, as in the
+    /// paper's post-validation).
+    pub skipped: bool,
 }
 
 /// Plain training over a split model, one pass after another.
@@ -122,6 +126,13 @@ impl ReferenceTrainer {
         &self.stages
     }
 
+    /// Mutable stages, for inspection and profiling ([`Stage::measure_memory`],
+    /// [`crate::bench::profile_stage`] restore the gradients they touch). Changing
+    /// weights here breaks bit-identity with a runtime unless it does the same.
+    pub fn stages_mut(&mut self) -> &mut [Stage] {
+        &mut self.stages
+    }
+
     /// Steps taken so far.
     pub fn steps_taken(&self) -> u64 {
         self.step
@@ -161,15 +172,18 @@ impl ReferenceTrainer {
     }
 
     /// One full training step: accumulate, clip, AdamW on every stage, zero grads.
+    /// A non-finite gradient norm skips the update (see [`StepReport::skipped`]).
     pub fn train_step(&mut self) -> Result<StepReport> {
         let step = self.step;
         let loss = self.accumulate_gradients(step)?;
         let norm_sq: f64 = self.stages.iter().map(|s| grad_norm_sq(&s.params())).sum();
-        let scale = clip_scale(norm_sq, self.train.max_grad_norm)?;
         let lr = self.lr_at(step);
+        let scale = clip_scale(norm_sq, self.train.max_grad_norm);
         for (stage, opt) in self.stages.iter_mut().zip(&mut self.optimizers) {
-            opt.config.lr = lr;
-            opt.step(&mut stage.params_mut(), scale)?;
+            if let Ok(scale) = scale {
+                opt.config.lr = lr;
+                opt.step(&mut stage.params_mut(), scale)?;
+            }
             stage.zero_grads();
         }
         self.step += 1;
@@ -177,8 +191,9 @@ impl ReferenceTrainer {
             step,
             loss,
             grad_norm: norm_sq.sqrt(),
-            clip_scale: scale,
+            clip_scale: scale.as_ref().copied().unwrap_or(0.0),
             lr,
+            skipped: scale.is_err(),
         })
     }
 }

@@ -536,3 +536,23 @@ fn a_pipelined_pass_order_reproduces_the_reference_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn stages_and_tensors_can_move_to_worker_threads() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Stage>();
+    assert_send::<Tensor>();
+    assert_send::<crate::AdamW>();
+    // And actually run a stage on another thread.
+    let cfg = GptConfig::micro();
+    let mut stages = build_stages(&cfg, 1, &[2]).unwrap();
+    let mut stage = stages.pop().unwrap();
+    let data = micro_data(&cfg, 0, 0);
+    let loss = std::thread::spawn(move || {
+        let out = stage.forward(0, StageInput::Tokens(&data.tokens), Some(&data.targets));
+        out.unwrap().loss().unwrap()
+    })
+    .join()
+    .unwrap();
+    assert!((loss - 256f32.ln()).abs() < 0.1);
+}

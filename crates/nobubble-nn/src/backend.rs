@@ -85,9 +85,10 @@ pub trait Backend: Send + Sync {
     /// columns `0..=i`, later columns become exactly 0.
     fn causal_softmax(&self, scores: &mut [f32], n: usize);
 
-    /// In-place softmax backward on an `n×n` block: `dp` becomes
-    /// `p ⊙ (dp − rowsum(p ⊙ dp))`.
-    fn softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
+    /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
+    /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
+    /// above the diagonal are ignored on input (they may hold anything) and set to 0.
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
 
     /// Mean softmax cross-entropy over rows and the probabilities the backward needs.
     /// The loss sum is accumulated in f64, in row order.

@@ -187,8 +187,8 @@ impl Backend for CpuBackend {
         kernels::causal_softmax(scores, n);
     }
 
-    fn softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
-        kernels::softmax_backward(p, dp, n);
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
+        kernels::causal_softmax_backward(p, dp, n);
     }
 
     fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {

@@ -65,7 +65,7 @@ wide! {
     fn gelu_forward(u: &[f32], y: &mut [f32]);
     fn gelu_backward(u: &[f32], dy: &mut [f32]);
     fn causal_softmax(scores: &mut [f32], n: usize);
-    fn softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
+    fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
@@ -113,13 +113,16 @@ mod portable {
     }
 
     #[inline(always)]
-    pub fn softmax_backward(p: &[f32], dp: &mut [f32], n: usize) {
+    pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize) {
         assert!(p.len() == n * n && dp.len() == n * n);
-        for (pr, dr) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)) {
-            let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
-            for (d, &pv) in dr.iter_mut().zip(pr) {
-                *d = pv * (*d - dot);
+        for (i, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
+            let (valid, masked) = dr.split_at_mut(i + 1);
+            let pv = &pr[..=i];
+            let dot: f32 = pv.iter().zip(valid.iter()).map(|(a, b)| a * b).sum();
+            for (d, &p) in valid.iter_mut().zip(pv) {
+                *d = p * (*d - dot);
             }
+            masked.fill(0.0);
         }
     }
 

@@ -12,6 +12,18 @@ use crate::memory::PassState;
 use crate::param::Param;
 use crate::tensor::{MatMut, MatRef, Tensor};
 
+/// Row-block size of the causal attention products: blocks strictly above the
+/// diagonal are skipped (they are masked out anyway), which removes
+/// (1 − (k+1)/(2k)) of the score and context work for k = ⌈s/32⌉ blocks.
+const CAUSAL_BLOCK: usize = 32;
+
+/// Row blocks `[r0, r1)` of a sequence of length `s`.
+fn causal_blocks(s: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..s)
+        .step_by(CAUSAL_BLOCK)
+        .map(move |r0| (r0, (r0 + CAUSAL_BLOCK).min(s)))
+}
+
 /// Causal multi-head self-attention over sequences of a fixed length.
 #[derive(Debug)]
 pub struct CausalSelfAttention {
@@ -68,18 +80,20 @@ impl CausalSelfAttention {
         self.proj.in_features()
     }
 
-    /// Views of Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`.
-    fn head_view<'a>(&self, qkv: &'a [f32], seq: usize, head: usize, which: usize) -> MatRef<'a> {
+    /// Rows `r0..r1` of Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`.
+    fn head_rows<'a>(
+        &self,
+        qkv: &'a [f32],
+        seq: usize,
+        head: usize,
+        which: usize,
+        r0: usize,
+        r1: usize,
+    ) -> MatRef<'a> {
         let (h, s) = (self.hidden(), self.seq_len);
         let d = h / self.heads;
-        MatRef::new(
-            qkv,
-            seq * s * 3 * h + which * h + head * d,
-            s,
-            d,
-            (3 * h) as isize,
-            1,
-        )
+        let offset = (seq * s + r0) * 3 * h + which * h + head * d;
+        MatRef::new(qkv, offset, r1 - r0, d, (3 * h) as isize, 1)
     }
 
     fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
@@ -92,21 +106,29 @@ impl CausalSelfAttention {
         let mut ctx = Tensor::zeros(&[n, h]);
         for seq in 0..b {
             for head in 0..a {
-                let q = self.head_view(qkv.data(), seq, head, 0);
-                let k = self.head_view(qkv.data(), seq, head, 1);
-                let v = self.head_view(qkv.data(), seq, head, 2);
                 let block = &mut probs.data_mut()[(seq * a + head) * s * s..][..s * s];
-                be.matmul(
-                    MatMut::new(block, 0, s, s, s as isize, 1),
-                    q,
-                    k.t(),
-                    scale,
-                    false,
-                );
+                // Scores only where the mask lets them through: row block [r0, r1)
+                // needs columns [0, r1).
+                for (r0, r1) in causal_blocks(s) {
+                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, r1);
+                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                    let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                    be.matmul(dst, q_rows, k_rows.t(), scale, false);
+                }
                 be.causal_softmax(block, s);
-                let p = MatRef::new(block, 0, s, s, s as isize, 1);
-                let out = MatMut::new(ctx.data_mut(), seq * s * h + head * d, s, d, h as isize, 1);
-                be.matmul(out, p, v, 1.0, false);
+                for (r0, r1) in causal_blocks(s) {
+                    let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                    let out = MatMut::new(
+                        ctx.data_mut(),
+                        (seq * s + r0) * h + head * d,
+                        r1 - r0,
+                        d,
+                        h as isize,
+                        1,
+                    );
+                    be.matmul(out, p, v_rows, 1.0, false);
+                }
             }
         }
         (ctx, probs)
@@ -128,47 +150,45 @@ impl CausalSelfAttention {
         let mut dscores = vec![0.0f32; s * s];
         for seq in 0..b {
             for head in 0..a {
-                let q = self.head_view(qkv.data(), seq, head, 0);
-                let k = self.head_view(qkv.data(), seq, head, 1);
-                let v = self.head_view(qkv.data(), seq, head, 2);
                 let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
-                let p = MatRef::new(pdata, 0, s, s, s as isize, 1);
-                let dout = MatRef::new(dctx.data(), seq * s * h + head * d, s, d, h as isize, 1);
-                let base = seq * s * 3 * h + head * d;
+                let dout = |r0: usize, r1: usize| {
+                    MatRef::new(
+                        dctx.data(),
+                        (seq * s + r0) * h + head * d,
+                        r1 - r0,
+                        d,
+                        h as isize,
+                        1,
+                    )
+                };
                 let rs = (3 * h) as isize;
-                // dV = Pᵀ·dO
-                be.matmul(
-                    MatMut::new(dqkv.data_mut(), base + 2 * h, s, d, rs, 1),
-                    p.t(),
-                    dout,
-                    1.0,
-                    false,
-                );
-                // dP = dO·Vᵀ, then dS = P ⊙ (dP − rowsum(P ⊙ dP))
-                be.matmul(
-                    MatMut::new(&mut dscores, 0, s, s, s as isize, 1),
-                    dout,
-                    v.t(),
-                    1.0,
-                    false,
-                );
-                be.softmax_backward(pdata, &mut dscores, s);
-                let ds = MatRef::new(&dscores, 0, s, s, s as isize, 1);
-                // dQ = scale·dS·K, dK = scale·dSᵀ·Q
-                be.matmul(
-                    MatMut::new(dqkv.data_mut(), base, s, d, rs, 1),
-                    ds,
-                    k,
-                    scale,
-                    false,
-                );
-                be.matmul(
-                    MatMut::new(dqkv.data_mut(), base + h, s, d, rs, 1),
-                    ds.t(),
-                    q,
-                    scale,
-                    false,
-                );
+                let dst =
+                    |which: usize, r0: usize| seq * s * 3 * h + r0 * 3 * h + which * h + head * d;
+                // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
+                for (r0, r1) in causal_blocks(s) {
+                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                    let out = MatMut::new(&mut dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
+                }
+                be.causal_softmax_backward(pdata, &mut dscores, s);
+                for (r0, r1) in causal_blocks(s) {
+                    // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
+                    let ds = MatRef::new(&dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                    let out = MatMut::new(dqkv.data_mut(), dst(0, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, ds, k_rows, scale, false);
+                    // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
+                    let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                    let ds_cols =
+                        MatRef::new(&dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                    // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
+                    let out = MatMut::new(dqkv.data_mut(), dst(2, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);
+                    // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
+                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
+                    let out = MatMut::new(dqkv.data_mut(), dst(1, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, ds_cols.t(), q_rows, scale, false);
+                }
             }
         }
         dqkv

@@ -176,6 +176,18 @@ fn attention_matches_naive_and_finite_differences() {
 }
 
 #[test]
+fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
+    // s = 70 spans three 32-row blocks (the last one partial), so the skipped
+    // upper-triangle blocks and the block edges are exercised.
+    let (s, n) = (70, 140);
+    let mut l = CausalSelfAttention::new("attn", H, HEADS, s, 2, 1);
+    randomize(l.params_mut(), 24);
+    check_layer(&mut l, random_tensor(&[n, H], 1.0, 25), &|p, x, dy| {
+        naive_attn(p, x, dy, n, HEADS, s)
+    });
+}
+
+#[test]
 fn mlp_matches_naive_and_finite_differences() {
     let mut l = Mlp::new("mlp", H, 2, 1);
     randomize(l.params_mut(), 7);

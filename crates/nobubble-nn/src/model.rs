@@ -5,6 +5,7 @@
 //! unit a pipeline runtime drives: `forward`, `backward_input`, `backward_weight` per
 //! microbatch, in any order that respects F → I → W for each microbatch.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::{Backend, CpuBackend};
@@ -68,6 +69,8 @@ pub struct Stage {
     /// Final LayerNorm, LM head and loss (last stage only).
     pub head: Option<LmHead>,
     backend: Arc<dyn Backend>,
+    /// Microbatches between F and W, and whether their I has run.
+    in_flight: BTreeMap<MicrobatchId, bool>,
 }
 
 impl std::fmt::Debug for Stage {
@@ -110,6 +113,7 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
             blocks,
             head: (index == p - 1).then(|| LmHead::new(c.hidden, c.vocab, c.ln_eps, seed)),
             backend: backend.clone(),
+            in_flight: BTreeMap::new(),
         });
         first_block += count;
     }
@@ -264,15 +268,14 @@ impl Stage {
         for b in &mut self.blocks {
             x = b.forward(be.as_ref(), mb, x)?;
         }
-        match &mut self.head {
-            Some(head) => Ok(StageOutput::Loss(head.forward(
-                be.as_ref(),
-                mb,
-                x,
-                targets.unwrap_or(&[]),
-            )?)),
-            None => Ok(StageOutput::Activations(x)),
-        }
+        let out = match &mut self.head {
+            Some(head) => {
+                StageOutput::Loss(head.forward(be.as_ref(), mb, x, targets.unwrap_or(&[]))?)
+            }
+            None => StageOutput::Activations(x),
+        };
+        self.in_flight.insert(mb, false);
+        Ok(out)
     }
 
     /// I for microbatch `mb`: takes the gradient of the stage output (None on the last
@@ -311,13 +314,15 @@ impl Stage {
         for b in self.blocks.iter_mut().rev() {
             dy = b.backward_input(be.as_ref(), mb, dy)?;
         }
-        match &mut self.embedding {
+        let grad_input = match &mut self.embedding {
             Some(e) => {
                 e.backward_input(mb, dy)?;
-                Ok(None)
+                None
             }
-            None => Ok(Some(dy)),
-        }
+            None => Some(dy),
+        };
+        self.in_flight.insert(mb, true);
+        Ok(grad_input)
     }
 
     /// W for microbatch `mb`: accumulates every parameter gradient of this stage and
@@ -342,7 +347,27 @@ impl Stage {
         if let Some(h) = &mut self.head {
             h.backward_weight(be.as_ref(), mb)?;
         }
+        self.in_flight.remove(&mb);
         Ok(())
+    }
+
+    /// Microbatches whose F ran but not yet their I, in increasing order.
+    pub fn pending_input_grads(&self) -> Vec<MicrobatchId> {
+        self.in_flight
+            .iter()
+            .filter(|(_, &i)| !i)
+            .map(|(&mb, _)| mb)
+            .collect()
+    }
+
+    /// Microbatches whose I ran but not yet their W, in increasing order (what a
+    /// runtime must still flush before the optimizer step).
+    pub fn pending_weight_grads(&self) -> Vec<MicrobatchId> {
+        self.in_flight
+            .iter()
+            .filter(|(_, &i)| i)
+            .map(|(&mb, _)| mb)
+            .collect()
     }
 
     /// Parameters in a fixed order (embedding, blocks, head).

@@ -187,7 +187,12 @@ fn interleaved_stage_passes_are_bit_identical_to_in_order() {
         (l0.loss().unwrap(), l1.loss().unwrap()),
         (losses[0], losses[1])
     );
+    assert_eq!(s[1].pending_input_grads(), vec![0, 1]);
     let g1 = s[1].backward_input(1, None).unwrap();
+    assert_eq!(
+        (s[1].pending_input_grads(), s[1].pending_weight_grads()),
+        (vec![0], vec![1])
+    );
     let g0 = s[1].backward_input(0, None).unwrap();
     assert!(s[0].backward_input(1, g1).unwrap().is_none());
     assert!(s[0].backward_input(0, g0).unwrap().is_none());
@@ -196,6 +201,9 @@ fn interleaved_stage_passes_are_bit_identical_to_in_order() {
         stage.backward_weight(1).unwrap();
     }
     assert_eq!(all_params(&s), all_params(&in_order));
+    assert!(s
+        .iter()
+        .all(|st| st.pending_input_grads().is_empty() && st.pending_weight_grads().is_empty()));
 }
 
 #[test]

@@ -22,6 +22,8 @@ pub enum BenchCommand {
     Plan(PlanBenchArgs),
     /// Bubble rate of the automatic schedulers against the memory limit.
     Memory(MemoryBenchArgs),
+    /// One transformer block's F, I and W passes on one thread, beside gemm's own speed.
+    Engine(crate::bench_engine::EngineBenchArgs),
 }
 
 /// Arguments of `bench plan`.
@@ -77,6 +79,7 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Sim(a) => sim(a),
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
+        BenchCommand::Engine(a) => crate::bench_engine::run(a),
     }
 }
 

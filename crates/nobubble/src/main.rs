@@ -4,6 +4,7 @@
 //! planning logic lives in `nobubble-schedule`.
 
 mod bench;
+mod bench_engine;
 mod check;
 mod compare;
 mod costs;
@@ -35,7 +36,7 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
     Check(check::CheckArgs),
-    /// Benchmarks: the paper's table, simulator speed.
+    /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }

@@ -1,0 +1,118 @@
+//! The device seam: every arithmetic operation a layer performs goes through
+//! [`Backend`].
+//!
+//! Why a trait: layers are written once, against these operations only, so a CUDA
+//! backend can be added later by implementing this trait (and giving [`Tensor`] a
+//! device storage) without touching `layers/`. [`CpuBackend`] is the only
+//! implementation today; its matrix products use the `gemm` crate with the thread
+//! count chosen per backend instance (one thread per pipeline stage).
+//!
+//! Determinism contract: for a fixed backend configuration (in particular the thread
+//! count), every operation is a pure function of its inputs with a fixed reduction
+//! order, so the same passes in the same order give bit-identical results.
+
+pub use crate::cpu::CpuBackend;
+use crate::tensor::{MatMut, MatRef, Tensor};
+
+/// Outputs of a LayerNorm forward: what the next layer consumes (`y`) and what the
+/// backward needs (`xhat`, `rstd`).
+#[derive(Debug, Clone)]
+pub struct LayerNormForward {
+    /// Normalized, scaled and shifted output `xhat·γ + β`.
+    pub y: Tensor,
+    /// Normalized input `(x − mean)·rstd`, saved for the backward.
+    pub xhat: Tensor,
+    /// Reciprocal standard deviation per row, saved for the backward.
+    pub rstd: Vec<f32>,
+}
+
+/// Outputs of a LayerNorm input-gradient pass: the input gradient plus this
+/// microbatch's (small, `2·h` floats) contribution to the γ/β gradients, which the
+/// layer keeps until its W pass adds it to the accumulators.
+#[derive(Debug, Clone)]
+pub struct LayerNormBackward {
+    /// Gradient w.r.t. the layer input.
+    pub dx: Tensor,
+    /// Σ over rows of `dy ⊙ xhat` for this microbatch.
+    pub dgamma: Vec<f32>,
+    /// Σ over rows of `dy` for this microbatch.
+    pub dbeta: Vec<f32>,
+}
+
+/// The operations layers need. All are deterministic for a given backend instance.
+pub trait Backend: Send + Sync {
+    /// Human-readable description, e.g. `cpu(threads=1)`.
+    fn describe(&self) -> String;
+
+    /// `dst = (accumulate ? dst : 0) + scale · a·b`. Strided views make transposes and
+    /// per-head slices free.
+    fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool);
+
+    /// Adds `v` to every row of `x` (bias add).
+    fn add_row_vector(&self, x: &mut Tensor, v: &[f32]);
+
+    /// `dst[j] += Σ_rows x[row, j]`, rows summed in order (bias gradients).
+    fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor);
+
+    /// `dst += src` elementwise (residuals and gradient accumulation).
+    fn add_assign(&self, dst: &mut [f32], src: &[f32]);
+
+    /// Row-wise LayerNorm.
+    fn layernorm_forward(
+        &self,
+        x: &Tensor,
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+    ) -> LayerNormForward;
+
+    /// LayerNorm input gradient plus the per-microbatch γ/β partial sums.
+    fn layernorm_backward(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        gamma: &[f32],
+    ) -> LayerNormBackward;
+
+    /// GELU (tanh approximation), elementwise.
+    fn gelu_forward(&self, u: &Tensor) -> Tensor;
+
+    /// Turns `dy` into `du = dy ⊙ gelu'(u)` in place.
+    fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor);
+
+    /// In-place causal softmax of an `n×n` row-major score block: row `i` keeps
+    /// columns `0..=i`, later columns become exactly 0.
+    fn causal_softmax(&self, scores: &mut [f32], n: usize);
+
+    /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
+    /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
+    /// above the diagonal are ignored on input (they may hold anything) and set to 0.
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
+
+    /// Mean softmax cross-entropy over rows and the probabilities the backward needs.
+    /// The loss sum is accumulated in f64, in row order.
+    fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor);
+
+    /// `(probs − onehot(targets)) · scale`, reusing the probabilities' storage.
+    fn cross_entropy_backward(&self, probs: Tensor, targets: &[u32], scale: f32) -> Tensor;
+
+    /// `x[r] = tok[tokens[r]] + pos[r mod seq_len]`.
+    fn embedding_forward(
+        &self,
+        tok: &Tensor,
+        pos: &Tensor,
+        tokens: &[u32],
+        seq_len: usize,
+    ) -> Tensor;
+
+    /// Scatter-adds `dy` rows into the token and position gradient tables, in row order.
+    fn embedding_backward(
+        &self,
+        dtok: &mut Tensor,
+        dpos: &mut Tensor,
+        tokens: &[u32],
+        dy: &Tensor,
+        seq_len: usize,
+    );
+}

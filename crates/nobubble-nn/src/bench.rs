@@ -1,0 +1,353 @@
+//! Single-thread speed of one transformer block's F, I and W passes, next to the
+//! `gemm` crate's own single-thread speed on the block's dominant matrix shape.
+//!
+//! Why: the planner needs measured T_F, T_I, T_W, and the engine is only worth its
+//! split if each pass runs close to raw gemm speed. FLOPs are counted as in the
+//! paper (REFERENCE §1): F = s·b·h·(24h + 4s), I = s·b·h·(24h + 8s), W = 24·s·b·h².
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, CpuBackend};
+use crate::error::MicrobatchId;
+use crate::error::{NnError, Result};
+use crate::layers::{Block, SplitLayer};
+use crate::model::{Stage, StageInput};
+use crate::param::SplitMix64;
+use crate::tensor::Tensor;
+
+/// Shape of the benchmarked block and how often to repeat.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineBenchConfig {
+    /// Hidden size h.
+    pub hidden: usize,
+    /// Attention heads a.
+    pub heads: usize,
+    /// Sequence length s.
+    pub seq_len: usize,
+    /// Sequences per microbatch b.
+    pub microbatch_size: usize,
+    /// Timed repetitions (the median is reported).
+    pub repeats: usize,
+    /// Untimed warm-up repetitions.
+    pub warmup: usize,
+}
+
+impl Default for EngineBenchConfig {
+    fn default() -> Self {
+        EngineBenchConfig {
+            hidden: 512,
+            heads: 8,
+            seq_len: 256,
+            microbatch_size: 4,
+            repeats: 7,
+            warmup: 1,
+        }
+    }
+}
+
+/// Median per-pass times and throughputs of one block on one thread.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineBenchReport {
+    /// Hidden size h.
+    pub hidden: usize,
+    /// Attention heads a.
+    pub heads: usize,
+    /// Sequence length s.
+    pub seq_len: usize,
+    /// Sequences per microbatch b.
+    pub microbatch_size: usize,
+    /// Timed repetitions.
+    pub repeats: usize,
+    /// Threads used (always 1: a pipeline stage runs on one core).
+    pub threads: usize,
+    /// Median F time, ms.
+    pub f_ms: f64,
+    /// Median I time, ms.
+    pub i_ms: f64,
+    /// Median W time, ms.
+    pub w_ms: f64,
+    /// F GFLOP/s (paper FLOP count).
+    pub f_gflops: f64,
+    /// I GFLOP/s.
+    pub i_gflops: f64,
+    /// W GFLOP/s.
+    pub w_gflops: f64,
+    /// gemm's own single-thread GFLOP/s on `(s·b)×h · h×4h`.
+    pub gemm_gflops: f64,
+    /// F, I, W times relative to F (measured T_F : T_I : T_W).
+    pub time_ratio: [f64; 3],
+    /// F, I, W FLOPs relative to F (the paper's Table 1 ratio for this shape).
+    pub flop_ratio: [f64; 3],
+    /// Activation bytes the block holds from F until I (measured M_B).
+    pub bytes_after_forward: usize,
+    /// Activation bytes the block holds from I until W (measured M_W).
+    pub bytes_after_input_grad: usize,
+}
+
+/// Paper FLOP counts (F, I, W) of one block.
+pub fn block_flops(hidden: usize, seq_len: usize, microbatch_size: usize) -> [f64; 3] {
+    let (h, s, b) = (hidden as f64, seq_len as f64, microbatch_size as f64);
+    [
+        s * b * h * (24.0 * h + 4.0 * s),
+        s * b * h * (24.0 * h + 8.0 * s),
+        24.0 * s * b * h * h,
+    ]
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let mut r = SplitMix64::new(seed);
+    let n = shape.iter().product();
+    Tensor::from_vec(shape, (0..n).map(|_| r.next_normal() as f32).collect())
+        .expect("shape and data agree")
+}
+
+/// Runs the benchmark (one thread for everything).
+pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
+    let (h, a, s, b) = (cfg.hidden, cfg.heads, cfg.seq_len, cfg.microbatch_size);
+    if h == 0 || a == 0 || s == 0 || b == 0 || cfg.repeats == 0 {
+        return Err(NnError::Config(
+            "hidden, heads, seq_len, microbatch_size and repeats must be positive".into(),
+        ));
+    }
+    if h % a != 0 {
+        return Err(NnError::Config(format!(
+            "hidden {h} is not divisible by {a} heads"
+        )));
+    }
+    let be = CpuBackend::single_thread();
+    let n = s * b;
+    let mut block = Block::new(0, h, a, s, 1, 1e-5, 7);
+    let x = random(&[n, h], 1);
+    let dy = random(&[n, h], 2);
+    let lhs = random(&[n, h], 3);
+    let rhs = random(&[h, 4 * h], 4);
+    let mut out = Tensor::zeros(&[n, 4 * h]);
+    let (mut tf, mut ti, mut tw, mut tg) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut after_f, mut after_i) = (0, 0);
+    // The gemm baseline is timed inside the same repetitions, so both see the same
+    // machine load.
+    for rep in 0..cfg.warmup + cfg.repeats {
+        let xin = x.clone();
+        let t0 = Instant::now();
+        let y = block.forward(&be, 0, xin)?;
+        let t1 = Instant::now();
+        after_f = block.held_bytes(0);
+        drop(y);
+        let g = dy.clone();
+        let t2 = Instant::now();
+        let dx = block.backward_input(&be, 0, g)?;
+        let t3 = Instant::now();
+        after_i = block.held_bytes(0);
+        drop(dx);
+        let t4 = Instant::now();
+        block.backward_weight(&be, 0)?;
+        let t5 = Instant::now();
+        be.matmul(out.mat_mut(), lhs.mat(), rhs.mat(), 1.0, false);
+        let t6 = Instant::now();
+        if rep >= cfg.warmup {
+            tf.push((t1 - t0).as_secs_f64());
+            ti.push((t3 - t2).as_secs_f64());
+            tw.push((t5 - t4).as_secs_f64());
+            tg.push((t6 - t5).as_secs_f64());
+        }
+    }
+    let (f, i, w) = (median(tf), median(ti), median(tw));
+    let flops = block_flops(h, s, b);
+    let gemm_gflops = 2.0 * (n * h * 4 * h) as f64 / median(tg) / 1e9;
+    Ok(EngineBenchReport {
+        hidden: h,
+        heads: a,
+        seq_len: s,
+        microbatch_size: b,
+        repeats: cfg.repeats,
+        threads: 1,
+        f_ms: f * 1e3,
+        i_ms: i * 1e3,
+        w_ms: w * 1e3,
+        f_gflops: flops[0] / f / 1e9,
+        i_gflops: flops[1] / i / 1e9,
+        w_gflops: flops[2] / w / 1e9,
+        gemm_gflops,
+        time_ratio: [1.0, i / f, w / f],
+        flop_ratio: [1.0, flops[1] / flops[0], flops[2] / flops[0]],
+        bytes_after_forward: after_f,
+        bytes_after_input_grad: after_i,
+    })
+}
+
+/// Measured per-stage costs for the planner: median F, I, W times of one microbatch
+/// on this stage's backend, and the activation bytes held after F (M_B) and after I
+/// (M_W).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageProfile {
+    /// Stage index.
+    pub stage: usize,
+    /// Median F time, ms.
+    pub f_ms: f64,
+    /// Median I time, ms.
+    pub i_ms: f64,
+    /// Median W time, ms.
+    pub w_ms: f64,
+    /// Bytes held from F until I (M_B).
+    pub bytes_after_forward: usize,
+    /// Bytes held from I until W (M_W).
+    pub bytes_after_input_grad: usize,
+}
+
+/// Times `repeats` F→I→W cycles of one microbatch (`config.microbatch_size` sequences
+/// of random data) on `stage` under a reserved microbatch id, after one warm-up
+/// cycle. Gradient accumulators are restored afterwards, so profiling mid-training is
+/// safe. This is how the planner's T_F, T_I, T_W become measurements.
+pub fn profile_stage(stage: &mut Stage, repeats: usize) -> Result<StageProfile> {
+    const PROBE: MicrobatchId = MicrobatchId::MAX - 1;
+    if repeats == 0 {
+        return Err(NnError::Config("repeats must be positive".into()));
+    }
+    let cfg = stage.config().clone();
+    let n = cfg.tokens_per_microbatch();
+    let mut rng = SplitMix64::new(11);
+    let tokens: Vec<u32> = (0..n)
+        .map(|_| rng.next_below(cfg.vocab as u64) as u32)
+        .collect();
+    let act = random(&[n, cfg.hidden], 12);
+    let grad = random(&[n, cfg.hidden], 13);
+    let saved: Vec<Tensor> = stage.params().iter().map(|p| p.grad.clone()).collect();
+    let (mut tf, mut ti, mut tw) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut after_f, mut after_i) = (0, 0);
+    for rep in 0..=repeats {
+        let input = if stage.is_first() {
+            StageInput::Tokens(&tokens)
+        } else {
+            StageInput::Activations(act.clone())
+        };
+        let g = (!stage.is_last()).then(|| grad.clone());
+        let t0 = Instant::now();
+        let out = stage.forward(PROBE, input, Some(&tokens))?;
+        let t1 = Instant::now();
+        drop(out);
+        after_f = stage.held_bytes(PROBE);
+        let t2 = Instant::now();
+        let dx = stage.backward_input(PROBE, g)?;
+        let t3 = Instant::now();
+        drop(dx);
+        after_i = stage.held_bytes(PROBE);
+        let t4 = Instant::now();
+        stage.backward_weight(PROBE)?;
+        let t5 = Instant::now();
+        if rep > 0 {
+            tf.push((t1 - t0).as_secs_f64() * 1e3);
+            ti.push((t3 - t2).as_secs_f64() * 1e3);
+            tw.push((t5 - t4).as_secs_f64() * 1e3);
+        }
+    }
+    for (p, g) in stage.params_mut().into_iter().zip(saved) {
+        p.grad = g;
+    }
+    Ok(StageProfile {
+        stage: stage.index(),
+        f_ms: median(tf),
+        i_ms: median(ti),
+        w_ms: median(tw),
+        bytes_after_forward: after_f,
+        bytes_after_input_grad: after_i,
+    })
+}
+
+impl EngineBenchReport {
+    /// Human-readable table.
+    pub fn to_table(&self) -> String {
+        let mut out = format!(
+            "block h={} heads={} s={} b={} (1 thread, median of {})\n",
+            self.hidden, self.heads, self.seq_len, self.microbatch_size, self.repeats
+        );
+        out += "pass      ms   GFLOP/s  % of gemm  time ratio  FLOP ratio\n";
+        let rows = [
+            ("F", self.f_ms, self.f_gflops, 0),
+            ("I", self.i_ms, self.i_gflops, 1),
+            ("W", self.w_ms, self.w_gflops, 2),
+        ];
+        for (name, ms, gf, k) in rows {
+            out += &format!(
+                "{name:<4} {ms:>7.2} {gf:>9.2} {:>9.1}% {:>11.2} {:>11.2}\n",
+                100.0 * gf / self.gemm_gflops,
+                self.time_ratio[k],
+                self.flop_ratio[k]
+            );
+        }
+        out += &format!(
+            "gemm ({}x{} · {}x{}): {:.2} GFLOP/s\n",
+            self.seq_len * self.microbatch_size,
+            self.hidden,
+            self.hidden,
+            4 * self.hidden,
+            self.gemm_gflops
+        );
+        out += &format!(
+            "activation memory per microbatch: M_B = {} bytes (after F), M_W = {} bytes (after I)\n",
+            self.bytes_after_forward, self.bytes_after_input_grad
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flop_counts_follow_the_paper_and_bad_configs_are_errors() {
+        let [f, i, w] = block_flops(512, 256, 1);
+        assert_eq!(f, 256.0 * 512.0 * (24.0 * 512.0 + 1024.0));
+        assert!((i + w - 2.0 * f).abs() / f < 0.2, "I + W ≈ 2F");
+        assert!(w < f && f < i);
+        let bad = EngineBenchConfig {
+            heads: 3,
+            ..EngineBenchConfig::default()
+        };
+        assert!(engine_bench(&bad).is_err());
+        let tiny = EngineBenchConfig {
+            hidden: 16,
+            heads: 2,
+            seq_len: 8,
+            microbatch_size: 1,
+            repeats: 1,
+            warmup: 0,
+        };
+        let r = engine_bench(&tiny).unwrap();
+        assert!(r.f_ms > 0.0 && r.bytes_after_forward > r.bytes_after_input_grad);
+        let json = serde_json::to_value(&r).unwrap();
+        let cfg = crate::GptConfig::micro();
+        let mut stages = crate::build_stages(&cfg, 1, &[1, 1]).unwrap();
+        for s in &mut stages {
+            let p = profile_stage(s, 2).unwrap();
+            let m = s.measure_memory().unwrap().total;
+            assert_eq!(
+                (p.bytes_after_forward, p.bytes_after_input_grad),
+                (m.after_forward, m.after_input_grad)
+            );
+            assert!(p.f_ms > 0.0 && p.i_ms > 0.0 && p.w_ms > 0.0);
+            assert!(s
+                .params()
+                .iter()
+                .all(|p| p.grad.data().iter().all(|&g| g == 0.0)));
+        }
+        for key in [
+            "f_ms",
+            "i_ms",
+            "w_ms",
+            "f_gflops",
+            "i_gflops",
+            "w_gflops",
+            "gemm_gflops",
+        ] {
+            assert!(json.get(key).is_some(), "{key}");
+        }
+    }
+}

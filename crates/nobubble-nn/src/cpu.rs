@@ -1,0 +1,325 @@
+//! CPU implementation of [`Backend`]: `gemm` for matrix products, plain loops with a
+//! fixed order for everything else.
+
+use crate::backend::{Backend, LayerNormBackward, LayerNormForward};
+use crate::kernels;
+use crate::tensor::{MatMut, MatRef, Tensor};
+
+/// CPU backend. `threads` is the gemm thread count per matrix product: a pipeline
+/// stage owns one core, so stages use `threads = 1`; an unpipelined run may use more.
+/// Only results computed with the same thread count are promised to be bit-identical.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuBackend {
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// One thread per matrix product: the configuration of a pipeline stage and the
+    /// default of the reference trainer (so their results can match bit for bit).
+    pub fn single_thread() -> Self {
+        CpuBackend { threads: 1 }
+    }
+
+    /// `threads` gemm threads per product (0 is treated as 1).
+    pub fn with_threads(threads: usize) -> Self {
+        CpuBackend {
+            threads: threads.max(1),
+        }
+    }
+
+    /// The configured thread count.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn parallelism(&self) -> gemm::Parallelism {
+        if self.threads <= 1 {
+            gemm::Parallelism::None
+        } else {
+            gemm::Parallelism::Rayon(self.threads)
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn describe(&self) -> String {
+        format!("cpu(threads={})", self.threads)
+    }
+
+    fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
+        assert_eq!(a.cols, b.rows, "matmul inner dimensions differ");
+        assert_eq!(
+            (dst.rows, dst.cols),
+            (a.rows, b.cols),
+            "matmul output shape"
+        );
+        let (m, n, k) = (dst.rows, dst.cols, a.cols);
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        let idx =
+                            dst.offset + i * dst.row_stride as usize + j * dst.col_stride as usize;
+                        dst.data[idx] = 0.0;
+                    }
+                }
+            }
+            return;
+        }
+        // SAFETY: the views were bounds-checked at construction (every addressed
+        // element lies inside its slice), strides are non-negative, and `dst` is a
+        // unique borrow, so gemm writes only to memory we own exclusively.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.data.as_mut_ptr().add(dst.offset),
+                dst.col_stride,
+                dst.row_stride,
+                accumulate,
+                a.data.as_ptr().add(a.offset),
+                a.col_stride,
+                a.row_stride,
+                b.data.as_ptr().add(b.offset),
+                b.col_stride,
+                b.row_stride,
+                1.0,
+                scale,
+                false,
+                false,
+                false,
+                self.parallelism(),
+            );
+        }
+    }
+
+    fn add_row_vector(&self, x: &mut Tensor, v: &[f32]) {
+        let cols = x.cols();
+        assert_eq!(cols, v.len());
+        for row in x.data_mut().chunks_exact_mut(cols) {
+            for (o, b) in row.iter_mut().zip(v) {
+                *o += b;
+            }
+        }
+    }
+
+    fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {
+        let cols = x.cols();
+        assert_eq!(cols, dst.len());
+        for row in x.data().chunks_exact(cols) {
+            for (d, v) in dst.iter_mut().zip(row) {
+                *d += v;
+            }
+        }
+    }
+
+    fn add_assign(&self, dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len());
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
+    }
+
+    fn layernorm_forward(
+        &self,
+        x: &Tensor,
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+    ) -> LayerNormForward {
+        assert!(gamma.len() == x.cols() && beta.len() == x.cols());
+        let mut y = Tensor::zeros(x.shape());
+        let mut xhat = Tensor::zeros(x.shape());
+        let mut rstd = vec![0.0f32; x.rows()];
+        kernels::layernorm_forward(
+            x.data(),
+            gamma,
+            beta,
+            eps,
+            y.data_mut(),
+            xhat.data_mut(),
+            &mut rstd,
+        );
+        LayerNormForward { y, xhat, rstd }
+    }
+
+    fn layernorm_backward(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        gamma: &[f32],
+    ) -> LayerNormBackward {
+        assert_eq!(dy.shape(), xhat.shape());
+        assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
+        let h = dy.cols();
+        let mut dx = Tensor::zeros(dy.shape());
+        let mut dgamma = vec![0.0f32; h];
+        let mut dbeta = vec![0.0f32; h];
+        kernels::layernorm_backward(
+            dy.data(),
+            xhat.data(),
+            rstd,
+            gamma,
+            dx.data_mut(),
+            &mut dgamma,
+            &mut dbeta,
+        );
+        LayerNormBackward { dx, dgamma, dbeta }
+    }
+
+    fn gelu_forward(&self, u: &Tensor) -> Tensor {
+        let mut y = Tensor::zeros(u.shape());
+        kernels::gelu_forward(u.data(), y.data_mut());
+        y
+    }
+
+    fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
+        assert_eq!(u.shape(), dy.shape());
+        kernels::gelu_backward(u.data(), dy.data_mut());
+    }
+
+    fn causal_softmax(&self, scores: &mut [f32], n: usize) {
+        kernels::causal_softmax(scores, n);
+    }
+
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
+        kernels::causal_softmax_backward(p, dp, n);
+    }
+
+    fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {
+        let (rows, v) = (logits.rows(), logits.cols());
+        assert_eq!(rows, targets.len());
+        let mut probs = logits.clone();
+        let mut maxes = vec![0.0f32; rows];
+        let mut sums = vec![0.0f32; rows];
+        kernels::softmax_rows(probs.data_mut(), v, &mut maxes, &mut sums);
+        let mut total = 0.0f64;
+        for (r, &t) in targets.iter().enumerate() {
+            let target_logit = logits.data()[r * v + t as usize];
+            total += (sums[r].ln() + maxes[r] - target_logit) as f64;
+        }
+        ((total / rows.max(1) as f64) as f32, probs)
+    }
+
+    fn cross_entropy_backward(&self, mut probs: Tensor, targets: &[u32], scale: f32) -> Tensor {
+        let v = probs.cols();
+        for (row, &t) in probs.data_mut().chunks_exact_mut(v).zip(targets) {
+            row[t as usize] -= 1.0;
+            for x in row.iter_mut() {
+                *x *= scale;
+            }
+        }
+        probs
+    }
+
+    fn embedding_forward(
+        &self,
+        tok: &Tensor,
+        pos: &Tensor,
+        tokens: &[u32],
+        seq_len: usize,
+    ) -> Tensor {
+        let h = tok.cols();
+        let mut x = Tensor::zeros(&[tokens.len(), h]);
+        for (r, (row, &t)) in x.data_mut().chunks_exact_mut(h).zip(tokens).enumerate() {
+            let te = &tok.data()[t as usize * h..(t as usize + 1) * h];
+            let p = r % seq_len;
+            let pe = &pos.data()[p * h..(p + 1) * h];
+            for j in 0..h {
+                row[j] = te[j] + pe[j];
+            }
+        }
+        x
+    }
+
+    fn embedding_backward(
+        &self,
+        dtok: &mut Tensor,
+        dpos: &mut Tensor,
+        tokens: &[u32],
+        dy: &Tensor,
+        seq_len: usize,
+    ) {
+        let h = dy.cols();
+        for (r, (row, &t)) in dy.data().chunks_exact(h).zip(tokens).enumerate() {
+            let t = t as usize;
+            self.add_assign(&mut dtok.data_mut()[t * h..(t + 1) * h], row);
+            let p = r % seq_len;
+            self.add_assign(&mut dpos.data_mut()[p * h..(p + 1) * h], row);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for p in 0..k {
+                    s += a[i * k + p] as f64 * b[p * n + j] as f64;
+                }
+                c[i * n + j] = s as f32;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn matmul_matches_naive_including_transposed_views_and_accumulate() {
+        let be = CpuBackend::single_thread();
+        let (m, k, n) = (7, 5, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
+        let bt = Tensor::from_vec(&[k, n], b.clone()).unwrap();
+        let mut c = Tensor::zeros(&[m, n]);
+        be.matmul(c.mat_mut(), at.mat(), bt.mat(), 1.0, false);
+        let want = naive(&a, &b, m, k, n);
+        for (x, y) in c.data().iter().zip(&want) {
+            assert!((x - y).abs() < 1e-5);
+        }
+        // accumulate: c += 2·a·b  → 3·want
+        be.matmul(c.mat_mut(), at.mat(), bt.mat(), 2.0, true);
+        for (x, y) in c.data().iter().zip(&want) {
+            assert!((x - 3.0 * y).abs() < 1e-4);
+        }
+        // (bᵀ aᵀ) = (a b)ᵀ
+        let mut ct = Tensor::zeros(&[n, m]);
+        be.matmul(ct.mat_mut(), bt.mat().t(), at.mat().t(), 1.0, false);
+        for i in 0..m {
+            for j in 0..n {
+                assert!((ct.data()[j * m + i] - want[i * n + j]).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn causal_softmax_masks_and_normalizes() {
+        let be = CpuBackend::single_thread();
+        let mut s = vec![1.0, 2.0, 3.0, 0.5, -1.0, 7.0, 0.0, 0.0, 0.0];
+        be.causal_softmax(&mut s, 3);
+        assert_eq!(&s[..3], &[1.0, 0.0, 0.0]);
+        assert_eq!(s[5], 0.0);
+        let e = (0.5f32).exp() / ((0.5f32).exp() + (-1.0f32).exp());
+        assert!((s[3] - e).abs() < 1e-6);
+        assert!((s[6..].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn cross_entropy_of_uniform_logits_is_ln_vocab() {
+        let be = CpuBackend::single_thread();
+        let logits = Tensor::zeros(&[4, 256]);
+        let (loss, probs) = be.cross_entropy_forward(&logits, &[0, 1, 2, 255]);
+        assert!((loss - (256f32).ln()).abs() < 1e-5);
+        assert!((probs.data()[0] - 1.0 / 256.0).abs() < 1e-7);
+    }
+}

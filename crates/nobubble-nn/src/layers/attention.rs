@@ -1,0 +1,259 @@
+//! Multi-head causal self-attention: fused QKV projection, per-head
+//! `softmax(QKᵀ/√d + causal mask)·V`, output projection.
+//!
+//! F saves the fused QKV activations and the attention probabilities (the
+//! `5·a·s` per-token term of the paper's M_B). The score/softmax core has no weights,
+//! so I frees both at once; only the two linears queue anything for W.
+
+use super::{Linear, SplitLayer, INIT_STD};
+use crate::backend::Backend;
+use crate::error::{MicrobatchId, NnError, Result};
+use crate::memory::PassState;
+use crate::param::Param;
+use crate::tensor::{MatMut, MatRef, Tensor};
+
+/// Row-block size of the causal attention products: blocks strictly above the
+/// diagonal are skipped (they are masked out anyway), which removes
+/// (1 − (k+1)/(2k)) of the score and context work for k = ⌈s/32⌉ blocks.
+const CAUSAL_BLOCK: usize = 32;
+
+/// Row blocks `[r0, r1)` of a sequence of length `s`.
+fn causal_blocks(s: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..s)
+        .step_by(CAUSAL_BLOCK)
+        .map(move |r0| (r0, (r0 + CAUSAL_BLOCK).min(s)))
+}
+
+/// Causal multi-head self-attention over sequences of a fixed length.
+#[derive(Debug)]
+pub struct CausalSelfAttention {
+    /// Fused Q, K, V projection `[h, 3h]` (columns: all heads' Q, then K, then V).
+    pub qkv: Linear,
+    /// Output projection `[h, h]`.
+    pub proj: Linear,
+    heads: usize,
+    seq_len: usize,
+    /// Saved by F for I: (QKV activations `[n, 3h]`, probabilities `[b, heads, s, s]`).
+    core: PassState<(Tensor, Tensor), ()>,
+}
+
+impl CausalSelfAttention {
+    /// New attention layer named `name`; `layers` scales the output projection's
+    /// init (GPT-2's 1/√(2·layers) residual scaling).
+    pub fn new(
+        name: &str,
+        hidden: usize,
+        heads: usize,
+        seq_len: usize,
+        layers: usize,
+        seed: u64,
+    ) -> Self {
+        assert!(
+            heads > 0 && hidden % heads == 0,
+            "hidden must be divisible by heads"
+        );
+        let proj_std = INIT_STD / ((2 * layers.max(1)) as f32).sqrt();
+        CausalSelfAttention {
+            qkv: Linear::new(
+                &format!("{name}.qkv"),
+                hidden,
+                3 * hidden,
+                true,
+                INIT_STD,
+                seed,
+            ),
+            proj: Linear::new(
+                &format!("{name}.proj"),
+                hidden,
+                hidden,
+                true,
+                proj_std,
+                seed,
+            ),
+            heads,
+            seq_len,
+            core: PassState::new(format!("{name}.core")),
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        self.proj.in_features()
+    }
+
+    /// Rows `r0..r1` of Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`.
+    fn head_rows<'a>(
+        &self,
+        qkv: &'a [f32],
+        seq: usize,
+        head: usize,
+        which: usize,
+        r0: usize,
+        r1: usize,
+    ) -> MatRef<'a> {
+        let (h, s) = (self.hidden(), self.seq_len);
+        let d = h / self.heads;
+        let offset = (seq * s + r0) * 3 * h + which * h + head * d;
+        MatRef::new(qkv, offset, r1 - r0, d, (3 * h) as isize, 1)
+    }
+
+    fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
+        let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
+        let d = h / a;
+        let n = qkv.rows();
+        let b = n / s;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut probs = Tensor::zeros(&[b, a, s, s]);
+        let mut ctx = Tensor::zeros(&[n, h]);
+        for seq in 0..b {
+            for head in 0..a {
+                let block = &mut probs.data_mut()[(seq * a + head) * s * s..][..s * s];
+                // Scores only where the mask lets them through: row block [r0, r1)
+                // needs columns [0, r1).
+                for (r0, r1) in causal_blocks(s) {
+                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, r1);
+                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                    let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                    be.matmul(dst, q_rows, k_rows.t(), scale, false);
+                }
+                be.causal_softmax(block, s);
+                for (r0, r1) in causal_blocks(s) {
+                    let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                    let out = MatMut::new(
+                        ctx.data_mut(),
+                        (seq * s + r0) * h + head * d,
+                        r1 - r0,
+                        d,
+                        h as isize,
+                        1,
+                    );
+                    be.matmul(out, p, v_rows, 1.0, false);
+                }
+            }
+        }
+        (ctx, probs)
+    }
+
+    fn core_backward(
+        &self,
+        be: &dyn Backend,
+        qkv: &Tensor,
+        probs: &Tensor,
+        dctx: &Tensor,
+    ) -> Tensor {
+        let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
+        let d = h / a;
+        let n = qkv.rows();
+        let b = n / s;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut dqkv = Tensor::zeros(&[n, 3 * h]);
+        let mut dscores = vec![0.0f32; s * s];
+        for seq in 0..b {
+            for head in 0..a {
+                let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
+                let dout = |r0: usize, r1: usize| {
+                    MatRef::new(
+                        dctx.data(),
+                        (seq * s + r0) * h + head * d,
+                        r1 - r0,
+                        d,
+                        h as isize,
+                        1,
+                    )
+                };
+                let rs = (3 * h) as isize;
+                let dst =
+                    |which: usize, r0: usize| seq * s * 3 * h + r0 * 3 * h + which * h + head * d;
+                // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
+                for (r0, r1) in causal_blocks(s) {
+                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                    let out = MatMut::new(&mut dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
+                }
+                be.causal_softmax_backward(pdata, &mut dscores, s);
+                for (r0, r1) in causal_blocks(s) {
+                    // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
+                    let ds = MatRef::new(&dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                    let out = MatMut::new(dqkv.data_mut(), dst(0, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, ds, k_rows, scale, false);
+                    // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
+                    let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                    let ds_cols =
+                        MatRef::new(&dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                    // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
+                    let out = MatMut::new(dqkv.data_mut(), dst(2, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);
+                    // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
+                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
+                    let out = MatMut::new(dqkv.data_mut(), dst(1, r0), r1 - r0, d, rs, 1);
+                    be.matmul(out, ds_cols.t(), q_rows, scale, false);
+                }
+            }
+        }
+        dqkv
+    }
+}
+
+impl SplitLayer for CausalSelfAttention {
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
+        if x.rows() % self.seq_len != 0 {
+            return Err(NnError::BadInput(format!(
+                "attention `{}`: {} token rows are not a whole number of sequences of length {}",
+                self.core.layer(),
+                x.rows(),
+                self.seq_len
+            )));
+        }
+        self.core.check_forward(mb)?;
+        self.proj.check_forward(mb)?;
+        let qkv = self.qkv.forward(be, mb, x)?;
+        let (ctx, probs) = self.core_forward(be, &qkv);
+        self.core.save_forward(mb, (qkv, probs))?;
+        self.proj.forward(be, mb, ctx)
+    }
+
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+        self.core.check_input_grad(mb)?;
+        self.qkv.check_input_grad(mb)?;
+        let dctx = self.proj.backward_input(be, mb, dy)?;
+        let (qkv, probs) = self.core.take_forward(mb)?;
+        let dqkv = self.core_backward(be, &qkv, &probs, &dctx);
+        drop((qkv, probs, dctx));
+        self.qkv.backward_input(be, mb, dqkv)
+    }
+
+    fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
+        self.qkv.check_weight_grad(mb)?;
+        self.proj.backward_weight(be, mb)?;
+        self.qkv.backward_weight(be, mb)
+    }
+
+    fn check_forward(&self, mb: MicrobatchId) -> Result<()> {
+        self.qkv.check_forward(mb)
+    }
+
+    fn check_input_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.proj.check_input_grad(mb)
+    }
+
+    fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.proj.check_weight_grad(mb)
+    }
+
+    fn held_bytes(&self, mb: MicrobatchId) -> usize {
+        self.qkv.held_bytes(mb) + self.core.held_bytes(mb) + self.proj.held_bytes(mb)
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        let mut p = self.qkv.params();
+        p.extend(self.proj.params());
+        p
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = self.qkv.params_mut();
+        p.extend(self.proj.params_mut());
+        p
+    }
+}

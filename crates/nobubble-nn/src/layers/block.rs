@@ -1,0 +1,144 @@
+//! Pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `h + mlp(ln2(h))`.
+//!
+//! The residual adds need nothing saved; the block's F/I/W are its sub-layers' passes.
+
+use super::{CausalSelfAttention, LayerNorm, Mlp, SplitLayer};
+use crate::backend::Backend;
+use crate::error::{MicrobatchId, NnError, Result};
+use crate::param::Param;
+use crate::tensor::Tensor;
+
+/// One transformer block.
+#[derive(Debug)]
+pub struct Block {
+    /// LayerNorm before attention.
+    pub ln1: LayerNorm,
+    /// Causal self-attention.
+    pub attn: CausalSelfAttention,
+    /// LayerNorm before the MLP.
+    pub ln2: LayerNorm,
+    /// Feed-forward network.
+    pub mlp: Mlp,
+}
+
+impl Block {
+    /// Block number `index` of a model with `layers` blocks; parameter names are
+    /// `blocks.{index}.…`, independent of which stage holds the block.
+    pub fn new(
+        index: usize,
+        hidden: usize,
+        heads: usize,
+        seq_len: usize,
+        layers: usize,
+        eps: f32,
+        seed: u64,
+    ) -> Self {
+        let name = format!("blocks.{index}");
+        Block {
+            ln1: LayerNorm::new(&format!("{name}.ln1"), hidden, eps, seed),
+            attn: CausalSelfAttention::new(
+                &format!("{name}.attn"),
+                hidden,
+                heads,
+                seq_len,
+                layers,
+                seed,
+            ),
+            ln2: LayerNorm::new(&format!("{name}.ln2"), hidden, eps, seed),
+            mlp: Mlp::new(&format!("{name}.mlp"), hidden, layers, seed),
+        }
+    }
+
+    /// Hidden size.
+    pub fn hidden(&self) -> usize {
+        self.ln1.gamma.value.len()
+    }
+}
+
+impl SplitLayer for Block {
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, mut x: Tensor) -> Result<Tensor> {
+        if x.cols() != self.hidden() {
+            return Err(NnError::BadInput(format!(
+                "block expects {} features, got shape {:?}",
+                self.hidden(),
+                x.shape()
+            )));
+        }
+        self.ln1.check_forward(mb)?;
+        self.attn.check_forward(mb)?;
+        self.ln2.check_forward(mb)?;
+        self.mlp.check_forward(mb)?;
+        let a = self.ln1.forward_ref(be, mb, &x)?;
+        let a = self.attn.forward(be, mb, a)?;
+        be.add_assign(x.data_mut(), a.data());
+        let m = self.ln2.forward_ref(be, mb, &x)?;
+        let m = self.mlp.forward(be, mb, m)?;
+        be.add_assign(x.data_mut(), m.data());
+        Ok(x)
+    }
+
+    fn backward_input(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        mut dy: Tensor,
+    ) -> Result<Tensor> {
+        self.mlp.check_input_grad(mb)?;
+        self.ln2.check_input_grad(mb)?;
+        self.attn.check_input_grad(mb)?;
+        self.ln1.check_input_grad(mb)?;
+        let dm = self.mlp.backward_input(be, mb, dy.clone())?;
+        let dh = self.ln2.backward_input(be, mb, dm)?;
+        be.add_assign(dy.data_mut(), dh.data());
+        let da = self.attn.backward_input(be, mb, dy.clone())?;
+        let dx = self.ln1.backward_input(be, mb, da)?;
+        be.add_assign(dy.data_mut(), dx.data());
+        Ok(dy)
+    }
+
+    fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
+        self.ln1.check_weight_grad(mb)?;
+        self.attn.check_weight_grad(mb)?;
+        self.ln2.check_weight_grad(mb)?;
+        self.mlp.check_weight_grad(mb)?;
+        self.ln1.backward_weight(be, mb)?;
+        self.attn.backward_weight(be, mb)?;
+        self.ln2.backward_weight(be, mb)?;
+        self.mlp.backward_weight(be, mb)
+    }
+
+    fn check_forward(&self, mb: MicrobatchId) -> Result<()> {
+        self.ln1.check_forward(mb)
+    }
+
+    fn check_input_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.mlp.check_input_grad(mb)
+    }
+
+    fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.ln1.check_weight_grad(mb)
+    }
+
+    fn held_bytes(&self, mb: MicrobatchId) -> usize {
+        self.ln1.held_bytes(mb)
+            + self.attn.held_bytes(mb)
+            + self.ln2.held_bytes(mb)
+            + self.mlp.held_bytes(mb)
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        let mut p = self.ln1.params();
+        p.extend(self.attn.params());
+        p.extend(self.ln2.params());
+        p.extend(self.mlp.params());
+        p
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = self.ln1.params_mut();
+        p.extend(self.attn.params_mut());
+        p.extend(self.ln2.params_mut());
+        p.extend(self.mlp.params_mut());
+        p
+    }
+}

@@ -1,0 +1,133 @@
+//! Token embedding plus learned absolute positions — the first layer of stage 0.
+//!
+//! F saves the token ids. Tokens are discrete, so I has no input gradient to compute:
+//! it only queues `(tokens, dy)`. W scatter-adds `dy` into both tables in row order.
+
+use crate::backend::Backend;
+use crate::error::{MicrobatchId, NnError, Result};
+use crate::memory::PassState;
+use crate::param::{Init, Param};
+use crate::tensor::Tensor;
+
+/// Token and position embedding tables.
+#[derive(Debug)]
+pub struct Embedding {
+    /// Token table `[vocab, h]` (`embed.tokens`).
+    pub tokens: Param,
+    /// Position table `[seq_len, h]` (`embed.positions`).
+    pub positions: Param,
+    state: PassState<Vec<u32>, (Vec<u32>, Tensor)>,
+}
+
+impl Embedding {
+    /// New embedding for `vocab` tokens, sequences of `seq_len`, width `hidden`.
+    pub fn new(vocab: usize, seq_len: usize, hidden: usize, seed: u64) -> Self {
+        Embedding {
+            tokens: Param::new(
+                "embed.tokens",
+                &[vocab, hidden],
+                Init::Normal(super::INIT_STD),
+                false,
+                seed,
+            ),
+            positions: Param::new(
+                "embed.positions",
+                &[seq_len, hidden],
+                Init::Normal(super::INIT_STD / 2.0),
+                false,
+                seed,
+            ),
+            state: PassState::new("embed"),
+        }
+    }
+
+    fn seq_len(&self) -> usize {
+        self.positions.value.rows()
+    }
+
+    /// F: looks up `tokens` (a whole number of sequences, each id < vocab).
+    pub fn forward(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        tokens: &[u32],
+    ) -> Result<Tensor> {
+        let vocab = self.tokens.value.rows();
+        let s = self.seq_len();
+        if tokens.is_empty() || tokens.len() % s != 0 {
+            return Err(NnError::BadInput(format!(
+                "{} tokens are not a positive whole number of sequences of length {s}",
+                tokens.len()
+            )));
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(NnError::BadInput(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        self.state.check_forward(mb)?;
+        let x = be.embedding_forward(&self.tokens.value, &self.positions.value, tokens, s);
+        self.state.save_forward(mb, tokens.to_vec())?;
+        Ok(x)
+    }
+
+    /// I: nothing flows further back; keeps `dy` for W.
+    pub fn backward_input(&mut self, mb: MicrobatchId, dy: Tensor) -> Result<()> {
+        self.state.check_input_grad(mb)?;
+        let tokens = self.state.take_forward(mb)?;
+        if dy.rows() != tokens.len() || dy.cols() != self.tokens.value.cols() {
+            let err = NnError::BadInput(format!(
+                "embedding output gradient has shape {:?}",
+                dy.shape()
+            ));
+            self.state.save_forward(mb, tokens)?;
+            return Err(err);
+        }
+        self.state.queue_weight_grad(mb, (tokens, dy));
+        Ok(())
+    }
+
+    /// W: scatter-adds the queued gradient into the tables.
+    pub fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
+        let (tokens, dy) = self.state.take_weight_grad(mb)?;
+        let s = self.seq_len();
+        be.embedding_backward(
+            &mut self.tokens.grad,
+            &mut self.positions.grad,
+            &tokens,
+            &dy,
+            s,
+        );
+        Ok(())
+    }
+
+    /// Errors if F may not run for `mb` now.
+    pub fn check_forward(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_forward(mb)
+    }
+
+    /// Errors if I may not run for `mb` now.
+    pub fn check_input_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_input_grad(mb)
+    }
+
+    /// Errors if W may not run for `mb` now.
+    pub fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_weight_grad(mb)
+    }
+
+    /// Activation bytes held for `mb`.
+    pub fn held_bytes(&self, mb: MicrobatchId) -> usize {
+        self.state.held_bytes(mb)
+    }
+
+    /// Parameters: token table, position table.
+    pub fn params(&self) -> Vec<&Param> {
+        vec![&self.tokens, &self.positions]
+    }
+
+    /// Mutable parameters, same order.
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.tokens, &mut self.positions]
+    }
+}

@@ -1,0 +1,153 @@
+//! Fully connected layer `y = x·W + b` — where the I/W split pays off.
+//!
+//! F saves `x`. I computes `dx = dy·Wᵀ` and queues `(x, dy)`. W computes
+//! `dW += xᵀ·dy`, `db += Σ_rows dy` and frees both.
+
+use super::SplitLayer;
+use crate::backend::Backend;
+use crate::error::{MicrobatchId, NnError, Result};
+use crate::memory::PassState;
+use crate::param::{Init, Param};
+use crate::tensor::Tensor;
+
+/// A linear map with weight `[in, out]` and optional bias `[out]`.
+#[derive(Debug)]
+pub struct Linear {
+    /// Weight `[in_features, out_features]`.
+    pub weight: Param,
+    /// Optional bias `[out_features]`.
+    pub bias: Option<Param>,
+    state: PassState<Tensor, (Tensor, Tensor)>,
+}
+
+impl Linear {
+    /// New layer named `name` (parameters `name.weight`, `name.bias`), weights
+    /// Normal(0, std²) seeded from `seed` and the names, bias zero.
+    pub fn new(
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        std: f32,
+        seed: u64,
+    ) -> Self {
+        Linear {
+            weight: Param::new(
+                format!("{name}.weight"),
+                &[in_features, out_features],
+                Init::Normal(std),
+                true,
+                seed,
+            ),
+            bias: bias.then(|| {
+                Param::new(
+                    format!("{name}.bias"),
+                    &[out_features],
+                    Init::Constant(0.0),
+                    false,
+                    seed,
+                )
+            }),
+            state: PassState::new(name),
+        }
+    }
+
+    /// Input feature count.
+    pub fn in_features(&self) -> usize {
+        self.weight.value.shape()[0]
+    }
+
+    /// Output feature count.
+    pub fn out_features(&self) -> usize {
+        self.weight.value.shape()[1]
+    }
+}
+
+impl SplitLayer for Linear {
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
+        if x.cols() != self.in_features() {
+            return Err(NnError::BadInput(format!(
+                "layer `{}` expects {} input features, got shape {:?}",
+                self.state.layer(),
+                self.in_features(),
+                x.shape()
+            )));
+        }
+        self.state.check_forward(mb)?;
+        let mut y = Tensor::zeros(&[x.rows(), self.out_features()]);
+        be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
+        if let Some(b) = &self.bias {
+            be.add_row_vector(&mut y, b.value.data());
+        }
+        self.state.save_forward(mb, x)?;
+        Ok(y)
+    }
+
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+        self.state.check_input_grad(mb)?;
+        if dy.cols() != self.out_features() {
+            return Err(NnError::BadInput(format!(
+                "layer `{}` expects an output gradient with {} features, got shape {:?}",
+                self.state.layer(),
+                self.out_features(),
+                dy.shape()
+            )));
+        }
+        let rows = self.state.peek_forward(mb).map_or(0, Tensor::rows);
+        if dy.rows() != rows {
+            return Err(NnError::BadInput(format!(
+                "layer `{}`: output gradient has {} rows, the forward had {rows}",
+                self.state.layer(),
+                dy.rows()
+            )));
+        }
+        let x = self.state.take_forward(mb)?;
+        let mut dx = Tensor::zeros(&[dy.rows(), self.in_features()]);
+        be.matmul(
+            dx.mat_mut(),
+            dy.mat(),
+            self.weight.value.mat().t(),
+            1.0,
+            false,
+        );
+        self.state.queue_weight_grad(mb, (x, dy));
+        Ok(dx)
+    }
+
+    fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
+        let (x, dy) = self.state.take_weight_grad(mb)?;
+        be.matmul(self.weight.grad.mat_mut(), x.mat().t(), dy.mat(), 1.0, true);
+        if let Some(b) = &mut self.bias {
+            be.accumulate_column_sums(b.grad.data_mut(), &dy);
+        }
+        Ok(())
+    }
+
+    fn check_forward(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_forward(mb)
+    }
+
+    fn check_input_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_input_grad(mb)
+    }
+
+    fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()> {
+        self.state.check_weight_grad(mb)
+    }
+
+    fn held_bytes(&self, mb: MicrobatchId) -> usize {
+        self.state.held_bytes(mb)
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        std::iter::once(&self.weight)
+            .chain(self.bias.as_ref())
+            .collect()
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        std::iter::once(&mut self.weight)
+            .chain(self.bias.as_mut())
+            .collect()
+    }
+}

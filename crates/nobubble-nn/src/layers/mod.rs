@@ -1,0 +1,66 @@
+//! Layers with a split backward: `forward` (F), `backward_input` (I) and
+//! `backward_weight` (W).
+//!
+//! Contract of every layer, per microbatch id:
+//! - F computes the output and saves exactly what I needs.
+//! - I computes the input gradient, drops everything W does not need at once, and
+//!   queues the rest (for a linear: its input and output gradient).
+//! - W adds this microbatch's weight gradients to the accumulators and frees what I
+//!   queued. *Every* parameter gradient is accumulated in W — including LayerNorm
+//!   γ/β, biases and embeddings — so with W run in microbatch order the accumulated
+//!   gradients are bit-identical to an unsplit backward in microbatch order, whatever
+//!   order the I passes ran in. (LayerNorm computes its tiny per-microbatch γ/β
+//!   partial sums during I, because they need the large saved `xhat`; only the
+//!   addition into the accumulator waits for W.)
+//! - Passes out of order (I without F, W with nothing queued, a second W) are errors.
+
+pub mod attention;
+pub mod block;
+pub mod embedding;
+pub mod head;
+pub mod layernorm;
+pub mod linear;
+pub mod mlp;
+
+pub use attention::CausalSelfAttention;
+pub use block::Block;
+pub use embedding::Embedding;
+pub use head::LmHead;
+pub use layernorm::LayerNorm;
+pub use linear::Linear;
+pub use mlp::Mlp;
+
+use crate::backend::Backend;
+use crate::error::{MicrobatchId, Result};
+use crate::param::Param;
+use crate::tensor::Tensor;
+
+/// A layer mapping an activation tensor to an activation tensor with split backward.
+/// Implemented by [`Linear`], [`LayerNorm`], [`CausalSelfAttention`], [`Mlp`] and
+/// [`Block`], so tests and stages can drive them uniformly.
+pub trait SplitLayer {
+    /// F: computes the output for microbatch `mb` and saves what I needs.
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor>;
+    /// I: input gradient from output gradient; keeps only what W needs.
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor>;
+    /// W: accumulates weight gradients for `mb` and frees what I kept.
+    fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()>;
+    /// Errors if F may not run for `mb` now (checked before any state changes).
+    fn check_forward(&self, mb: MicrobatchId) -> Result<()>;
+    /// Errors if I may not run for `mb` now.
+    fn check_input_grad(&self, mb: MicrobatchId) -> Result<()>;
+    /// Errors if W may not run for `mb` now.
+    fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()>;
+    /// Activation bytes currently held for `mb`.
+    fn held_bytes(&self, mb: MicrobatchId) -> usize;
+    /// Parameters in a fixed order.
+    fn params(&self) -> Vec<&Param>;
+    /// Mutable parameters, same order as [`SplitLayer::params`].
+    fn params_mut(&mut self) -> Vec<&mut Param>;
+}
+
+/// GPT-2 style initialization scale for weight matrices.
+pub(crate) const INIT_STD: f32 = 0.02;
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,37 @@
+//! # nobubble-nn: a transformer engine with split backward passes
+//!
+//! Zero-bubble pipeline schedules split each layer's backward into **I** (input
+//! gradient, on the critical path) and **W** (weight gradient, deferrable). No Rust
+//! autograd engine can do that, so this crate owns its layers, written by hand.
+//! See `README.md` in this crate for the design (device seam, per-microbatch deferred
+//! state, memory accounting, bit-identity contract).
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod bench;
+pub mod config;
+mod cpu;
+pub mod data;
+pub mod error;
+mod kernels;
+pub mod layers;
+pub mod memory;
+pub mod model;
+#[cfg(test)]
+mod model_tests;
+pub mod optim;
+pub mod param;
+pub mod reference;
+pub mod tensor;
+#[cfg(test)]
+mod testutil;
+
+pub use backend::{Backend, CpuBackend};
+pub use config::{GptConfig, StageLayout};
+pub use data::ByteCorpus;
+pub use error::{MicrobatchId, NnError, Result};
+pub use model::{build_stages, split_model, split_model_v, Stage, StageInput, StageOutput};
+pub use optim::{AdamW, AdamWConfig};
+pub use reference::{ReferenceTrainer, TrainConfig};
+pub use tensor::Tensor;

@@ -1,0 +1,238 @@
+//! A minimal dense f32 tensor: a shape and contiguous row-major storage.
+//!
+//! Why not a full tensor library: the engine needs only a handful of ops, and owning
+//! the type keeps every byte of saved activation visible to the memory accounting.
+//! Storage is host memory today; all arithmetic goes through [`crate::backend::Backend`],
+//! so a device backend changes the storage, not the layers.
+
+/// Dense row-major f32 tensor. Matrices are 2-D `[rows, cols]`; activations are
+/// `[tokens, features]` with `tokens = microbatch_size × seq_len`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl Tensor {
+    /// All-zero tensor of the given shape (used for gradient accumulators and outputs).
+    pub fn zeros(shape: &[usize]) -> Self {
+        Tensor {
+            shape: shape.to_vec(),
+            data: vec![0.0; shape.iter().product()],
+        }
+    }
+
+    /// Wraps existing data; fails if `data.len()` does not match the shape, since a
+    /// silently reshaped buffer would corrupt every later computation.
+    pub fn from_vec(shape: &[usize], data: Vec<f32>) -> crate::Result<Self> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(crate::NnError::BadInput(format!(
+                "tensor of shape {shape:?} needs {expected} values, got {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    /// The shape, outermost dimension first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Read access to the contiguous storage.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Write access to the contiguous storage.
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    /// Consumes the tensor, returning its storage.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True for a tensor with no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Bytes of storage; this is what the memory accounting sums.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<f32>()
+    }
+
+    /// Rows when viewed as a matrix: product of all but the last dimension.
+    pub fn rows(&self) -> usize {
+        match self.shape.len() {
+            0 => 1,
+            n => self.shape[..n - 1].iter().product(),
+        }
+    }
+
+    /// Columns when viewed as a matrix: the last dimension.
+    pub fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Read-only matrix view `[rows, cols]` for the backend's matrix product.
+    pub fn mat(&self) -> MatRef<'_> {
+        MatRef::new(
+            &self.data,
+            0,
+            self.rows(),
+            self.cols(),
+            self.cols() as isize,
+            1,
+        )
+    }
+
+    /// Writable matrix view `[rows, cols]`.
+    pub fn mat_mut(&mut self) -> MatMut<'_> {
+        let (r, c) = (self.rows(), self.cols());
+        MatMut::new(&mut self.data, 0, r, c, c as isize, 1)
+    }
+}
+
+/// A strided read-only matrix view into a slice. Strides let the attention kernel
+/// address one head of a fused QKV buffer, and transposes cost nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) offset: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_stride: isize,
+    pub(crate) col_stride: isize,
+}
+
+fn check_bounds(len: usize, offset: usize, rows: usize, cols: usize, rs: isize, cs: isize) {
+    assert!(rs >= 0 && cs >= 0, "negative strides are not supported");
+    if rows > 0 && cols > 0 {
+        let last = offset + (rows - 1) * rs as usize + (cols - 1) * cs as usize;
+        assert!(
+            last < len,
+            "matrix view out of bounds: last index {last}, len {len}"
+        );
+    }
+}
+
+impl<'a> MatRef<'a> {
+    /// Creates a view; panics if any addressed element lies outside `data`
+    /// (internal misuse, never reachable from user input).
+    pub fn new(
+        data: &'a [f32],
+        offset: usize,
+        rows: usize,
+        cols: usize,
+        row_stride: isize,
+        col_stride: isize,
+    ) -> Self {
+        check_bounds(data.len(), offset, rows, cols, row_stride, col_stride);
+        MatRef {
+            data,
+            offset,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    /// The transposed view (no copy).
+    pub fn t(self) -> Self {
+        MatRef {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// A strided writable matrix view into a slice.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    pub(crate) data: &'a mut [f32],
+    pub(crate) offset: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_stride: isize,
+    pub(crate) col_stride: isize,
+}
+
+impl<'a> MatMut<'a> {
+    /// Creates a writable view; panics if out of bounds (internal misuse).
+    pub fn new(
+        data: &'a mut [f32],
+        offset: usize,
+        rows: usize,
+        cols: usize,
+        row_stride: isize,
+        col_stride: isize,
+    ) -> Self {
+        check_bounds(data.len(), offset, rows, cols, row_stride, col_stride);
+        MatMut {
+            data,
+            offset,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_vec_rejects_wrong_length() {
+        assert!(Tensor::from_vec(&[2, 3], vec![0.0; 5]).is_err());
+        let t = Tensor::from_vec(&[2, 3], vec![0.0; 6]).unwrap();
+        assert_eq!((t.rows(), t.cols(), t.size_bytes()), (2, 3, 24));
+    }
+
+    #[test]
+    fn transpose_view_swaps_strides() {
+        let t = Tensor::from_vec(&[2, 3], (0..6).map(|x| x as f32).collect()).unwrap();
+        let v = t.mat().t();
+        assert_eq!(
+            (v.rows(), v.cols(), v.row_stride, v.col_stride),
+            (3, 2, 1, 3)
+        );
+    }
+}

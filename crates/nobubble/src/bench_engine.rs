@@ -1,0 +1,48 @@
+//! `nobubble bench engine`: single-thread speed of one transformer block's F, I and W
+//! passes (the split-backward engine of `nobubble-nn`), beside the `gemm` crate's own
+//! single-thread speed on the block's dominant matrix shape.
+
+use nobubble_nn::bench::{engine_bench, EngineBenchConfig};
+
+/// Arguments of `bench engine`.
+#[derive(clap::Args, Debug)]
+pub struct EngineBenchArgs {
+    /// Hidden size h.
+    #[arg(long, default_value_t = 512)]
+    pub hidden: usize,
+    /// Attention heads (must divide the hidden size).
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Sequence length s.
+    #[arg(long, default_value_t = 256)]
+    pub seq_len: usize,
+    /// Sequences per microbatch b.
+    #[arg(long, default_value_t = 4)]
+    pub microbatch_size: usize,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    pub repeat: usize,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the benchmark and prints a table or JSON.
+pub fn run(args: &EngineBenchArgs) -> Result<(), String> {
+    let cfg = EngineBenchConfig {
+        hidden: args.hidden,
+        heads: args.heads,
+        seq_len: args.seq_len,
+        microbatch_size: args.microbatch_size,
+        repeats: args.repeat,
+        ..EngineBenchConfig::default()
+    };
+    let report = engine_bench(&cfg).map_err(|e| e.to_string())?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}

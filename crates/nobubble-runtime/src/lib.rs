@@ -1,0 +1,19 @@
+//! The pipeline runtime: stage workers that execute any [`nobubble_schedule::Schedule`]
+//! for real, training a GPT built by [`nobubble_nn`].
+//!
+//! One worker per rank (a thread today) runs its rank's actions in order — F, I, W or B, on
+//! any placement — and exchanges activations and gradients through a [`Transport`]. The
+//! coordinator ([`Pipeline`]) then performs the synchronous optimizer step exactly as the
+//! reference trainer does, so a pipelined run is bit-identical to unpipelined training.
+//! Emulated compute (passes sleep for their cost) measures the runtime's own overhead
+//! against the simulator on more stages than this machine has cores.
+
+pub mod error;
+pub mod pipeline;
+pub mod transport;
+pub mod worker;
+
+pub use error::RuntimeError;
+pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
+pub use transport::{InProcess, Message, Payload, Transport};
+pub use worker::{Fault, MeasuredSlot};

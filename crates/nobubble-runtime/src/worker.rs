@@ -1,0 +1,357 @@
+//! One pipeline rank: executes its list of actions for a step on real stages (or sleeps
+//! for their cost, in emulated mode), exchanging tensors through its [`Transport`].
+//!
+//! Receives wait in short slices so a failure elsewhere (the shared abort flag) or a
+//! deadline stops the wait; time spent waiting is recorded as idle. Sends are enqueued and
+//! never wait, so W can fill the gap behind an input gradient that has just left.
+
+use crate::error::RuntimeError;
+use crate::transport::{Message, Payload, Transport};
+use nobubble_nn::optim::AdamW;
+use nobubble_nn::{ByteCorpus, GptConfig, Stage, StageInput, StageOutput, Tensor};
+use nobubble_schedule::{Action, CostModel, Kind};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One action as it ran: times in seconds since the step's common epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct MeasuredSlot {
+    /// What ran.
+    pub action: Action,
+    /// Compute start.
+    pub start: f64,
+    /// Compute end.
+    pub end: f64,
+    /// Time spent waiting for its input before `start`.
+    pub waited: f64,
+}
+
+/// What a rank reports after a step.
+#[derive(Clone, Debug)]
+pub(crate) struct RankStep {
+    /// Loss of each microbatch whose last stage is here.
+    pub losses: Vec<(usize, f32)>,
+    /// Partial squared gradient norm of each stage here.
+    pub norm_sq: Vec<(usize, f64)>,
+    /// The rank's measured actions.
+    pub timeline: Vec<MeasuredSlot>,
+    /// Peak activation bytes held by the rank's stages during the step.
+    pub peak_bytes: usize,
+}
+
+/// Faults a test can inject to check that the run stops cleanly.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// Panic when about to run this action (on the rank holding its stage).
+    PanicAt(Action),
+    /// Drop the message the sender of this action's input would send.
+    LoseInputOf(Action),
+    /// Put a NaN into stage 0's first gradient at this step (tests post-validation paths).
+    NanGradAt(u64),
+}
+
+/// Where the compute comes from.
+pub(crate) enum Engine {
+    /// Real stages with their optimizers, by stage index.
+    Real {
+        stages: BTreeMap<usize, Stage>,
+        optimizers: BTreeMap<usize, AdamW>,
+    },
+    /// Sleep for each pass's cost (milliseconds per stage).
+    Emulated(CostModel),
+}
+
+pub(crate) struct Worker {
+    pub rank: usize,
+    pub placement: Vec<usize>,
+    pub engine: Engine,
+    pub transport: Box<dyn Transport>,
+    pub mailbox: HashMap<(Payload, usize, usize), Message>,
+    pub abort: Arc<AtomicBool>,
+    pub recv_timeout: Duration,
+    pub corpus: Arc<ByteCorpus>,
+    pub model: GptConfig,
+    pub data_seed: u64,
+    pub fault: Option<Fault>,
+}
+
+impl Worker {
+    fn stages_total(&self) -> usize {
+        self.placement.len()
+    }
+
+    /// Waits for a message, checking the abort flag and the deadline every 20 ms.
+    fn wait(
+        &mut self,
+        payload: Payload,
+        stage: usize,
+        mb: usize,
+        action: Action,
+    ) -> Result<Tensor, RuntimeError> {
+        let key = (payload, stage, mb);
+        let started = Instant::now();
+        let deadline = started + self.recv_timeout;
+        loop {
+            let now = Instant::now();
+            if let Some(msg) = self.mailbox.get(&key) {
+                match msg.ready_at {
+                    Some(t) if t > now => {
+                        std::thread::sleep((t - now).min(Duration::from_millis(20)))
+                    }
+                    _ => return Ok(self.mailbox.remove(&key).expect("present").tensor),
+                }
+                continue;
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(RuntimeError::Aborted { rank: self.rank });
+            }
+            if now >= deadline {
+                let (what, from) = match payload {
+                    Payload::Activation => ("activation", stage - 1),
+                    Payload::Gradient => ("output gradient", stage + 1),
+                };
+                return Err(RuntimeError::Timeout {
+                    rank: self.rank,
+                    action,
+                    waiting_for: format!(
+                        "the {what} of stage {stage}, microbatch {mb}, from stage {from} on rank {}",
+                        self.placement[from]
+                    ),
+                    seconds: started.elapsed().as_secs_f64(),
+                });
+            }
+            let slice = (deadline - now).min(Duration::from_millis(20));
+            match self.transport.recv_timeout(slice) {
+                Ok(Some(m)) => {
+                    self.mailbox.insert((m.payload, m.stage, m.microbatch), m);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(RuntimeError::Pass {
+                        rank: self.rank,
+                        action,
+                        cause: format!("transport failed: {e}"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Delivers to the rank holding `stage` (this one: straight into the mailbox).
+    fn deliver(
+        &mut self,
+        payload: Payload,
+        stage: usize,
+        mb: usize,
+        tensor: Tensor,
+        action: Action,
+    ) -> Result<(), RuntimeError> {
+        let lost = matches!(&self.fault, Some(Fault::LoseInputOf(a))
+            if a.stage == stage && a.microbatch == mb
+               && (a.kind == Kind::F) == (payload == Payload::Activation));
+        if lost {
+            return Ok(());
+        }
+        let msg = Message {
+            payload,
+            stage,
+            microbatch: mb,
+            tensor,
+            ready_at: None,
+        };
+        let to = self.placement[stage];
+        if to == self.rank {
+            self.mailbox.insert((payload, stage, mb), msg);
+            Ok(())
+        } else {
+            self.transport
+                .send(to, msg)
+                .map_err(|cause| RuntimeError::Pass {
+                    rank: self.rank,
+                    action,
+                    cause,
+                })
+        }
+    }
+
+    /// Runs this rank's actions for `step`, all times relative to `epoch`.
+    pub fn run_step(
+        &mut self,
+        step: u64,
+        order: &[Action],
+        epoch: Instant,
+    ) -> Result<RankStep, RuntimeError> {
+        let mut out = RankStep {
+            losses: Vec::new(),
+            norm_sq: Vec::new(),
+            timeline: Vec::with_capacity(order.len()),
+            peak_bytes: 0,
+        };
+        let mut held: HashMap<(usize, usize), usize> = HashMap::new();
+        let mut total_held = 0usize;
+        let last = self.stages_total() - 1;
+        for &a in order {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(RuntimeError::Aborted { rank: self.rank });
+            }
+            if self.fault.as_ref() == Some(&Fault::PanicAt(a)) {
+                panic!("injected fault at {a}");
+            }
+            let (s, j) = (a.stage, a.microbatch);
+            let t_ready = Instant::now();
+            // Inputs first (waiting is idle time), then compute.
+            let input = match a.kind {
+                Kind::F if s > 0 => Some(self.wait(Payload::Activation, s, j, a)?),
+                Kind::I | Kind::B if s < last => Some(self.wait(Payload::Gradient, s, j, a)?),
+                _ => None,
+            };
+            let start = Instant::now();
+            let err = |cause: String| RuntimeError::Pass {
+                rank: self.rank,
+                action: a,
+                cause,
+            };
+            let mut send: Option<(Payload, usize, Tensor)> = None;
+            match &mut self.engine {
+                Engine::Emulated(costs) => {
+                    let ms = costs.time(s, a.kind);
+                    spin_sleep(Duration::from_secs_f64(ms / 1000.0));
+                    match a.kind {
+                        Kind::F if s < last => {
+                            send = Some((Payload::Activation, s + 1, Tensor::zeros(&[0])))
+                        }
+                        Kind::I | Kind::B if s > 0 => {
+                            send = Some((Payload::Gradient, s - 1, Tensor::zeros(&[0])))
+                        }
+                        _ => {}
+                    }
+                }
+                Engine::Real { stages, .. } => {
+                    let stage = stages
+                        .get_mut(&s)
+                        .ok_or_else(|| err(format!("stage {s} is not on this rank")))?;
+                    match a.kind {
+                        Kind::F => {
+                            let need_data = s == 0 || s == last;
+                            let data = if need_data {
+                                Some(
+                                    self.corpus
+                                        .microbatch(
+                                            self.data_seed,
+                                            step,
+                                            j,
+                                            self.model.microbatch_size,
+                                            self.model.seq_len,
+                                        )
+                                        .map_err(|e| err(e.to_string()))?,
+                                )
+                            } else {
+                                None
+                            };
+                            let stage_in = match input {
+                                Some(x) => StageInput::Activations(x),
+                                None => StageInput::Tokens(
+                                    &data.as_ref().expect("first stage has data").tokens,
+                                ),
+                            };
+                            let targets = (s == last)
+                                .then(|| &data.as_ref().expect("last stage has data").targets[..]);
+                            match stage
+                                .forward(j, stage_in, targets)
+                                .map_err(|e| err(e.to_string()))?
+                            {
+                                StageOutput::Loss(l) => out.losses.push((j, l)),
+                                StageOutput::Activations(t) => {
+                                    send = Some((Payload::Activation, s + 1, t))
+                                }
+                            }
+                        }
+                        Kind::I | Kind::B => {
+                            let g = stage
+                                .backward_input(j, input)
+                                .map_err(|e| err(e.to_string()))?;
+                            if let Some(mut g) = g {
+                                if self.fault == Some(Fault::NanGradAt(step)) && s == 1 && j == 0 {
+                                    g.data_mut()[0] = f32::NAN;
+                                }
+                                send = Some((Payload::Gradient, s - 1, g));
+                            }
+                            if a.kind == Kind::B {
+                                stage.backward_weight(j).map_err(|e| err(e.to_string()))?;
+                            }
+                        }
+                        Kind::W => stage.backward_weight(j).map_err(|e| err(e.to_string()))?,
+                    }
+                    let now_held = stage.held_bytes(j);
+                    let before = held.insert((s, j), now_held).unwrap_or(0);
+                    total_held = total_held + now_held - before;
+                    out.peak_bytes = out.peak_bytes.max(total_held);
+                }
+            }
+            let end = Instant::now();
+            if let Some((payload, to_stage, t)) = send {
+                self.deliver(payload, to_stage, j, t, a)?;
+            }
+            out.timeline.push(MeasuredSlot {
+                action: a,
+                start: (start - epoch).as_secs_f64(),
+                end: (end - epoch).as_secs_f64(),
+                waited: (start - t_ready).as_secs_f64(),
+            });
+        }
+        if let Engine::Real { stages, .. } = &self.engine {
+            out.norm_sq = stages
+                .iter()
+                .map(|(&s, st)| (s, nobubble_nn::optim::grad_norm_sq(&st.params())))
+                .collect();
+        }
+        Ok(out)
+    }
+
+    /// The synchronous optimizer step: AdamW with the global clip factor (or skip on a
+    /// non-finite norm), then zero the gradients.
+    pub fn apply(&mut self, scale: Option<f32>, lr: f32) -> Result<(), RuntimeError> {
+        if let Engine::Real { stages, optimizers } = &mut self.engine {
+            for (s, stage) in stages.iter_mut() {
+                if let Some(scale) = scale {
+                    let opt = optimizers.get_mut(s).expect("one optimizer per stage");
+                    opt.config.lr = lr;
+                    opt.step(&mut stage.params_mut(), scale)
+                        .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                }
+                stage.zero_grads();
+            }
+        }
+        Ok(())
+    }
+
+    /// Every parameter of this rank's stages: (stage, name, values).
+    pub fn params(&self) -> Vec<(usize, String, Vec<f32>)> {
+        match &self.engine {
+            Engine::Real { stages, .. } => stages
+                .iter()
+                .flat_map(|(&s, st)| {
+                    st.params()
+                        .into_iter()
+                        .map(move |p| (s, p.name.clone(), p.value.data().to_vec()))
+                })
+                .collect(),
+            Engine::Emulated(_) => Vec::new(),
+        }
+    }
+}
+
+/// Sleeps precisely: the OS sleep for most of it, then a short spin, so emulated passes of
+/// a couple of milliseconds keep their length.
+fn spin_sleep(d: Duration) {
+    let until = Instant::now() + d;
+    if d > Duration::from_micros(300) {
+        std::thread::sleep(d - Duration::from_micros(200));
+    }
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}

@@ -91,6 +91,7 @@ enum Command {
         lr: f32,
     },
     Params,
+    Memory,
     Stop,
 }
 
@@ -98,6 +99,7 @@ enum Reply {
     Stepped(Result<RankStep, RuntimeError>),
     Applied(Result<(), RuntimeError>),
     Params(Vec<(usize, String, Vec<f32>)>),
+    Memory(Result<Vec<(usize, usize, usize)>, RuntimeError>),
 }
 
 /// A running pipeline: one worker thread per rank.
@@ -207,6 +209,7 @@ impl Pipeline {
                 model: config.model.clone(),
                 data_seed: config.train.data_seed,
                 fault: config.fault.clone(),
+                current: None,
             };
             let reply_tx: Sender<(usize, Reply)> = reply_tx.clone();
             let handle = std::thread::Builder::new()
@@ -219,7 +222,7 @@ impl Pipeline {
                                 let r = r.unwrap_or_else(|p| {
                                     Err(RuntimeError::Panic {
                                         rank,
-                                        action: None,
+                                        action: worker.current.take(),
                                         cause: panic_message(&p),
                                     })
                                 });
@@ -230,6 +233,7 @@ impl Pipeline {
                             }
                             Command::Apply { scale, lr } => Reply::Applied(worker.apply(scale, lr)),
                             Command::Params => Reply::Params(worker.params()),
+                            Command::Memory => Reply::Memory(worker.measure_memory()),
                             Command::Stop => break,
                         };
                         if reply_tx.send((rank, reply)).is_err() {
@@ -401,6 +405,22 @@ impl Pipeline {
             timeline,
             wall: wall.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Measured M_B and M_W (bytes) of every stage, in stage order: `(after F, after I)`.
+    /// Empty in emulated mode.
+    pub fn measure_memory(&self) -> Result<Vec<(usize, usize)>, RuntimeError> {
+        for tx in &self.commands {
+            let _ = tx.send(Command::Memory);
+        }
+        let mut all = Vec::new();
+        for (_, reply) in self.collect(self.commands.len())? {
+            if let Reply::Memory(m) = reply {
+                all.extend(m?);
+            }
+        }
+        all.sort_by_key(|(s, _, _)| *s);
+        Ok(all.into_iter().map(|(_, f, i)| (f, i)).collect())
     }
 
     /// All parameters, in stage order then each stage's own order: (name, values).

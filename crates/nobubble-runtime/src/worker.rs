@@ -76,6 +76,8 @@ pub(crate) struct Worker {
     pub model: GptConfig,
     pub data_seed: u64,
     pub fault: Option<Fault>,
+    /// The action being run, so a panic can be reported with it.
+    pub current: Option<Action>,
 }
 
 impl Worker {
@@ -197,6 +199,7 @@ impl Worker {
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
+            self.current = Some(a);
             if self.fault.as_ref() == Some(&Fault::PanicAt(a)) {
                 panic!("injected fault at {a}");
             }
@@ -302,6 +305,7 @@ impl Worker {
                 waited: (start - t_ready).as_secs_f64(),
             });
         }
+        self.current = None;
         if let Engine::Real { stages, .. } = &self.engine {
             out.norm_sq = stages
                 .iter()
@@ -326,6 +330,23 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// M_B and M_W in bytes of each stage here, measured by the engine on a probe
+    /// microbatch (gradients restored afterwards).
+    pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize, usize)>, RuntimeError> {
+        match &mut self.engine {
+            Engine::Real { stages, .. } => stages
+                .iter_mut()
+                .map(|(&s, st)| {
+                    let m = st
+                        .measure_memory()
+                        .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
+                    Ok((s, m.total.after_forward, m.total.after_input_grad))
+                })
+                .collect(),
+            Engine::Emulated(_) => Ok(Vec::new()),
+        }
     }
 
     /// Every parameter of this rank's stages: (stage, name, values).

@@ -85,6 +85,7 @@ enum Command {
         step: u64,
         order: Arc<Vec<Action>>,
         epoch: Instant,
+        eval: bool,
     },
     Apply {
         scale: Option<f32>,
@@ -123,11 +124,22 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 
 impl Pipeline {
     /// Builds the stages for `schedule`'s placement and starts the workers, training on
-    /// `corpus`.
+    /// `corpus` (evaluation steps use the same text; see [`Pipeline::start_with_eval`]).
     pub fn start(
         config: RunConfig,
         schedule: &Schedule,
         corpus: ByteCorpus,
+    ) -> Result<Pipeline, RuntimeError> {
+        let eval = corpus.clone();
+        Self::start_with_eval(config, schedule, corpus, eval)
+    }
+
+    /// As [`Pipeline::start`], with held-out text for [`Pipeline::eval_step`].
+    pub fn start_with_eval(
+        config: RunConfig,
+        schedule: &Schedule,
+        corpus: ByteCorpus,
+        eval: ByteCorpus,
     ) -> Result<Pipeline, RuntimeError> {
         check_structure(schedule)
             .map_err(|e| RuntimeError::Config(format!("invalid schedule: {e}")))?;
@@ -178,7 +190,14 @@ impl Pipeline {
                     .collect();
             }
         }
-        Self::spawn(config, schedule, engines, latency, Arc::new(corpus))
+        Self::spawn(
+            config,
+            schedule,
+            engines,
+            latency,
+            Arc::new(corpus),
+            Arc::new(eval),
+        )
     }
 
     fn spawn(
@@ -187,6 +206,7 @@ impl Pipeline {
         engines: Vec<Engine>,
         latency: Duration,
         corpus: Arc<ByteCorpus>,
+        eval_corpus: Arc<ByteCorpus>,
     ) -> Result<Pipeline, RuntimeError> {
         let ranks = schedule.ranks;
         let transports = InProcess::connect(ranks, latency);
@@ -206,6 +226,7 @@ impl Pipeline {
                 abort: abort.clone(),
                 recv_timeout: config.recv_timeout,
                 corpus: corpus.clone(),
+                eval_corpus: eval_corpus.clone(),
                 model: config.model.clone(),
                 data_seed: config.train.data_seed,
                 fault: config.fault.clone(),
@@ -217,8 +238,8 @@ impl Pipeline {
                 .spawn(move || {
                     while let Ok(cmd) = rx.recv() {
                         let reply = match cmd {
-                            Command::Step { step, order, epoch } => {
-                                let r = catch_unwind(AssertUnwindSafe(|| worker.run_step(step, &order, epoch)));
+                            Command::Step { step, order, epoch, eval } => {
+                                let r = catch_unwind(AssertUnwindSafe(|| worker.run_step(step, &order, epoch, eval)));
                                 let r = r.unwrap_or_else(|p| {
                                     Err(RuntimeError::Panic {
                                         rank,
@@ -294,6 +315,20 @@ impl Pipeline {
 
     /// Runs one training step under `schedule` (same placement as at start).
     pub fn train_step(&mut self, schedule: &Schedule) -> Result<StepRecord, RuntimeError> {
+        self.run(schedule, false)
+    }
+
+    /// Mean loss on held-out microbatch set `index` (data seed as in training, step index
+    /// `index`), without changing the weights.
+    pub fn eval_step(&mut self, schedule: &Schedule, index: u64) -> Result<f32, RuntimeError> {
+        let saved = self.step;
+        self.step = index;
+        let r = self.run(schedule, true);
+        self.step = saved;
+        Ok(r?.loss)
+    }
+
+    fn run(&mut self, schedule: &Schedule, eval: bool) -> Result<StepRecord, RuntimeError> {
         if self.failed {
             return Err(RuntimeError::Config("the pipeline already failed".into()));
         }
@@ -307,12 +342,17 @@ impl Pipeline {
         let epoch = Instant::now();
         for (r, tx) in self.commands.iter().enumerate() {
             let order = Arc::new(schedule.orders[r].clone());
-            tx.send(Command::Step { step, order, epoch })
-                .map_err(|_| RuntimeError::Panic {
-                    rank: r,
-                    action: None,
-                    cause: "worker thread is gone".into(),
-                })?;
+            tx.send(Command::Step {
+                step,
+                order,
+                epoch,
+                eval,
+            })
+            .map_err(|_| RuntimeError::Panic {
+                rank: r,
+                action: None,
+                cause: "worker thread is gone".into(),
+            })?;
         }
         let replies = self.collect(self.commands.len())?;
         let mut results = Vec::with_capacity(replies.len());
@@ -356,6 +396,7 @@ impl Pipeline {
         let norm_sq: f64 = norms.iter().map(|&(_, n)| n).sum();
         let lr = self.lr_at(step);
         let scale = match self.config.compute {
+            _ if eval => None,
             Compute::Real => clip_scale(norm_sq, self.config.train.max_grad_norm).ok(),
             Compute::Emulated { .. } => Some(1.0),
         };
@@ -370,7 +411,9 @@ impl Pipeline {
                 )));
             }
         }
-        self.step += 1;
+        if !eval {
+            self.step += 1;
+        }
         let timeline: Vec<Vec<MeasuredSlot>> = results.iter().map(|r| r.timeline.clone()).collect();
         let busy: Vec<f64> = timeline
             .iter()

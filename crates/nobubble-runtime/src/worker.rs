@@ -73,6 +73,8 @@ pub(crate) struct Worker {
     pub abort: Arc<AtomicBool>,
     pub recv_timeout: Duration,
     pub corpus: Arc<ByteCorpus>,
+    /// Held-out text for evaluation steps.
+    pub eval_corpus: Arc<ByteCorpus>,
     pub model: GptConfig,
     pub data_seed: u64,
     pub fault: Option<Fault>,
@@ -180,11 +182,14 @@ impl Worker {
     }
 
     /// Runs this rank's actions for `step`, all times relative to `epoch`.
+    /// With `eval`, data comes from the held-out corpus (the caller then discards the
+    /// gradients instead of stepping).
     pub fn run_step(
         &mut self,
         step: u64,
         order: &[Action],
         epoch: Instant,
+        eval: bool,
     ) -> Result<RankStep, RuntimeError> {
         let mut out = RankStep {
             losses: Vec::new(),
@@ -240,8 +245,13 @@ impl Worker {
                         Kind::F => {
                             let need_data = s == 0 || s == last;
                             let data = if need_data {
+                                let corpus = if eval {
+                                    &self.eval_corpus
+                                } else {
+                                    &self.corpus
+                                };
                                 Some(
-                                    self.corpus
+                                    corpus
                                         .microbatch(
                                             self.data_seed,
                                             step,

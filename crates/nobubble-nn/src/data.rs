@@ -53,6 +53,11 @@ impl ByteCorpus {
         self.bytes.len()
     }
 
+    /// The raw bytes (e.g. to split off a held-out part).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// True if empty (never, by construction).
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()

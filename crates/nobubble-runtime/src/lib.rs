@@ -10,10 +10,12 @@
 
 pub mod error;
 pub mod pipeline;
+pub mod session;
 pub mod transport;
 pub mod worker;
 
 pub use error::RuntimeError;
 pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
+pub use session::{Plan, Session, SessionOptions};
 pub use transport::{InProcess, Message, Payload, Transport};
 pub use worker::{Fault, MeasuredSlot};

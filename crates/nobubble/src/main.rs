@@ -10,6 +10,7 @@ mod compare;
 mod costs;
 mod plan;
 mod report;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -36,6 +37,8 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
     Check(check::CheckArgs),
+    /// Train a GPT on text under any schedule, one worker thread per rank.
+    Train(train::TrainArgs),
     /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Check(a) => check::run(a),
+        Command::Train(a) => train::run(a),
         Command::Bench(b) => bench::run(b),
     };
     match result {

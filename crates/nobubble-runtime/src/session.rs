@@ -159,9 +159,10 @@ impl Session {
                     .map(|r| probe.rank_mem_b(current, r))
                     .fold(0.0, f64::max);
                 return Err(RuntimeError::Config(format!(
-                    "--mem-limit {} bytes is below one microbatch's activations on the largest rank ({} bytes = {:.1} MiB); \
+                    "--mem-limit {} is below one microbatch's activations on the largest rank ({}); \
                      raise it or use a smaller --microbatch-size or --seq-len",
-                    self.options.mem_limit.unwrap_or(0.0), need, need / 1048576.0
+                    human_bytes(self.options.mem_limit.unwrap_or(0.0)),
+                    human_bytes(need)
                 )));
             }
         }
@@ -174,11 +175,11 @@ impl Session {
                 .find(|(_, &p)| p > bytes)
             {
                 return Err(RuntimeError::Config(format!(
-                    "{} needs {:.1} MiB of activations on rank {r}, over --mem-limit {:.1} MiB; \
+                    "{} needs {} of activations on rank {r}, over --mem-limit {}; \
                      use --schedule zb-auto (plans within the limit) or 1f1b, or raise the limit",
                     self.options.kind.name(),
-                    peak / 1048576.0,
-                    bytes / 1048576.0
+                    human_bytes(*peak),
+                    human_bytes(bytes)
                 )));
             }
         }
@@ -244,5 +245,19 @@ impl Session {
             total += self.pipeline.eval_step(&self.plan.schedule, k)? as f64;
         }
         Ok((total / sets.max(1) as f64) as f32)
+    }
+}
+
+/// Bytes as B, KiB, MiB or GiB with one decimal, for messages.
+pub fn human_bytes(b: f64) -> String {
+    const K: f64 = 1024.0;
+    if b < K {
+        format!("{b:.0} B")
+    } else if b < K * K {
+        format!("{:.1} KiB", b / K)
+    } else if b < K * K * K {
+        format!("{:.1} MiB", b / (K * K))
+    } else {
+        format!("{:.2} GiB", b / (K * K * K))
     }
 }

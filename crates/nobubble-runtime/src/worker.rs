@@ -82,6 +82,9 @@ pub(crate) struct Worker {
     pub current: Option<Action>,
 }
 
+/// How long a receive polls before it blocks.
+const SPIN: Duration = Duration::from_micros(200);
+
 impl Worker {
     fn stages_total(&self) -> usize {
         self.placement.len()
@@ -127,7 +130,14 @@ impl Worker {
                     seconds: started.elapsed().as_secs_f64(),
                 });
             }
-            let slice = (deadline - now).min(Duration::from_millis(20));
+            // Poll briefly before blocking: a message that is about to arrive is picked
+            // up without paying a thread wake-up on the critical path.
+            let slice = if now - started < SPIN {
+                std::thread::yield_now();
+                Duration::ZERO
+            } else {
+                (deadline - now).min(Duration::from_millis(20))
+            };
             match self.transport.recv_timeout(slice) {
                 Ok(Some(m)) => {
                     self.mailbox.insert((m.payload, m.stage, m.microbatch), m);

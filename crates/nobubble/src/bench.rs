@@ -24,6 +24,8 @@ pub enum BenchCommand {
     Memory(MemoryBenchArgs),
     /// One transformer block's F, I and W passes on one thread, beside gemm's own speed.
     Engine(crate::bench_engine::EngineBenchArgs),
+    /// The runtime against the simulator: emulated 8–16 ranks, real 2 ranks.
+    Runtime(crate::bench_runtime::RuntimeBenchArgs),
 }
 
 /// Arguments of `bench plan`.
@@ -80,6 +82,7 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
         BenchCommand::Engine(a) => crate::bench_engine::run(a),
+        BenchCommand::Runtime(a) => crate::bench_runtime::run(a),
     }
 }
 

@@ -300,3 +300,85 @@ fn paper_table_matches_the_published_columns() {
     // zb-2p beats the paper's ZB-2p on most rows (see BENCHMARKS.md for the exception).
     assert!(beaten >= 8, "zb-2p beat the paper on only {beaten} rows");
 }
+
+#[test]
+fn train_runs_logs_and_traces() {
+    let dir = std::env::temp_dir().join(format!("nobubble-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (log, trace) = (dir.join("log.jsonl"), dir.join("trace.json"));
+    let out = ok(&[
+        "train",
+        "--model",
+        "micro",
+        "--steps",
+        "4",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "-s",
+        "zb-h1",
+        "--log",
+        log.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("validation loss") && out.contains("planner predicted"),
+        "{out}"
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for l in &lines {
+        assert!(l["loss"].as_f64().unwrap().is_finite());
+        assert!(l["tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(l["peak_activation_bytes"].as_array().unwrap().len(), 2);
+    }
+    let t: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    // zb-h1, 2 stages, 4 microbatches: 3 passes each, 4 steps.
+    assert_eq!(t["traceEvents"].as_array().unwrap().len(), 2 * 4 * 3 * 4);
+}
+
+#[test]
+fn train_refuses_bad_input_before_training() {
+    let e = fails(&[
+        "train",
+        "--model",
+        "micro",
+        "--steps",
+        "2",
+        "--mem-limit",
+        "1KiB",
+    ]);
+    assert!(
+        e.contains("--mem-limit") && e.contains("below one microbatch"),
+        "{e}"
+    );
+    let e = fails(&[
+        "train",
+        "--model",
+        "micro",
+        "--steps",
+        "2",
+        "-s",
+        "zb-h2",
+        "-m",
+        "8",
+        "--mem-limit",
+        "300KiB",
+    ]);
+    assert!(
+        e.contains("over --mem-limit") || e.contains("below one microbatch"),
+        "{e}"
+    );
+    let e = fails(&["train", "--data", "/nonexistent.txt", "--steps", "1"]);
+    assert!(e.contains("cannot read --data"), "{e}");
+    let e = fails(&["train", "--model", "huge"]);
+    assert!(e.contains("unknown preset"), "{e}");
+    let e = fails(&["train", "--mem-limit", "lots"]);
+    assert!(e.contains("not a size"), "{e}");
+}

@@ -12,8 +12,10 @@ use std::collections::HashMap;
 
 /// Buffers smaller than this go straight to the allocator (it handles them well).
 const MIN_POOLED: usize = 16 * 1024 / 4;
-/// Most bytes one thread keeps cached.
-const MAX_CACHED_BYTES: usize = 1 << 30;
+/// Most bytes one thread keeps cached. This memory is free (not counted as held
+/// activations) but stays in the process: RSS may exceed the activation accounting by
+/// up to this much per thread that drops tensors.
+const MAX_CACHED_BYTES: usize = 256 << 20;
 
 #[derive(Default)]
 struct Pool {

@@ -51,6 +51,9 @@ pub trait Backend: Send + Sync {
     /// Adds `v` to every row of `x` (bias add).
     fn add_row_vector(&self, x: &mut Tensor, v: &[f32]);
 
+    /// A `[rows, v.len()]` tensor whose every row is `v` (a bias to accumulate onto).
+    fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor;
+
     /// `dst[j] += Σ_rows x[row, j]`, rows summed in order (bias gradients).
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor);
 

@@ -107,6 +107,14 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor {
+        let mut t = Tensor::zeros(&[rows, v.len()]);
+        for row in t.data_mut().chunks_exact_mut(v.len().max(1)) {
+            row.copy_from_slice(v);
+        }
+        t
+    }
+
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {
         let cols = x.cols();
         assert_eq!(cols, dst.len());

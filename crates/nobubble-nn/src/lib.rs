@@ -22,6 +22,7 @@ pub mod model;
 mod model_tests;
 pub mod optim;
 pub mod param;
+mod pool;
 pub mod reference;
 pub mod tensor;
 #[cfg(test)]

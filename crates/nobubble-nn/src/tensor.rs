@@ -7,7 +7,7 @@
 
 /// Dense row-major f32 tensor. Matrices are 2-D `[rows, cols]`; activations are
 /// `[tokens, features]` with `tokens = microbatch_size × seq_len`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
@@ -18,7 +18,7 @@ impl Tensor {
     pub fn zeros(shape: &[usize]) -> Self {
         Tensor {
             shape: shape.to_vec(),
-            data: vec![0.0; shape.iter().product()],
+            data: crate::pool::zeroed(shape.iter().product()),
         }
     }
 
@@ -54,8 +54,8 @@ impl Tensor {
     }
 
     /// Consumes the tensor, returning its storage.
-    pub fn into_vec(self) -> Vec<f32> {
-        self.data
+    pub fn into_vec(mut self) -> Vec<f32> {
+        std::mem::take(&mut self.data)
     }
 
     /// Number of elements.
@@ -102,6 +102,22 @@ impl Tensor {
     pub fn mat_mut(&mut self) -> MatMut<'_> {
         let (r, c) = (self.rows(), self.cols());
         MatMut::new(&mut self.data, 0, r, c, c as isize, 1)
+    }
+}
+
+impl Clone for Tensor {
+    fn clone(&self) -> Self {
+        Tensor {
+            shape: self.shape.clone(),
+            data: crate::pool::copy_of(&self.data),
+        }
+    }
+}
+
+/// Large buffers go back to a per-thread cache for reuse (see `pool.rs`).
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        crate::pool::give(std::mem::take(&mut self.data));
     }
 }
 

@@ -147,7 +147,8 @@ impl CausalSelfAttention {
         let b = n / s;
         let scale = 1.0 / (d as f32).sqrt();
         let mut dqkv = Tensor::zeros(&[n, 3 * h]);
-        let mut dscores = vec![0.0f32; s * s];
+        let mut dscores_buf = Tensor::zeros(&[s, s]);
+        let dscores = dscores_buf.data_mut();
         for seq in 0..b {
             for head in 0..a {
                 let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
@@ -167,20 +168,19 @@ impl CausalSelfAttention {
                 // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
                 for (r0, r1) in causal_blocks(s) {
                     let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
-                    let out = MatMut::new(&mut dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
                     be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
                 }
-                be.causal_softmax_backward(pdata, &mut dscores, s);
+                be.causal_softmax_backward(pdata, dscores, s);
                 for (r0, r1) in causal_blocks(s) {
                     // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
-                    let ds = MatRef::new(&dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                    let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
                     let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
                     let out = MatMut::new(dqkv.data_mut(), dst(0, r0), r1 - r0, d, rs, 1);
                     be.matmul(out, ds, k_rows, scale, false);
                     // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
                     let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
-                    let ds_cols =
-                        MatRef::new(&dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                    let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                     // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
                     let out = MatMut::new(dqkv.data_mut(), dst(2, r0), r1 - r0, d, rs, 1);
                     be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);

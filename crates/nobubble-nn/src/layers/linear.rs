@@ -74,11 +74,20 @@ impl SplitLayer for Linear {
             )));
         }
         self.state.check_forward(mb)?;
-        let mut y = Tensor::zeros(&[x.rows(), self.out_features()]);
-        be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
-        if let Some(b) = &self.bias {
-            be.add_row_vector(&mut y, b.value.data());
-        }
+        // With a bias, start from the broadcast bias and let gemm accumulate onto it:
+        // one pass over the output instead of a zero-fill plus a bias pass.
+        let y = match &self.bias {
+            Some(b) => {
+                let mut y = be.broadcast_rows(b.value.data(), x.rows());
+                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, true);
+                y
+            }
+            None => {
+                let mut y = Tensor::zeros(&[x.rows(), self.out_features()]);
+                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
+                y
+            }
+        };
         self.state.save_forward(mb, x)?;
         Ok(y)
     }

@@ -96,6 +96,31 @@ pub struct AdamWSnapshot {
     optimizer: AdamW,
 }
 
+/// One parameter's AdamW moments, keyed by the parameter's global name in
+/// [`AdamWState::moments`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamMoments {
+    /// First moment m.
+    pub m: Vec<f32>,
+    /// Second moment v.
+    pub v: Vec<f32>,
+}
+
+/// Everything an [`AdamW`] needs to continue bit for bit, keyed by parameter name so it
+/// can be saved from one split of the model and loaded into another (a checkpoint taken
+/// on 4 stages resumes on 2: each new stage picks its parameters' moments by name).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWState {
+    /// Hyper-parameters in force (`lr` is the one used by the last step).
+    pub config: AdamWConfig,
+    /// Steps taken: t in the bias correction.
+    pub steps: u64,
+    /// (lr, grad scale) of the last step, which [`AdamW::rollback`] needs.
+    pub last: Option<(f32, f32)>,
+    /// Moments by parameter name.
+    pub moments: std::collections::BTreeMap<String, ParamMoments>,
+}
+
 impl AdamW {
     /// Zero-initialized state for `params`.
     pub fn new(config: AdamWConfig, params: &[&Param]) -> Self {
@@ -162,6 +187,64 @@ impl AdamW {
             }
         }
         self.last = Some((c.lr, grad_scale));
+        Ok(())
+    }
+
+    /// The complete state, by parameter name (for checkpoints).
+    pub fn export_state(&self) -> AdamWState {
+        AdamWState {
+            config: self.config,
+            steps: self.steps,
+            last: self.last,
+            moments: self
+                .moments
+                .iter()
+                .map(|st| {
+                    (
+                        st.name.clone(),
+                        ParamMoments {
+                            m: st.m.clone(),
+                            v: st.v.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Loads `state` into this optimizer: the step count, last-step record and, for each
+    /// of *this* optimizer's parameters, the moments stored under its name (`state` may
+    /// hold other stages' parameters too; they are ignored). The hyper-parameters stay
+    /// as configured here. Errors, changing nothing, if one of this optimizer's
+    /// parameters is missing from `state` or has a different size.
+    pub fn import_state(&mut self, state: &AdamWState) -> Result<()> {
+        for st in &self.moments {
+            match state.moments.get(&st.name) {
+                None => {
+                    return Err(NnError::Config(format!(
+                        "optimizer state has no moments for parameter `{}`",
+                        st.name
+                    )))
+                }
+                Some(pm) if pm.m.len() != st.m.len() || pm.v.len() != st.v.len() => {
+                    return Err(NnError::Config(format!(
+                        "optimizer moments of `{}` have {} and {} values, the parameter has {}",
+                        st.name,
+                        pm.m.len(),
+                        pm.v.len(),
+                        st.m.len()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        for st in &mut self.moments {
+            let pm = &state.moments[&st.name];
+            st.m.copy_from_slice(&pm.m);
+            st.v.copy_from_slice(&pm.v);
+        }
+        self.steps = state.steps;
+        self.last = state.last;
         Ok(())
     }
 
@@ -285,6 +368,44 @@ mod tests {
                 .is_err(),
             "only one step is remembered"
         );
+    }
+
+    #[test]
+    fn exported_state_continues_bit_for_bit() {
+        let mut ps = params();
+        let mut opt = AdamW::new(AdamWConfig::default(), &ps.iter().collect::<Vec<_>>());
+        for _ in 0..2 {
+            opt.step(&mut ps.iter_mut().collect::<Vec<_>>(), 0.7)
+                .unwrap();
+        }
+        let state = opt.export_state();
+        let json = serde_json::to_string(&state).unwrap();
+        let back: AdamWState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, state);
+        // A fresh optimizer over a copy of the parameters, loaded from the state, takes
+        // the same next step as the original.
+        let mut copy = ps.clone();
+        let mut fresh = AdamW::new(AdamWConfig::default(), &copy.iter().collect::<Vec<_>>());
+        fresh.import_state(&back).unwrap();
+        assert_eq!(fresh.steps(), 2);
+        opt.step(&mut ps.iter_mut().collect::<Vec<_>>(), 0.7)
+            .unwrap();
+        fresh
+            .step(&mut copy.iter_mut().collect::<Vec<_>>(), 0.7)
+            .unwrap();
+        for (a, b) in ps.iter().zip(&copy) {
+            assert_eq!(a.value.data(), b.value.data());
+        }
+        // Only its own parameters are needed; a missing one is named.
+        let mut only_a = AdamW::new(AdamWConfig::default(), &[&ps[0]]);
+        only_a.import_state(&state).unwrap();
+        let mut missing = state.clone();
+        missing.moments.remove("b");
+        let err = fresh.import_state(&missing).unwrap_err().to_string();
+        assert!(err.contains("`b`"), "{err}");
+        let mut short = state.clone();
+        short.moments.get_mut("a").unwrap().m.pop();
+        assert!(fresh.import_state(&short).is_err());
     }
 
     #[test]

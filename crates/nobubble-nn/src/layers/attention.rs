@@ -96,7 +96,9 @@ impl CausalSelfAttention {
         MatRef::new(qkv, offset, r1 - r0, d, (3 * h) as isize, 1)
     }
 
-    fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
+    /// Scores, causal softmax and context for fused `qkv` rows: `(context, probabilities)`.
+    /// Crate-visible so the inference path (`generate.rs`) runs the very same arithmetic.
+    pub(crate) fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
         let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
         let d = h / a;
         let n = qkv.rows();

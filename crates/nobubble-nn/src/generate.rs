@@ -1,0 +1,182 @@
+//! Forward-only inference and byte sampling.
+//!
+//! Training's forward saves activations per microbatch for I and W; sampling wants none
+//! of that. These functions read the stages' weights and run the *same* backend
+//! operations as [`crate::Stage::forward`] (so the logits are the ones training
+//! computes, bit for bit, for the same backend), but they take `&Stage`: nothing is
+//! saved, no gradient or pass state is touched, and the result is a pure function of
+//! the weights and the input.
+
+use crate::backend::Backend;
+use crate::error::{NnError, Result};
+use crate::layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp};
+use crate::model::Stage;
+use crate::param::SplitMix64;
+use crate::tensor::Tensor;
+
+/// `x·W + b`, computed exactly as [`Linear`]'s forward does.
+fn linear(be: &dyn Backend, l: &Linear, x: &Tensor) -> Tensor {
+    match &l.bias {
+        Some(b) => {
+            let mut y = be.broadcast_rows(b.value.data(), x.rows());
+            be.matmul(y.mat_mut(), x.mat(), l.weight.value.mat(), 1.0, true);
+            y
+        }
+        None => {
+            let mut y = Tensor::zeros(&[x.rows(), l.out_features()]);
+            be.matmul(y.mat_mut(), x.mat(), l.weight.value.mat(), 1.0, false);
+            y
+        }
+    }
+}
+
+fn layernorm(be: &dyn Backend, ln: &LayerNorm, x: &Tensor) -> Tensor {
+    be.layernorm_forward(x, ln.gamma.value.data(), ln.beta.value.data(), ln.eps)
+        .y
+}
+
+fn attention(be: &dyn Backend, a: &CausalSelfAttention, x: &Tensor) -> Tensor {
+    let qkv = linear(be, &a.qkv, x);
+    let (ctx, _probs) = a.core_forward(be, &qkv);
+    linear(be, &a.proj, &ctx)
+}
+
+fn mlp(be: &dyn Backend, m: &Mlp, x: &Tensor) -> Tensor {
+    let u = linear(be, &m.fc1, x);
+    let g = be.gelu_forward(&u);
+    linear(be, &m.fc2, &g)
+}
+
+fn block(be: &dyn Backend, b: &Block, mut x: Tensor) -> Tensor {
+    let a = attention(be, &b.attn, &layernorm(be, &b.ln1, &x));
+    be.add_assign(x.data_mut(), a.data());
+    let m = mlp(be, &b.mlp, &layernorm(be, &b.ln2, &x));
+    be.add_assign(x.data_mut(), m.data());
+    x
+}
+
+/// Logits `[tokens.len(), vocab]` of the whole model held by `stages` (any split, in
+/// order: first stage first, last stage last) for `tokens`, a whole number of sequences
+/// of the model's `seq_len`. Row `r` predicts the token after `tokens[r]`.
+pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Result<Tensor> {
+    let (first, last) = match (stages.first(), stages.last()) {
+        (Some(f), Some(l)) => (f, l),
+        _ => return Err(NnError::Config("no stages to run".into())),
+    };
+    let embedding = first.embedding.as_ref().ok_or_else(|| {
+        NnError::Config("inference needs the stages from the first one on".into())
+    })?;
+    let head = last.head.as_ref().ok_or_else(|| {
+        NnError::Config("inference needs the stages up to the last one (the LM head)".into())
+    })?;
+    let config = first.config();
+    let s = config.seq_len;
+    if tokens.is_empty() || tokens.len() % s != 0 {
+        return Err(NnError::BadInput(format!(
+            "{} tokens are not a positive whole number of sequences of length {s}",
+            tokens.len()
+        )));
+    }
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= config.vocab) {
+        return Err(NnError::BadInput(format!(
+            "token id {bad} is outside the vocabulary of {}",
+            config.vocab
+        )));
+    }
+    let mut x = be.embedding_forward(
+        &embedding.tokens.value,
+        &embedding.positions.value,
+        tokens,
+        s,
+    );
+    for st in stages {
+        for b in &st.blocks {
+            x = block(be, b, x);
+        }
+    }
+    let y = layernorm(be, &head.final_ln, &x);
+    Ok(linear(be, &head.lm_head, &y))
+}
+
+/// Logits for the byte following `context`. Only the last `seq_len` tokens are used (the
+/// position table has `seq_len` rows); a shorter context is padded on the right with
+/// token 0, which causal attention keeps from influencing the row we read. Errors on an
+/// empty context.
+pub fn next_token_logits(stages: &[Stage], be: &dyn Backend, context: &[u32]) -> Result<Vec<f32>> {
+    let s = stages
+        .first()
+        .map(|st| st.config().seq_len)
+        .ok_or_else(|| NnError::Config("no stages to run".into()))?;
+    if context.is_empty() {
+        return Err(NnError::BadInput(
+            "sampling needs a non-empty prompt".into(),
+        ));
+    }
+    let window = &context[context.len().saturating_sub(s)..];
+    let mut tokens = window.to_vec();
+    tokens.resize(s, 0);
+    let logits = forward_logits(stages, be, &tokens)?;
+    let vocab = logits.cols();
+    let row = window.len() - 1;
+    Ok(logits.data()[row * vocab..(row + 1) * vocab].to_vec())
+}
+
+/// Picks a token from `logits`: the arg-max (first one on ties) for `temperature` 0,
+/// otherwise a draw from `softmax(logits / temperature)` using one value of `rng`.
+/// Errors on a negative or non-finite temperature, or non-finite logits.
+pub fn sample_token(logits: &[f32], temperature: f32, rng: &mut SplitMix64) -> Result<u32> {
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(NnError::BadInput(format!(
+            "temperature must be 0 (greedy) or positive, got {temperature}"
+        )));
+    }
+    if logits.is_empty() || logits.iter().any(|l| !l.is_finite()) {
+        return Err(NnError::BadInput(
+            "the model produced non-finite logits (is the checkpoint damaged?)".into(),
+        ));
+    }
+    let argmax = logits
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, &l)| if l > logits[best] { i } else { best });
+    if temperature == 0.0 {
+        return Ok(argmax as u32);
+    }
+    let t = temperature as f64;
+    let max = logits[argmax] as f64;
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((l as f64 - max) / t).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.next_unit() * total;
+    for (i, w) in weights.iter().enumerate() {
+        u -= w;
+        if u <= 0.0 {
+            return Ok(i as u32);
+        }
+    }
+    Ok(argmax as u32)
+}
+
+/// Appends `count` sampled tokens to `prompt` and returns only the new ones.
+/// Deterministic: the same weights, prompt, temperature and `seed` give the same bytes.
+pub fn generate(
+    stages: &[Stage],
+    be: &dyn Backend,
+    prompt: &[u32],
+    count: usize,
+    temperature: f32,
+    seed: u64,
+) -> Result<Vec<u32>> {
+    let mut rng = SplitMix64::new(seed);
+    let mut context = prompt.to_vec();
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let logits = next_token_logits(stages, be, &context)?;
+        let t = sample_token(&logits, temperature, &mut rng)?;
+        context.push(t);
+        out.push(t);
+    }
+    Ok(out)
+}

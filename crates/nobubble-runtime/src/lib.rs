@@ -8,12 +8,15 @@
 //! Emulated compute (passes sleep for their cost) measures the runtime's own overhead
 //! against the simulator on more stages than this machine has cores.
 
+pub mod checkpoint;
+pub mod checkpoint_fs;
 pub mod error;
 pub mod pipeline;
 pub mod session;
 pub mod transport;
 pub mod worker;
 
+pub use checkpoint::{Checkpoint, CheckpointMeta, TrainingState};
 pub use error::RuntimeError;
 pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
 pub use session::{Plan, Session, SessionOptions};

@@ -3,6 +3,7 @@
 //! summed in stage order, clip, AdamW) exactly as the reference trainer does — which is
 //! what makes pipelined training bit-identical to unpipelined training.
 
+use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::transport::InProcess;
 use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Worker};
@@ -11,7 +12,7 @@ use nobubble_nn::optim::{clip_scale, AdamW};
 use nobubble_nn::{build_stages, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_schedule::{check_structure, Action, CostModel, Schedule};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -93,6 +94,8 @@ enum Command {
     },
     Params,
     Memory,
+    ExportState,
+    ImportState(Arc<TrainingState>),
     Stop,
 }
 
@@ -101,6 +104,8 @@ enum Reply {
     Applied(Result<(), RuntimeError>),
     Params(Vec<(usize, String, Vec<f32>)>),
     Memory(Result<Vec<(usize, usize, usize)>, RuntimeError>),
+    Exported(Result<Vec<StageState>, RuntimeError>),
+    Imported(Result<BTreeSet<String>, RuntimeError>),
 }
 
 /// A running pipeline: one worker thread per rank.
@@ -255,6 +260,12 @@ impl Pipeline {
                             Command::Apply { scale, lr } => Reply::Applied(worker.apply(scale, lr)),
                             Command::Params => Reply::Params(worker.params()),
                             Command::Memory => Reply::Memory(worker.measure_memory()),
+                            Command::ExportState => {
+                                Reply::Exported(checkpoint::export_engine(&worker.engine))
+                            }
+                            Command::ImportState(state) => {
+                                Reply::Imported(checkpoint::import_engine(&mut worker.engine, &state))
+                            }
                             Command::Stop => break,
                         };
                         if reply_tx.send((rank, reply)).is_err() {
@@ -479,6 +490,62 @@ impl Pipeline {
         }
         all.sort_by_key(|(s, _, _)| *s);
         Ok(all.into_iter().map(|(_, n, v)| (n, v)).collect())
+    }
+}
+
+impl Pipeline {
+    /// Weights, AdamW state and step counter of every stage, by global parameter name
+    /// (for checkpoints). Call between steps.
+    pub fn export_state(&self) -> Result<TrainingState, RuntimeError> {
+        for tx in &self.commands {
+            let _ = tx.send(Command::ExportState);
+        }
+        let mut parts = Vec::new();
+        for (_, reply) in self.collect(self.commands.len())? {
+            match reply {
+                Reply::Exported(p) => parts.extend(p?),
+                _ => {
+                    return Err(RuntimeError::Config(
+                        "internal: unexpected worker reply".into(),
+                    ))
+                }
+            }
+        }
+        checkpoint::assemble(self.step, parts)
+    }
+
+    /// Loads weights and AdamW state by parameter name into every stage (whatever split
+    /// the state was exported from) and continues at `state.step`: the next step uses
+    /// that step's data and learning rate. Errors name the missing, extra or misshapen
+    /// parameter; after an error the pipeline refuses to train.
+    pub fn import_state(&mut self, state: TrainingState) -> Result<(), RuntimeError> {
+        let step = state.step;
+        let shared = Arc::new(state);
+        for tx in &self.commands {
+            let _ = tx.send(Command::ImportState(shared.clone()));
+        }
+        let mut loaded = BTreeSet::new();
+        let mut error = None;
+        for (_, reply) in self.collect(self.commands.len())? {
+            match reply {
+                Reply::Imported(Ok(names)) => loaded.extend(names),
+                Reply::Imported(Err(e)) => error = error.or(Some(e)),
+                _ => {
+                    error = error.or(Some(RuntimeError::Config(
+                        "internal: unexpected worker reply".into(),
+                    )))
+                }
+            }
+        }
+        if error.is_none() && loaded.len() != shared.params.len() {
+            error = Some(checkpoint::extra_params(&shared.params, &loaded));
+        }
+        if let Some(e) = error {
+            self.failed = true;
+            return Err(e);
+        }
+        self.step = step;
+        Ok(())
     }
 }
 

@@ -1,0 +1,340 @@
+//! Training state that outlives a run: weights and AdamW state keyed by *global*
+//! parameter names, plus the step counter.
+//!
+//! Names, not stage indices, are the key because the model's weights and every
+//! per-parameter optimizer moment do not depend on how the model is split: a state
+//! exported from 4 stages imports into 2 (or into one unpipelined [`Stage`] for
+//! sampling). The step counter is the rest of the training state — the data of a step
+//! is a pure function of (data seed, step, microbatch) and the learning rate of
+//! (step, warm-up) — so importing it continues the run exactly where it stopped.
+//!
+//! On disk ([`crate::checkpoint_fs`]) this becomes a directory with `checkpoint.json`,
+//! `model.safetensors` and `optimizer.safetensors`.
+
+use crate::error::RuntimeError;
+use crate::worker::Engine;
+use nobubble_nn::{AdamWConfig, AdamWState, GptConfig, Stage, Tensor, TrainConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Weights, optimizer state and step of a whole model, independent of its split.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainingState {
+    /// Steps completed: the next step to run (drives the data and the warm-up).
+    pub step: u64,
+    /// Every parameter's value by global name (`blocks.3.attn.qkv.weight`).
+    pub params: BTreeMap<String, Tensor>,
+    /// AdamW state: step count and last step's (lr, scale), shared by all stages (they
+    /// step together), and every parameter's moments by name.
+    pub optimizer: AdamWState,
+}
+
+/// What one stage contributes to a [`TrainingState`].
+#[derive(Debug)]
+pub(crate) struct StageState {
+    pub stage: usize,
+    pub params: Vec<(String, Tensor)>,
+    pub optimizer: AdamWState,
+}
+
+/// Everything about the run a checkpoint came from that resuming or sampling needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// Always [`FORMAT`]; tells a checkpoint from any other JSON file.
+    pub format: String,
+    /// Layout version ([`VERSION`]); a newer one is refused instead of misread.
+    pub version: u32,
+    /// Steps completed when it was written.
+    pub step: u64,
+    /// The model; resuming requires the same, sampling rebuilds it from this.
+    pub model: GptConfig,
+    /// The training settings (microbatches must match on resume; the others are
+    /// reported if they change, since then the run no longer matches an uninterrupted
+    /// one).
+    pub train: TrainConfig,
+    /// AdamW steps taken (lower than `step` when steps were skipped on inf/NaN).
+    pub optimizer_steps: u64,
+    /// AdamW's record of the last step: (lr, gradient scale).
+    pub optimizer_last: Option<(f32, f32)>,
+    /// AdamW's hyper-parameters as last used (`lr` is the last step's learning rate).
+    pub optimizer_config: AdamWConfig,
+    /// Number of parameter tensors, a cross-check against `model.safetensors`.
+    pub parameters: usize,
+    /// How the run that wrote it was pipelined (informational: any split can resume).
+    pub saved_from: String,
+}
+
+/// Value of [`CheckpointMeta::format`].
+pub const FORMAT: &str = "nobubble-checkpoint";
+/// Current [`CheckpointMeta::version`].
+pub const VERSION: u32 = 1;
+
+/// A checkpoint read into memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// Configuration and step.
+    pub meta: CheckpointMeta,
+    /// The tensors.
+    pub state: TrainingState,
+}
+
+impl Checkpoint {
+    /// Pairs a state with the run's configuration.
+    pub fn new(
+        state: TrainingState,
+        model: &GptConfig,
+        train: &TrainConfig,
+        saved_from: &str,
+    ) -> Self {
+        Checkpoint {
+            meta: CheckpointMeta {
+                format: FORMAT.into(),
+                version: VERSION,
+                step: state.step,
+                model: model.clone(),
+                train: train.clone(),
+                optimizer_steps: state.optimizer.steps,
+                optimizer_last: state.optimizer.last,
+                optimizer_config: state.optimizer.config,
+                parameters: state.params.len(),
+                saved_from: saved_from.into(),
+            },
+            state,
+        }
+    }
+
+    /// Refuses to resume a run of `model` with `train` from this checkpoint if the model
+    /// or the microbatch count differ (the weights would not fit, or the loss scale and
+    /// the data per step would change). Returns warnings for settings that may change
+    /// but make the continuation differ from an uninterrupted run.
+    pub fn check_resume(
+        &self,
+        model: &GptConfig,
+        train: &TrainConfig,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let m = &self.meta.model;
+        let diffs: Vec<String> = [
+            ("layers", m.layers, model.layers),
+            ("hidden", m.hidden, model.hidden),
+            ("heads", m.heads, model.heads),
+            ("seq_len", m.seq_len, model.seq_len),
+            ("microbatch_size", m.microbatch_size, model.microbatch_size),
+            ("vocab", m.vocab, model.vocab),
+        ]
+        .iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(n, a, b)| format!("{n} {b} (checkpoint: {a})"))
+        .chain(
+            (m.ln_eps != model.ln_eps || m.tie_embeddings != model.tie_embeddings)
+                .then(|| "ln_eps / tie_embeddings".to_string()),
+        )
+        .collect();
+        if !diffs.is_empty() {
+            return Err(RuntimeError::Config(format!(
+                "the checkpoint holds a different model: {}",
+                diffs.join(", ")
+            )));
+        }
+        let t = &self.meta.train;
+        if t.microbatches != train.microbatches {
+            return Err(RuntimeError::Config(format!(
+                "the checkpoint was trained with {} microbatches per step, this run uses {} \
+                 (the loss scale and the data of each step depend on it)",
+                t.microbatches, train.microbatches
+            )));
+        }
+        let mut warnings = Vec::new();
+        if t.data_seed != train.data_seed {
+            warnings.push(format!(
+                "data seed {} differs from the checkpoint's {}",
+                train.data_seed, t.data_seed
+            ));
+        }
+        if t.optimizer != train.optimizer {
+            warnings.push("AdamW hyper-parameters differ from the checkpoint's".into());
+        }
+        if t.warmup_steps != train.warmup_steps {
+            warnings.push(format!(
+                "warm-up {} differs from the checkpoint's {}",
+                train.warmup_steps, t.warmup_steps
+            ));
+        }
+        if t.max_grad_norm != train.max_grad_norm {
+            warnings.push("gradient clipping differs from the checkpoint's".into());
+        }
+        Ok(warnings)
+    }
+
+    /// The whole model as one unpipelined stage holding the checkpoint's weights (for
+    /// sampling and evaluation).
+    pub fn build_model(&self) -> Result<Stage, RuntimeError> {
+        let mut stages = nobubble_nn::build_stages(
+            &self.meta.model,
+            self.meta.train.seed,
+            &[self.meta.model.layers],
+        )
+        .map_err(|e| RuntimeError::Config(format!("checkpoint model: {e}")))?;
+        let mut stage = stages.pop().expect("one stage");
+        let loaded = load_params(&mut stage, &self.state.params)?;
+        if loaded.len() != self.state.params.len() {
+            return Err(extra_params(&self.state.params, &loaded));
+        }
+        Ok(stage)
+    }
+}
+
+/// Error naming parameters in a checkpoint that the model does not have.
+pub(crate) fn extra_params(
+    params: &BTreeMap<String, Tensor>,
+    loaded: &BTreeSet<String>,
+) -> RuntimeError {
+    let extra: Vec<&str> = params
+        .keys()
+        .filter(|n| !loaded.contains(*n))
+        .take(3)
+        .map(String::as_str)
+        .collect();
+    RuntimeError::Config(format!(
+        "the checkpoint has {} parameters the model does not (e.g. {}); it was written for \
+         another model",
+        params.len() - loaded.len(),
+        extra.join(", ")
+    ))
+}
+
+/// Copies the values stored under each of `stage`'s parameter names into it, after
+/// checking all of them exist with the right shape (so an error changes nothing).
+/// Returns the names loaded.
+pub(crate) fn load_params(
+    stage: &mut Stage,
+    params: &BTreeMap<String, Tensor>,
+) -> Result<BTreeSet<String>, RuntimeError> {
+    for p in stage.params() {
+        match params.get(&p.name) {
+            None => {
+                return Err(RuntimeError::Config(format!(
+                    "the checkpoint has no parameter `{}`; it was written for another model",
+                    p.name
+                )))
+            }
+            Some(t) if t.shape() != p.value.shape() => {
+                return Err(RuntimeError::Config(format!(
+                    "parameter `{}` has shape {:?} in the checkpoint, the model needs {:?}",
+                    p.name,
+                    t.shape(),
+                    p.value.shape()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let mut names = BTreeSet::new();
+    for p in stage.params_mut() {
+        p.value.data_mut().copy_from_slice(params[&p.name].data());
+        names.insert(p.name.clone());
+    }
+    Ok(names)
+}
+
+/// A rank's stages and optimizers, for [`crate::Pipeline::export_state`].
+pub(crate) fn export_engine(engine: &Engine) -> Result<Vec<StageState>, RuntimeError> {
+    match engine {
+        Engine::Real { stages, optimizers } => stages
+            .iter()
+            .map(|(&s, st)| {
+                let opt = optimizers.get(&s).ok_or_else(|| {
+                    RuntimeError::Config(format!("internal: stage {s} has no optimizer"))
+                })?;
+                Ok(StageState {
+                    stage: s,
+                    params: st
+                        .params()
+                        .into_iter()
+                        .map(|p| (p.name.clone(), p.value.clone()))
+                        .collect(),
+                    optimizer: opt.export_state(),
+                })
+            })
+            .collect(),
+        Engine::Emulated(_) => Err(RuntimeError::Config(
+            "emulated compute has no weights to checkpoint; use real compute".into(),
+        )),
+    }
+}
+
+/// Loads a rank's stages and optimizers from `state` by name; returns the parameter
+/// names it used (the coordinator checks that together the ranks used all of them).
+pub(crate) fn import_engine(
+    engine: &mut Engine,
+    state: &TrainingState,
+) -> Result<BTreeSet<String>, RuntimeError> {
+    match engine {
+        Engine::Real { stages, optimizers } => {
+            let mut names = BTreeSet::new();
+            for (s, st) in stages.iter_mut() {
+                let opt = optimizers.get_mut(s).ok_or_else(|| {
+                    RuntimeError::Config(format!("internal: stage {s} has no optimizer"))
+                })?;
+                // Check the weights first: the optimizer import is all-or-nothing, and
+                // after it succeeds the (checked) weight copy cannot fail.
+                for p in st.params() {
+                    if state.params.get(&p.name).map(Tensor::shape) != Some(p.value.shape()) {
+                        return Err(RuntimeError::Config(format!(
+                            "stage {s}: the checkpoint has no parameter `{}` of shape {:?}; it \
+                             was written for another model",
+                            p.name,
+                            p.value.shape()
+                        )));
+                    }
+                }
+                opt.import_state(&state.optimizer)
+                    .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
+                names.extend(load_params(st, &state.params)?);
+            }
+            Ok(names)
+        }
+        Engine::Emulated(_) => Err(RuntimeError::Config(
+            "emulated compute has no weights to load a checkpoint into; use real compute".into(),
+        )),
+    }
+}
+
+/// Joins the ranks' parts into one state; every stage's optimizer must agree on the
+/// step count and last step (they always step together).
+pub(crate) fn assemble(
+    step: u64,
+    mut parts: Vec<StageState>,
+) -> Result<TrainingState, RuntimeError> {
+    parts.sort_by_key(|p| p.stage);
+    let first = parts
+        .first()
+        .ok_or_else(|| RuntimeError::Config("no stages to export".into()))?;
+    let mut optimizer = AdamWState {
+        config: first.optimizer.config,
+        steps: first.optimizer.steps,
+        last: first.optimizer.last,
+        moments: BTreeMap::new(),
+    };
+    let mut params = BTreeMap::new();
+    for part in parts {
+        if part.optimizer.steps != optimizer.steps || part.optimizer.last != optimizer.last {
+            return Err(RuntimeError::Config(format!(
+                "internal: stage {}'s optimizer is at step {}, stage 0's at {}",
+                part.stage, part.optimizer.steps, optimizer.steps
+            )));
+        }
+        optimizer.moments.extend(part.optimizer.moments);
+        for (name, value) in part.params {
+            if params.insert(name.clone(), value).is_some() {
+                return Err(RuntimeError::Config(format!(
+                    "internal: parameter `{name}` is held by two stages"
+                )));
+            }
+        }
+    }
+    Ok(TrainingState {
+        step,
+        params,
+        optimizer,
+    })
+}

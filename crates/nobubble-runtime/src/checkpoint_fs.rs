@@ -1,0 +1,271 @@
+//! Checkpoints on disk, written atomically.
+//!
+//! A checkpoint is a directory:
+//!
+//! - `checkpoint.json` — [`CheckpointMeta`]: format, version, step, model and training
+//!   configuration, optimizer step count;
+//! - `model.safetensors` — every parameter, f32, by global name;
+//! - `optimizer.safetensors` — AdamW moments, `m/<name>` and `v/<name>`.
+//!
+//! Why this dance: a crash (or a full disk) during a save must never cost the previous
+//! checkpoint. [`save`] writes everything into a staging directory next to the target
+//! (`.<name>.tmp`), fsyncs the files and the directory, and only then renames it into
+//! place. Linux cannot atomically rename a directory over a non-empty one, so an
+//! existing checkpoint is first renamed aside to `.<name>.old` and removed only after
+//! the new one is in place; [`load`] falls back to `.<name>.old` when the target is
+//! missing, which is exactly the state a crash between those two renames leaves.
+
+use crate::checkpoint::{Checkpoint, CheckpointMeta, TrainingState, FORMAT, VERSION};
+use crate::error::RuntimeError;
+use nobubble_nn::{AdamWState, ParamMoments, Tensor};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const META: &str = "checkpoint.json";
+const MODEL: &str = "model.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into());
+    dir.with_file_name(format!(".{name}.{suffix}"))
+}
+
+/// Where [`save`] stages a new checkpoint before renaming it to `dir`. A directory left
+/// here means a save was interrupted; the next save replaces it, loads ignore it.
+pub fn staging_dir(dir: &Path) -> PathBuf {
+    sibling(dir, "tmp")
+}
+
+/// Where [`save`] keeps the previous checkpoint while renaming the new one into place;
+/// [`load`] reads it if `dir` itself is missing.
+pub fn previous_dir(dir: &Path) -> PathBuf {
+    sibling(dir, "old")
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> RuntimeError {
+    RuntimeError::Config(format!("cannot {what} {}: {e}", path.display()))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    let mut f = File::create(path).map_err(|e| io_err("create", path, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io_err("write", path, e))
+}
+
+fn sync_dir(path: &Path) -> Result<(), RuntimeError> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("sync directory", path, e))
+}
+
+fn le_bytes(t: &[f32]) -> Vec<u8> {
+    t.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, RuntimeError> {
+    let views = tensors
+        .iter()
+        .map(|(n, shape, bytes)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (n.clone(), v))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RuntimeError::Config(format!("internal: tensor view: {e}")))?;
+    safetensors::serialize(views, None)
+        .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
+}
+
+/// Writes `ckpt` to `dir` atomically (see the module docs): either the new checkpoint is
+/// complete at `dir`, or the previous one is still loadable.
+pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io_err("create", &parent, e))?;
+    let tmp = staging_dir(dir);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
+    }
+    std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+
+    let meta = serde_json::to_vec_pretty(&ckpt.meta).expect("metadata serializes");
+    let s = &ckpt.state;
+    let model = serialize(
+        s.params
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shape().to_vec(), le_bytes(t.data())))
+            .collect(),
+    )?;
+    let mut moments = Vec::with_capacity(2 * s.optimizer.moments.len());
+    for (n, pm) in &s.optimizer.moments {
+        let shape = s
+            .params
+            .get(n)
+            .map(|t| t.shape().to_vec())
+            .unwrap_or_else(|| vec![pm.m.len()]);
+        moments.push((format!("m/{n}"), shape.clone(), le_bytes(&pm.m)));
+        moments.push((format!("v/{n}"), shape, le_bytes(&pm.v)));
+    }
+    let optimizer = serialize(moments)?;
+    write_synced(&tmp.join(MODEL), &model)?;
+    write_synced(&tmp.join(OPTIMIZER), &optimizer)?;
+    // The metadata last: a directory with checkpoint.json is complete.
+    write_synced(&tmp.join(META), &meta)?;
+    sync_dir(&tmp)?;
+
+    let old = previous_dir(dir);
+    if dir.exists() {
+        if old.exists() {
+            // `dir` is complete (only ever created by the rename below), so an older
+            // leftover is not needed.
+            std::fs::remove_dir_all(&old).map_err(|e| io_err("remove", &old, e))?;
+        }
+        std::fs::rename(dir, &old).map_err(|e| io_err("move aside", dir, e))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(|e| io_err("rename into place", dir, e))?;
+    sync_dir(&parent)?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(|e| io_err("remove", &old, e))?;
+    }
+    Ok(())
+}
+
+fn corrupt(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(format!(
+        "checkpoint file {} is damaged ({what}); use another checkpoint or save a new one",
+        path.display()
+    ))
+}
+
+fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
+    let bytes = std::fs::read(path).map_err(|e| io_err("read", path, e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(path, e))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.iter() {
+        if view.dtype() != Dtype::F32 {
+            return Err(corrupt(
+                path,
+                format!("tensor `{name}` is {:?}, not F32", view.dtype()),
+            ));
+        }
+        let data: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let t = Tensor::from_vec(view.shape(), data).map_err(|e| corrupt(path, e))?;
+        out.insert(name.to_string(), t);
+    }
+    Ok(out)
+}
+
+/// Reads the checkpoint at `dir` (or, if `dir` is missing after an interrupted save,
+/// the previous one kept beside it), checking format, version and that weights and
+/// moments cover the same parameters with the same shapes.
+pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
+    let src = if !dir.exists() && previous_dir(dir).join(META).is_file() {
+        previous_dir(dir)
+    } else {
+        dir.to_path_buf()
+    };
+    if !src.is_dir() {
+        return Err(RuntimeError::Config(format!(
+            "no checkpoint at {}: the directory does not exist (pass the directory given to \
+             --save)",
+            dir.display()
+        )));
+    }
+    let meta_path = src.join(META);
+    if !meta_path.is_file() {
+        return Err(RuntimeError::Config(format!(
+            "{} is not a nobubble checkpoint: it has no {META} (pass the directory given to \
+             --save)",
+            dir.display()
+        )));
+    }
+    let text = std::fs::read(&meta_path).map_err(|e| io_err("read", &meta_path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| corrupt(&meta_path, e))?;
+    if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+        return Err(corrupt(&meta_path, "not a nobubble checkpoint"));
+    }
+    let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+    if version != VERSION as u64 {
+        return Err(RuntimeError::Config(format!(
+            "{} has checkpoint version {version}; this nobubble reads version {VERSION} (use \
+             the nobubble that wrote it)",
+            meta_path.display()
+        )));
+    }
+    let meta: CheckpointMeta = serde_json::from_value(value).map_err(|e| corrupt(&meta_path, e))?;
+    let model_path = src.join(MODEL);
+    let params = read_tensors(&model_path)?;
+    if params.len() != meta.parameters {
+        return Err(corrupt(
+            &model_path,
+            format!(
+                "{} tensors, the metadata says {}",
+                params.len(),
+                meta.parameters
+            ),
+        ));
+    }
+    let opt_path = src.join(OPTIMIZER);
+    let mut moments = read_tensors(&opt_path)?;
+    let mut by_name = BTreeMap::new();
+    for (name, p) in &params {
+        let (m, v) = match (
+            moments.remove(&format!("m/{name}")),
+            moments.remove(&format!("v/{name}")),
+        ) {
+            (Some(m), Some(v)) => (m, v),
+            _ => {
+                return Err(corrupt(
+                    &opt_path,
+                    format!("no moments for parameter `{name}`"),
+                ))
+            }
+        };
+        if m.shape() != p.shape() || v.shape() != p.shape() {
+            return Err(corrupt(
+                &opt_path,
+                format!("moments of `{name}` do not have its shape {:?}", p.shape()),
+            ));
+        }
+        by_name.insert(
+            name.clone(),
+            ParamMoments {
+                m: m.into_vec(),
+                v: v.into_vec(),
+            },
+        );
+    }
+    if let Some(extra) = moments.keys().next() {
+        return Err(corrupt(
+            &opt_path,
+            format!("tensor `{extra}` belongs to no parameter"),
+        ));
+    }
+    let optimizer = AdamWState {
+        config: meta.optimizer_config,
+        steps: meta.optimizer_steps,
+        last: meta.optimizer_last,
+        moments: by_name,
+    };
+    Ok(Checkpoint {
+        state: TrainingState {
+            step: meta.step,
+            params,
+            optimizer,
+        },
+        meta,
+    })
+}

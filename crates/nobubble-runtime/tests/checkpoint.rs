@@ -1,0 +1,261 @@
+//! Checkpoints: save at step k and resume (under the same or another schedule and stage
+//! count) gives the uninterrupted run's losses and weights bit for bit; damaged or
+//! mismatched checkpoints are refused with a message naming the problem; an interrupted
+//! save leaves the previous checkpoint loadable.
+
+use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_runtime::checkpoint_fs::{load, previous_dir, save, staging_dir};
+use nobubble_runtime::{Checkpoint, Compute, Pipeline, RunConfig, TrainingState};
+use nobubble_schedule::{generate, CostSpec, RankCost, Request, Schedule, ScheduleKind};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn model() -> GptConfig {
+    GptConfig {
+        layers: 4,
+        ..GptConfig::micro()
+    }
+}
+
+fn train() -> TrainConfig {
+    TrainConfig {
+        microbatches: 4,
+        max_grad_norm: Some(0.5),
+        warmup_steps: 4,
+        ..TrainConfig::default()
+    }
+}
+
+fn corpus() -> ByteCorpus {
+    ByteCorpus::builtin().prefix(100_000).unwrap()
+}
+
+fn start(kind: ScheduleKind, ranks: usize, model: GptConfig) -> (Pipeline, Schedule) {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    let schedule = generate(&Request::new(kind, ranks, train().microbatches), &spec).unwrap();
+    let config = RunConfig {
+        model,
+        train: train(),
+        layout: StageLayout::Even,
+        compute: Compute::Real,
+        recv_timeout: Duration::from_secs(30),
+        fault: None,
+    };
+    (
+        Pipeline::start(config, &schedule, corpus()).unwrap(),
+        schedule,
+    )
+}
+
+fn bits(p: &Pipeline) -> Vec<(String, Vec<u32>)> {
+    p.params()
+        .unwrap()
+        .into_iter()
+        .map(|(n, v)| (n, v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nobubble-ckpt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn checkpoint_at(steps: u64) -> Checkpoint {
+    let (mut p, s) = start(ScheduleKind::OneFOneB, 2, model());
+    for _ in 0..steps {
+        p.train_step(&s).unwrap();
+    }
+    Checkpoint::new(
+        p.export_state().unwrap(),
+        &model(),
+        &train(),
+        "1f1b on 2 ranks",
+    )
+}
+
+#[test]
+fn resume_continues_bit_for_bit() {
+    let (total, k) = (7u64, 3u64);
+    let (mut full, s) = start(ScheduleKind::ZbH1, 2, model());
+    let want: Vec<u32> = (0..total)
+        .map(|_| full.train_step(&s).unwrap().loss.to_bits())
+        .collect();
+    let want_weights = bits(&full);
+
+    let (mut first, s) = start(ScheduleKind::ZbH1, 2, model());
+    for _ in 0..k {
+        first.train_step(&s).unwrap();
+    }
+    let dir = temp_dir("resume").join("ckpt");
+    save(
+        &dir,
+        &Checkpoint::new(first.export_state().unwrap(), &model(), &train(), "zb-h1"),
+    )
+    .unwrap();
+    drop(first);
+
+    // Same schedule, and another schedule on another number of stages: parameters and
+    // moments are loaded by name.
+    for (kind, ranks) in [(ScheduleKind::ZbH1, 2), (ScheduleKind::ZbV, 2)] {
+        let ckpt = load(&dir).unwrap();
+        assert_eq!(ckpt.meta.step, k);
+        assert!(ckpt.check_resume(&model(), &train()).unwrap().is_empty());
+        let (mut resumed, s) = start(kind, ranks, model());
+        resumed.import_state(ckpt.state).unwrap();
+        assert_eq!(resumed.steps_taken(), k);
+        let got: Vec<u32> = (k..total)
+            .map(|_| resumed.train_step(&s).unwrap().loss.to_bits())
+            .collect();
+        assert_eq!(
+            got,
+            want[k as usize..],
+            "{}: losses after resuming differ",
+            kind.name()
+        );
+        assert!(
+            bits(&resumed) == want_weights,
+            "{}: final weights differ",
+            kind.name()
+        );
+    }
+    // And the round trip through the files loses nothing.
+    let (mut again, s) = start(ScheduleKind::OneFOneB, 2, model());
+    for _ in 0..k {
+        again.train_step(&s).unwrap();
+    }
+    assert_eq!(again.export_state().unwrap(), load(&dir).unwrap().state);
+}
+
+fn err_of<T: std::fmt::Debug>(r: Result<T, nobubble_runtime::RuntimeError>) -> String {
+    r.unwrap_err().to_string()
+}
+
+#[test]
+fn mismatched_or_damaged_checkpoints_are_refused_clearly() {
+    let root = temp_dir("bad");
+    let dir = root.join("ckpt");
+    let ckpt = checkpoint_at(1);
+    save(&dir, &ckpt).unwrap();
+
+    // Configuration mismatches.
+    let bigger = GptConfig {
+        layers: 6,
+        ..model()
+    };
+    let e = err_of(ckpt.check_resume(&bigger, &train()));
+    assert!(e.contains("layers 6 (checkpoint: 4)"), "{e}");
+    let e = err_of(ckpt.check_resume(
+        &model(),
+        &TrainConfig {
+            microbatches: 8,
+            ..train()
+        },
+    ));
+    assert!(
+        e.contains("4 microbatches per step, this run uses 8"),
+        "{e}"
+    );
+    let warned = ckpt
+        .check_resume(
+            &model(),
+            &TrainConfig {
+                data_seed: 99,
+                ..train()
+            },
+        )
+        .unwrap();
+    assert!(warned[0].contains("data seed"), "{warned:?}");
+
+    // A model with more parameters than the checkpoint: the missing one is named.
+    let (mut p, _) = start(ScheduleKind::OneFOneB, 2, bigger);
+    let e = err_of(p.import_state(ckpt.state.clone()));
+    assert!(e.contains("no parameter `blocks.4."), "{e}");
+    // A model with fewer: the extras are named.
+    let smaller = GptConfig {
+        layers: 2,
+        ..model()
+    };
+    let (mut p, _) = start(ScheduleKind::OneFOneB, 2, smaller);
+    let e = err_of(p.import_state(ckpt.state.clone()));
+    assert!(
+        e.contains("parameters the model does not (e.g. blocks.2."),
+        "{e}"
+    );
+
+    // Files.
+    let e = err_of(load(&root.join("missing")));
+    assert!(e.contains("no checkpoint at"), "{e}");
+    let e = err_of(load(&root));
+    assert!(e.contains("not a nobubble checkpoint"), "{e}");
+
+    let model_file = dir.join("model.safetensors");
+    let good = std::fs::read(&model_file).unwrap();
+    std::fs::write(&model_file, &good[..good.len() / 2]).unwrap();
+    let e = err_of(load(&dir));
+    assert!(e.contains("model.safetensors is damaged"), "{e}");
+    std::fs::write(&model_file, &good).unwrap();
+
+    let opt_file = dir.join("optimizer.safetensors");
+    let good_opt = std::fs::read(&opt_file).unwrap();
+    std::fs::write(&opt_file, b"garbage").unwrap();
+    let e = err_of(load(&dir));
+    assert!(e.contains("optimizer.safetensors is damaged"), "{e}");
+    std::fs::write(&opt_file, &good_opt).unwrap();
+
+    let meta_file = dir.join("checkpoint.json");
+    let meta = std::fs::read_to_string(&meta_file).unwrap();
+    std::fs::write(
+        &meta_file,
+        meta.replace("\"version\": 1", "\"version\": 99"),
+    )
+    .unwrap();
+    let e = err_of(load(&dir));
+    assert!(e.contains("version 99"), "{e}");
+    std::fs::write(&meta_file, "{ not json").unwrap();
+    let e = err_of(load(&dir));
+    assert!(e.contains("checkpoint.json is damaged"), "{e}");
+    std::fs::write(&meta_file, &meta).unwrap();
+    assert_eq!(load(&dir).unwrap(), ckpt);
+}
+
+#[test]
+fn an_interrupted_save_leaves_the_previous_checkpoint_loadable() {
+    let dir = temp_dir("atomic").join("ckpt");
+    let a = checkpoint_at(1);
+    let b = checkpoint_at(2);
+    save(&dir, &a).unwrap();
+
+    // Crash while writing: a half-written staging directory is ignored.
+    let tmp = staging_dir(&dir);
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::write(tmp.join("model.safetensors"), b"half a file").unwrap();
+    assert_eq!(load(&dir).unwrap(), a);
+
+    // The next save replaces the leftover and the old checkpoint.
+    save(&dir, &b).unwrap();
+    assert!(!tmp.exists() && !previous_dir(&dir).exists());
+    let loaded = load(&dir).unwrap();
+    assert_eq!(loaded, b);
+    assert_ne!(loaded.state, a.state);
+
+    // Crash between "move the old one aside" and "rename the new one in": the target is
+    // missing, the previous checkpoint is read from beside it.
+    std::fs::rename(&dir, previous_dir(&dir)).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+    assert_eq!(load(&dir).unwrap(), b);
+    save(&dir, &a).unwrap();
+    assert_eq!(load(&dir).unwrap(), a);
+    assert!(!tmp.exists() && !previous_dir(&dir).exists());
+}
+
+#[test]
+fn exported_state_covers_every_parameter_once() {
+    let state: TrainingState = checkpoint_at(1).state;
+    assert_eq!(state.step, 1);
+    assert_eq!(state.optimizer.steps, 1);
+    assert_eq!(state.params.len(), state.optimizer.moments.len());
+    let count: usize = state.params.values().map(|t| t.len()).sum();
+    assert_eq!(count, model().parameter_count());
+}

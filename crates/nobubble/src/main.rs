@@ -11,6 +11,7 @@ mod compare;
 mod costs;
 mod plan;
 mod report;
+mod sample;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -39,7 +40,9 @@ enum Command {
     /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
     Check(check::CheckArgs),
     /// Train a GPT on text under any schedule, one worker thread per rank.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
+    /// Continue a prompt with a model saved by `train --save`.
+    Sample(sample::SampleArgs),
     /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => compare::run(a),
         Command::Check(a) => check::run(a),
         Command::Train(a) => train::run(a),
+        Command::Sample(a) => sample::run(a),
         Command::Bench(b) => bench::run(b),
     };
     match result {

@@ -87,6 +87,17 @@ pub struct TrainArgs {
     /// Write one JSON line per step.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Save a checkpoint (weights, optimizer state, step, configuration) to this
+    /// directory at the end, and every --save-every steps; written atomically.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Also save every N steps (0 = only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: u64,
+    /// Continue from a checkpoint up to --steps steps in total (any schedule or stage
+    /// count; the model flags and --microbatches must match the checkpoint's).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
 }
 
 fn parse_bytes(text: &str) -> Result<f64, String> {
@@ -195,6 +206,14 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    if emulated.is_some() && (a.save.is_some() || a.resume.is_some()) {
+        return Err(
+            "--save and --resume need real compute: emulated passes have no weights".into(),
+        );
+    }
+    if a.save_every > 0 && a.save.is_none() {
+        return Err("--save-every needs --save DIR (where to write the checkpoints)".into());
+    }
     let mem_limit = a.mem_limit.as_deref().map(parse_bytes).transpose()?;
     let train = TrainConfig {
         seed: a.seed,
@@ -208,6 +227,7 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
         threads: 1,
     };
+    let train_config = train.clone();
     let opts = SessionOptions {
         run: RunConfig {
             model: model.clone(),
@@ -239,6 +259,10 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         if real { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
     );
     let mut session = Session::start(opts, corpus, eval).map_err(|e| e.to_string())?;
+    let first_step = match &a.resume {
+        Some(dir) => crate::sample::resume(&mut session, dir, &model, &train_config, a.steps)?,
+        None => 0,
+    };
     if real {
         let bytes: Vec<String> = session
             .stage_bytes
@@ -273,7 +297,7 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     let started = Instant::now();
     let mut trace_offset = 0.0;
     let mut replanned = false;
-    for step in 0..a.steps {
+    for step in first_step..a.steps {
         let rec = session.step().map_err(|e| format!("step {step}: {e}"))?;
         let tps = tokens_per_step / rec.wall;
         let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
@@ -310,6 +334,15 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
             eprintln!("{line}");
         }
         records.push(rec);
+        if let Some(dir) = &a.save {
+            let last = step + 1 == a.steps;
+            if last || (a.save_every > 0 && (step + 1) % a.save_every == 0) {
+                if tty {
+                    eprintln!();
+                }
+                crate::sample::save_to(&session, dir, &model, &train_config)?;
+            }
+        }
         if !replanned && a.replan_after > 0 && records.len() as u64 == a.replan_after {
             replanned = true;
             let before = session.plan.schedule.clone();
@@ -353,11 +386,12 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     let measured_costs = measured_costs(tail, &session.plan.costs);
     let sim = nobubble_schedule::simulate(&session.plan.schedule, &measured_costs)
         .map_err(|e| e.to_string())?;
+    let trained = a.steps - first_step;
     println!(
         "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
-        a.steps,
+        trained,
         elapsed,
-        tokens_per_step * a.steps as f64 / elapsed
+        tokens_per_step * trained as f64 / elapsed
     );
     println!(
         "final training loss {:.4}",
@@ -367,8 +401,13 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         let after = session
             .validation_loss(a.eval_sets)
             .map_err(|e| e.to_string())?;
+        let when = if first_step > 0 {
+            format!("at step {first_step}, where this run resumed")
+        } else {
+            "before training".to_string()
+        };
         println!(
-            "validation loss {:.4} (before training {:.4})",
+            "validation loss {:.4} ({when} {:.4})",
             after,
             val_before.unwrap_or(f32::NAN)
         );

@@ -13,7 +13,7 @@
 
 use crate::error::RuntimeError;
 use crate::worker::Engine;
-use nobubble_nn::{AdamWConfig, AdamWState, GptConfig, Stage, Tensor, TrainConfig};
+use nobubble_nn::{AdamWConfig, AdamWState, ByteCorpus, GptConfig, Stage, Tensor, TrainConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +62,20 @@ pub struct CheckpointMeta {
     pub parameters: usize,
     /// How the run that wrote it was pipelined (informational: any split can resume).
     pub saved_from: String,
+    /// Fingerprint of the training text ([`corpus_fingerprint`]), if the writer gave
+    /// one: resuming on other text is allowed (fine-tuning) but is not a continuation.
+    #[serde(default)]
+    pub data: Option<String>,
+}
+
+/// Length and FNV-1a hash of a corpus: cheap, and enough to notice that a resumed run
+/// reads other text than the run it continues.
+pub fn corpus_fingerprint(corpus: &ByteCorpus) -> String {
+    format!(
+        "{} bytes, fnv1a {:016x}",
+        corpus.len(),
+        nobubble_nn::param::fnv1a(corpus.bytes())
+    )
 }
 
 /// Value of [`CheckpointMeta::format`].
@@ -98,9 +112,16 @@ impl Checkpoint {
                 optimizer_config: state.optimizer.config,
                 parameters: state.params.len(),
                 saved_from: saved_from.into(),
+                data: None,
             },
             state,
         }
+    }
+
+    /// Records the training text's fingerprint ([`corpus_fingerprint`]).
+    pub fn with_data(mut self, corpus: &ByteCorpus) -> Self {
+        self.meta.data = Some(corpus_fingerprint(corpus));
+        self
     }
 
     /// Refuses to resume a run of `model` with `train` from this checkpoint if the model

@@ -90,6 +90,18 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).map_err(|e| io_err("create", &parent, e))?;
+    // Never move aside (and then delete) a directory that is not a checkpoint.
+    if dir.exists() && !dir.join(META).is_file() {
+        let empty = std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            return Err(RuntimeError::Config(format!(
+                "{} exists and is not a nobubble checkpoint; saving would replace it, so                  choose a new directory (or remove it)",
+                dir.display()
+            )));
+        }
+    }
     let tmp = staging_dir(dir);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;

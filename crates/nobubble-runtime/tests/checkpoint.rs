@@ -248,6 +248,14 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_loadable() {
     save(&dir, &a).unwrap();
     assert_eq!(load(&dir).unwrap(), a);
     assert!(!tmp.exists() && !previous_dir(&dir).exists());
+
+    // A directory that is not a checkpoint is never replaced.
+    let other = dir.with_file_name("my-files");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), b"keep me").unwrap();
+    let e = err_of(save(&other, &a));
+    assert!(e.contains("is not a nobubble checkpoint"), "{e}");
+    assert!(other.join("notes.txt").is_file());
 }
 
 #[test]

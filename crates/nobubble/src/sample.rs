@@ -4,7 +4,8 @@
 
 use clap::Args;
 use nobubble_nn::generate::generate;
-use nobubble_nn::{CpuBackend, GptConfig, TrainConfig};
+use nobubble_nn::{ByteCorpus, CpuBackend, GptConfig, TrainConfig};
+use nobubble_runtime::checkpoint::corpus_fingerprint;
 use nobubble_runtime::checkpoint_fs::{load, save};
 use nobubble_runtime::{Checkpoint, CheckpointMeta, Session};
 use std::io::Write;
@@ -91,10 +92,11 @@ pub fn resume(
     dir: &Path,
     model: &GptConfig,
     train: &TrainConfig,
+    corpus: &ByteCorpus,
     steps: u64,
 ) -> Result<u64, String> {
     let ckpt = load(dir).map_err(|e| format!("--resume: {e}"))?;
-    let warnings = ckpt.check_resume(model, train).map_err(|e| {
+    let mut warnings = ckpt.check_resume(model, train).map_err(|e| {
         format!(
             "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
              without --resume",
@@ -102,6 +104,12 @@ pub fn resume(
             flags(&ckpt.meta)
         )
     })?;
+    let data = corpus_fingerprint(corpus);
+    if let Some(saved) = ckpt.meta.data.as_ref().filter(|d| **d != data) {
+        warnings.push(format!(
+            "the training text ({data}) is not the checkpoint's ({saved})"
+        ));
+    }
     for w in warnings {
         eprintln!("warning: --resume: {w}; the continuation will not match an uninterrupted run");
     }
@@ -131,6 +139,7 @@ pub fn save_to(
     dir: &Path,
     model: &GptConfig,
     train: &TrainConfig,
+    corpus: &ByteCorpus,
 ) -> Result<(), String> {
     let state = session
         .pipeline
@@ -142,7 +151,11 @@ pub fn save_to(
         schedule.name, schedule.ranks, schedule.stages
     );
     let step = state.step;
-    save(dir, &Checkpoint::new(state, model, train, &from)).map_err(|e| format!("--save: {e}"))?;
+    save(
+        dir,
+        &Checkpoint::new(state, model, train, &from).with_data(corpus),
+    )
+    .map_err(|e| format!("--save: {e}"))?;
     eprintln!("saved checkpoint at step {step} to {}", dir.display());
     Ok(())
 }

@@ -177,6 +177,8 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     }
     let model = model_config(a)?;
     let (corpus, eval) = corpora(a, &model)?;
+    // Kept for the checkpoint's data fingerprint (`Session::start` takes the corpus).
+    let train_text = (a.save.is_some() || a.resume.is_some()).then(|| corpus.clone());
     let emulated = match a.compute.as_str() {
         "emulated" => {
             let t: Vec<f64> = a
@@ -260,7 +262,14 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     );
     let mut session = Session::start(opts, corpus, eval).map_err(|e| e.to_string())?;
     let first_step = match &a.resume {
-        Some(dir) => crate::sample::resume(&mut session, dir, &model, &train_config, a.steps)?,
+        Some(dir) => crate::sample::resume(
+            &mut session,
+            dir,
+            &model,
+            &train_config,
+            train_text.as_ref().expect("kept for --resume"),
+            a.steps,
+        )?,
         None => 0,
     };
     if real {
@@ -340,7 +349,8 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
                 if tty {
                     eprintln!();
                 }
-                crate::sample::save_to(&session, dir, &model, &train_config)?;
+                let text = train_text.as_ref().expect("kept for --save");
+                crate::sample::save_to(&session, dir, &model, &train_config, text)?;
             }
         }
         if !replanned && a.replan_after > 0 && records.len() as u64 == a.replan_after {

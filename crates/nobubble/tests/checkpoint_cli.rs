@@ -128,6 +128,20 @@ fn save_resume_and_sample() {
     ]);
     assert!(e.contains("--save-every needs --save"), "{e}");
 
+    // Other text is allowed (fine-tuning), with a warning that this is no continuation.
+    let text = d.join("other.txt");
+    std::fs::write(&text, "abc".repeat(2000)).unwrap();
+    let mut args = vec!["train", "--steps", "5", "--resume", c, "--data"];
+    args.push(text.to_str().unwrap());
+    args.extend(MODEL);
+    let out = nobubble(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --resume: the training text"),
+        "{err}"
+    );
+
     // Sampling: the prompt comes back first; a fixed seed gives fixed text.
     let s = |seed: &str| {
         ok(&[

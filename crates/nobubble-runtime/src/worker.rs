@@ -83,7 +83,7 @@ pub(crate) struct Worker {
 }
 
 /// How long a receive polls before it blocks.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_micros(1000);
 
 impl Worker {
     fn stages_total(&self) -> usize {

@@ -238,6 +238,7 @@ impl Pipeline {
                 current: None,
                 post_validate: config.post_validate,
                 optimistic: BTreeMap::new(),
+                optimistic_lr: 0.0,
             };
             let reply_tx: Sender<(usize, Reply)> = reply_tx.clone();
             let handle = std::thread::Builder::new()

@@ -105,6 +105,8 @@ pub(crate) struct Worker {
     /// Per stage here: the snapshot taken before the optimistic step (copy mode) and
     /// whether the stage stepped.
     pub optimistic: BTreeMap<usize, (Option<AdamWSnapshot>, bool)>,
+    /// Learning rate of the optimistic step (a redo must use it, not the restored one).
+    pub optimistic_lr: f32,
 }
 
 /// How long a receive polls before it blocks.
@@ -373,6 +375,7 @@ impl Worker {
         norms: &[(usize, f64)],
     ) -> Result<(), RuntimeError> {
         self.optimistic.clear();
+        self.optimistic_lr = lr;
         if let Engine::Real { stages, optimizers } = &mut self.engine {
             for (s, stage) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).expect("one optimizer per stage");
@@ -409,6 +412,7 @@ impl Worker {
                     }
                 }
                 if let Verdict::Redo(scale) = verdict {
+                    opt.config.lr = self.optimistic_lr;
                     opt.step(&mut stage.params_mut(), scale).map_err(fail)?;
                 }
                 stage.zero_grads();

@@ -29,7 +29,8 @@ fn run(post: Option<Rollback>, max_norm: f32, fault: Option<Fault>) -> Run {
         train: TrainConfig {
             microbatches: m,
             max_grad_norm: Some(max_norm),
-            warmup_steps: 1,
+            // A changing learning rate: a redo must use this step's, not the restored one.
+            warmup_steps: 3,
             ..TrainConfig::default()
         },
         layout: StageLayout::Even,

@@ -297,15 +297,9 @@ impl Pipeline {
         self.step
     }
 
-    /// Learning rate at `step`: the reference trainer's linear warm-up, then constant.
+    /// Learning rate at `step`: the reference trainer's schedule.
     pub fn lr_at(&self, step: u64) -> f32 {
-        let peak = self.config.train.optimizer.lr;
-        let warmup = self.config.train.warmup_steps;
-        if step < warmup {
-            peak * (step + 1) as f32 / warmup as f32
-        } else {
-            peak
-        }
+        self.config.train.lr_at(step)
     }
 
     fn collect(&self, expect: usize) -> Result<Vec<(usize, Reply)>, RuntimeError> {

@@ -59,6 +59,19 @@ impl Default for TrainConfig {
     }
 }
 
+impl TrainConfig {
+    /// Learning rate at `step`: linear warm-up to the peak, then constant. One definition,
+    /// shared by the reference trainer and the runtime, so their steps stay bit-identical.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        let peak = self.optimizer.lr;
+        if step < self.warmup_steps {
+            peak * (step + 1) as f32 / self.warmup_steps as f32
+        } else {
+            peak
+        }
+    }
+}
+
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct StepReport {
@@ -138,14 +151,9 @@ impl ReferenceTrainer {
         self.step
     }
 
-    /// Learning rate at `step`: linear warm-up to the peak, then constant.
+    /// Learning rate at `step` (see [`TrainConfig::lr_at`]).
     pub fn lr_at(&self, step: u64) -> f32 {
-        let peak = self.train.optimizer.lr;
-        if step < self.train.warmup_steps {
-            peak * (step + 1) as f32 / self.train.warmup_steps as f32
-        } else {
-            peak
-        }
+        self.train.lr_at(step)
     }
 
     /// The data of microbatch `mb` of step `step` (what a runtime must feed too).

@@ -6,7 +6,7 @@
 use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::transport::InProcess;
-use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Worker};
+use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Worker};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::{clip_scale, AdamW};
 use nobubble_nn::{build_stages, ByteCorpus, GptConfig, StageLayout, TrainConfig};
@@ -48,6 +48,9 @@ pub struct RunConfig {
     pub recv_timeout: Duration,
     /// A fault to inject (tests).
     pub fault: Option<Fault>,
+    /// Post-validated optimizer steps (optimistic step, later validation, rollback) instead
+    /// of synchronous ones; `None` = synchronous.
+    pub post_validate: Option<Rollback>,
 }
 
 /// What one pipelined step did, measured.
@@ -87,7 +90,9 @@ enum Command {
         order: Arc<Vec<Action>>,
         epoch: Instant,
         eval: bool,
+        lr: Option<f32>,
     },
+    Validate(Verdict),
     Apply {
         scale: Option<f32>,
         lr: f32,
@@ -236,6 +241,9 @@ impl Pipeline {
                 data_seed: config.train.data_seed,
                 fault: config.fault.clone(),
                 current: None,
+                post_validate: config.post_validate,
+                optimistic: BTreeMap::new(),
+                optimistic_lr: 0.0,
             };
             let reply_tx: Sender<(usize, Reply)> = reply_tx.clone();
             let handle = std::thread::Builder::new()
@@ -243,8 +251,14 @@ impl Pipeline {
                 .spawn(move || {
                     while let Ok(cmd) = rx.recv() {
                         let reply = match cmd {
-                            Command::Step { step, order, epoch, eval } => {
-                                let r = catch_unwind(AssertUnwindSafe(|| worker.run_step(step, &order, epoch, eval)));
+                            Command::Step {
+                                step,
+                                order,
+                                epoch,
+                                eval,
+                                lr,
+                            } => {
+                                let r = catch_unwind(AssertUnwindSafe(|| worker.run_step(step, &order, epoch, eval, lr)));
                                 let r = r.unwrap_or_else(|p| {
                                     Err(RuntimeError::Panic {
                                         rank,
@@ -258,6 +272,7 @@ impl Pipeline {
                                 Reply::Stepped(r)
                             }
                             Command::Apply { scale, lr } => Reply::Applied(worker.apply(scale, lr)),
+                            Command::Validate(v) => Reply::Applied(worker.validate(v)),
                             Command::Params => Reply::Params(worker.params()),
                             Command::Memory => Reply::Memory(worker.measure_memory()),
                             Command::ExportState => {
@@ -293,15 +308,9 @@ impl Pipeline {
         self.step
     }
 
-    /// Learning rate at `step`: the reference trainer's linear warm-up, then constant.
+    /// Learning rate at `step`: the reference trainer's schedule.
     pub fn lr_at(&self, step: u64) -> f32 {
-        let peak = self.config.train.optimizer.lr;
-        let warmup = self.config.train.warmup_steps;
-        if step < warmup {
-            peak * (step + 1) as f32 / warmup as f32
-        } else {
-            peak
-        }
+        self.config.train.lr_at(step)
     }
 
     fn collect(&self, expect: usize) -> Result<Vec<(usize, Reply)>, RuntimeError> {
@@ -351,6 +360,10 @@ impl Pipeline {
         let wall = Instant::now();
         let step = self.step;
         let epoch = Instant::now();
+        let post_validate = self.config.post_validate.is_some()
+            && !eval
+            && matches!(self.config.compute, Compute::Real);
+        let optimistic_lr = post_validate.then(|| self.lr_at(step));
         for (r, tx) in self.commands.iter().enumerate() {
             let order = Arc::new(schedule.orders[r].clone());
             tx.send(Command::Step {
@@ -358,6 +371,7 @@ impl Pipeline {
                 order,
                 epoch,
                 eval,
+                lr: optimistic_lr,
             })
             .map_err(|_| RuntimeError::Panic {
                 rank: r,
@@ -412,7 +426,17 @@ impl Pipeline {
             Compute::Emulated { .. } => Some(1.0),
         };
         for tx in &self.commands {
-            let _ = tx.send(Command::Apply { scale, lr });
+            let cmd = if post_validate {
+                // The ranks already stepped optimistically; the full reduction decides.
+                Command::Validate(match scale {
+                    None => Verdict::Skip,
+                    Some(x) if x < 1.0 => Verdict::Redo(x),
+                    Some(_) => Verdict::Keep,
+                })
+            } else {
+                Command::Apply { scale, lr }
+            };
+            let _ = tx.send(cmd);
         }
         for (rank, reply) in self.collect(self.commands.len())? {
             if let Reply::Applied(Err(e)) = reply {

@@ -7,7 +7,7 @@
 
 use crate::error::RuntimeError;
 use crate::transport::{Message, Payload, Transport};
-use nobubble_nn::optim::AdamW;
+use nobubble_nn::optim::{AdamW, AdamWSnapshot};
 use nobubble_nn::{ByteCorpus, GptConfig, Stage, StageInput, StageOutput, Tensor};
 use nobubble_schedule::{Action, CostModel, Kind};
 use serde::Serialize;
@@ -53,6 +53,26 @@ pub enum Fault {
     NanGradAt(u64),
 }
 
+/// How an optimistic (post-validated) optimizer step is undone when validation rejects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rollback {
+    /// Keep a copy of weights and optimizer state before the step: exact.
+    Copy,
+    /// Invert the AdamW update from the gradients still held: no copy, exact up to rounding.
+    Analytic,
+}
+
+/// The validation verdict on an optimistic step, from the full gradient-norm reduction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Verdict {
+    /// Finite and no clipping needed: the optimistic step stands.
+    Keep,
+    /// Clipping was needed: undo, step again with this gradient scale.
+    Redo(f32),
+    /// Non-finite gradients somewhere: undo and skip the step.
+    Skip,
+}
+
 /// Where the compute comes from.
 pub(crate) enum Engine {
     /// Real stages with their optimizers, by stage index.
@@ -80,10 +100,17 @@ pub(crate) struct Worker {
     pub fault: Option<Fault>,
     /// The action being run, so a panic can be reported with it.
     pub current: Option<Action>,
+    /// Post-validation: how to undo optimistic steps (`None`: synchronous steps).
+    pub post_validate: Option<Rollback>,
+    /// Per stage here: the snapshot taken before the optimistic step (copy mode) and
+    /// whether the stage stepped.
+    pub optimistic: BTreeMap<usize, (Option<AdamWSnapshot>, bool)>,
+    /// Learning rate of the optimistic step (a redo must use it, not the restored one).
+    pub optimistic_lr: f32,
 }
 
 /// How long a receive polls before it blocks.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_micros(1000);
 
 impl Worker {
     fn stages_total(&self) -> usize {
@@ -200,6 +227,7 @@ impl Worker {
         order: &[Action],
         epoch: Instant,
         eval: bool,
+        lr: Option<f32>,
     ) -> Result<RankStep, RuntimeError> {
         let mut out = RankStep {
             losses: Vec::new(),
@@ -332,7 +360,65 @@ impl Worker {
                 .map(|(&s, st)| (s, nobubble_nn::optim::grad_norm_sq(&st.params())))
                 .collect();
         }
+        if let (Some(mode), Some(lr)) = (self.post_validate, lr) {
+            self.optimistic_step(mode, lr, &out.norm_sq)?;
+        }
         Ok(out)
+    }
+
+    /// Post-validation: step at once with what this rank knows (its own partial norms;
+    /// unclipped), keeping what a rollback needs. The verdict comes later ([`Worker::validate`]).
+    fn optimistic_step(
+        &mut self,
+        mode: Rollback,
+        lr: f32,
+        norms: &[(usize, f64)],
+    ) -> Result<(), RuntimeError> {
+        self.optimistic.clear();
+        self.optimistic_lr = lr;
+        if let Engine::Real { stages, optimizers } = &mut self.engine {
+            for (s, stage) in stages.iter_mut() {
+                let opt = optimizers.get_mut(s).expect("one optimizer per stage");
+                let finite = norms.iter().any(|&(k, n)| k == *s && n.is_finite());
+                let snapshot =
+                    (mode == Rollback::Copy && finite).then(|| opt.snapshot(&stage.params()));
+                if finite {
+                    opt.config.lr = lr;
+                    opt.step(&mut stage.params_mut(), 1.0)
+                        .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
+                }
+                self.optimistic.insert(*s, (snapshot, finite));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the validation verdict to the optimistic step, then zeroes the gradients.
+    pub fn validate(&mut self, verdict: Verdict) -> Result<(), RuntimeError> {
+        let mode = self.post_validate.unwrap_or(Rollback::Copy);
+        if let Engine::Real { stages, optimizers } = &mut self.engine {
+            for (s, stage) in stages.iter_mut() {
+                let opt = optimizers.get_mut(s).expect("one optimizer per stage");
+                let (snapshot, stepped) = self.optimistic.remove(s).unwrap_or((None, false));
+                let fail = |e: nobubble_nn::NnError| {
+                    RuntimeError::Config(format!("stage {s}: rollback failed: {e}"))
+                };
+                if verdict != Verdict::Keep && stepped {
+                    match (mode, &snapshot) {
+                        (Rollback::Copy, Some(snap)) => {
+                            opt.restore(snap, &mut stage.params_mut()).map_err(fail)?
+                        }
+                        _ => opt.rollback(&mut stage.params_mut()).map_err(fail)?,
+                    }
+                }
+                if let Verdict::Redo(scale) = verdict {
+                    opt.config.lr = self.optimistic_lr;
+                    opt.step(&mut stage.params_mut(), scale).map_err(fail)?;
+                }
+                stage.zero_grads();
+            }
+        }
+        Ok(())
     }
 
     /// The synchronous optimizer step: AdamW with the global clip factor (or skip on a

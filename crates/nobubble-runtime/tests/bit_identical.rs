@@ -61,6 +61,7 @@ fn every_schedule_trains_bit_identically_to_the_reference() {
             compute: Compute::Real,
             recv_timeout: Duration::from_secs(30),
             fault: None,
+            post_validate: None,
         };
         let mut pipe = Pipeline::start(config, &schedule, corpus()).unwrap();
         let losses: Vec<u32> = (0..steps)

@@ -5,6 +5,7 @@
 
 use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::checkpoint_fs::{load, previous_dir, save, staging_dir};
+use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Checkpoint, Compute, Pipeline, RunConfig, TrainingState};
 use nobubble_schedule::{generate, CostSpec, RankCost, Request, Schedule, ScheduleKind};
 use std::path::PathBuf;
@@ -30,7 +31,12 @@ fn corpus() -> ByteCorpus {
     ByteCorpus::builtin().prefix(100_000).unwrap()
 }
 
-fn start(kind: ScheduleKind, ranks: usize, model: GptConfig) -> (Pipeline, Schedule) {
+fn start_with(
+    kind: ScheduleKind,
+    ranks: usize,
+    model: GptConfig,
+    post_validate: Option<Rollback>,
+) -> (Pipeline, Schedule) {
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     let schedule = generate(&Request::new(kind, ranks, train().microbatches), &spec).unwrap();
     let config = RunConfig {
@@ -40,11 +46,16 @@ fn start(kind: ScheduleKind, ranks: usize, model: GptConfig) -> (Pipeline, Sched
         compute: Compute::Real,
         recv_timeout: Duration::from_secs(30),
         fault: None,
+        post_validate,
     };
     (
         Pipeline::start(config, &schedule, corpus()).unwrap(),
         schedule,
     )
+}
+
+fn start(kind: ScheduleKind, ranks: usize, model: GptConfig) -> (Pipeline, Schedule) {
+    start_with(kind, ranks, model, None)
 }
 
 fn bits(p: &Pipeline) -> Vec<(String, Vec<u32>)> {
@@ -96,13 +107,17 @@ fn resume_continues_bit_for_bit() {
     .unwrap();
     drop(first);
 
-    // Same schedule, and another schedule on another number of stages: parameters and
-    // moments are loaded by name.
-    for (kind, ranks) in [(ScheduleKind::ZbH1, 2), (ScheduleKind::ZbV, 2)] {
+    // Same schedule, another schedule on another number of stages (parameters and
+    // moments are loaded by name), and post-validated optimizer steps.
+    for (kind, ranks, post) in [
+        (ScheduleKind::ZbH1, 2, None),
+        (ScheduleKind::ZbV, 2, None),
+        (ScheduleKind::OneFOneB, 1, Some(Rollback::Copy)),
+    ] {
         let ckpt = load(&dir).unwrap();
         assert_eq!(ckpt.meta.step, k);
         assert!(ckpt.check_resume(&model(), &train()).unwrap().is_empty());
-        let (mut resumed, s) = start(kind, ranks, model());
+        let (mut resumed, s) = start_with(kind, ranks, model(), post);
         resumed.import_state(ckpt.state).unwrap();
         assert_eq!(resumed.steps_taken(), k);
         let got: Vec<u32> = (k..total)

@@ -23,6 +23,7 @@ fn config(m: usize, fault: Option<Fault>, timeout: Duration) -> RunConfig {
         compute: Compute::Real,
         recv_timeout: timeout,
         fault,
+        post_validate: None,
     }
 }
 

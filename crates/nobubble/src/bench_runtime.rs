@@ -57,6 +57,7 @@ fn session(
             compute: Compute::Real,
             recv_timeout: Duration::from_secs(60),
             fault: None,
+            post_validate: None,
         },
         kind,
         ranks: p,

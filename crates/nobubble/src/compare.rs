@@ -1,9 +1,9 @@
 //! `nobubble compare`: every applicable schedule in one table.
 
-use crate::costs::CostArgs;
+use crate::costs::{plan, CostArgs, Planned};
 use clap::Args;
 use nobubble_schedule::error::fmt_num;
-use nobubble_schedule::{check_memory, generate, simulate, CostModel, Request, ScheduleKind};
+use nobubble_schedule::{check_memory, ScheduleKind};
 use serde_json::{json, Value};
 
 /// Arguments of `compare`.
@@ -41,20 +41,17 @@ struct Figures {
 }
 
 fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
-    let spec = args.costs.spec()?;
-    let schedule = generate(
-        &Request {
-            kind,
-            ranks: args.stages,
-            microbatches: args.microbatches,
-            chunks: args.chunks,
-            mem_limit: args.costs.mem_limit,
-        },
-        &spec,
-    )
-    .map_err(|e| e.to_string())?;
-    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
-    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
+    let Planned {
+        schedule,
+        costs,
+        sim,
+    } = plan(
+        kind,
+        args.stages,
+        args.microbatches,
+        args.chunks,
+        &args.costs,
+    )?;
     let m = sim.metrics;
     let over_limit = args.costs.mem_limit.and_then(|l| {
         check_memory(&schedule, &costs, l)

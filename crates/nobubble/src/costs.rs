@@ -1,7 +1,9 @@
 //! The cost flags every command shares, turned into a [`CostSpec`].
 
 use clap::Args;
-use nobubble_schedule::{CostSpec, RankCost};
+use nobubble_schedule::{
+    generate, simulate, CostModel, CostSpec, RankCost, Request, Schedule, ScheduleKind, Simulation,
+};
 use std::path::PathBuf;
 
 /// Time, communication and memory of one rank's share of the model (one 1F1B stage).
@@ -68,4 +70,41 @@ impl CostArgs {
         spec.check().map_err(|e| e.to_string())?;
         Ok(spec)
     }
+}
+
+/// A generated schedule with the cost model it was resolved against and its simulation.
+pub struct Planned {
+    /// The schedule.
+    pub schedule: Schedule,
+    /// Its per-stage costs.
+    pub costs: CostModel,
+    /// Its simulated timeline and metrics.
+    pub sim: Simulation,
+}
+
+/// Generates `kind` for the pipeline and the cost flags, and simulates it: what `plan` and
+/// `compare` both start from.
+pub fn plan(
+    kind: ScheduleKind,
+    ranks: usize,
+    microbatches: usize,
+    chunks: usize,
+    cost_args: &CostArgs,
+) -> Result<Planned, String> {
+    let spec = cost_args.spec()?;
+    let req = Request {
+        kind,
+        ranks,
+        microbatches,
+        chunks,
+        mem_limit: cost_args.mem_limit,
+    };
+    let schedule = generate(&req, &spec).map_err(|e| e.to_string())?;
+    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
+    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
+    Ok(Planned {
+        schedule,
+        costs,
+        sim,
+    })
 }

@@ -1,9 +1,9 @@
 //! `nobubble plan`: generate, simulate, export.
 
-use crate::costs::CostArgs;
+use crate::costs::{plan, CostArgs, Planned};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
-use nobubble_schedule::{check_memory, generate, simulate, CostModel, Request, ScheduleKind};
+use nobubble_schedule::{check_memory, ScheduleKind};
 use std::path::PathBuf;
 
 /// Arguments of `plan`.
@@ -38,20 +38,17 @@ pub struct PlanArgs {
 /// Runs `plan`.
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let kind = ScheduleKind::from_name(&args.schedule).map_err(|e| e.to_string())?;
-    let spec = args.costs.spec()?;
-    let schedule = generate(
-        &Request {
-            kind,
-            ranks: args.stages,
-            microbatches: args.microbatches,
-            chunks: args.chunks,
-            mem_limit: args.costs.mem_limit,
-        },
-        &spec,
-    )
-    .map_err(|e| e.to_string())?;
-    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
-    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
+    let Planned {
+        schedule,
+        costs,
+        sim,
+    } = plan(
+        kind,
+        args.stages,
+        args.microbatches,
+        args.chunks,
+        &args.costs,
+    )?;
     if let Some(limit) = args.costs.mem_limit {
         check_memory(&schedule, &costs, limit).map_err(|e| e.to_string())?;
     }

@@ -2,6 +2,7 @@
 
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Compute, RunConfig, Session, SessionOptions, StepRecord};
 use nobubble_schedule::{CostModel, CostSpec, RankCost, ScheduleKind};
 use serde_json::json;
@@ -98,6 +99,11 @@ pub struct TrainArgs {
     /// count; the model flags and --microbatches must match the checkpoint's).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Post-validated optimizer steps: each rank steps at once with what it knows and the
+    /// full gradient-norm check undoes the step afterwards if needed (copy: exact rollback
+    /// from a saved copy; analytic: invert AdamW).
+    #[arg(long, value_parser = ["copy", "analytic"], num_args = 0..=1, default_missing_value = "copy")]
+    pub post_validate: Option<String>,
 }
 
 fn parse_bytes(text: &str) -> Result<f64, String> {
@@ -238,6 +244,11 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
             compute: Compute::Real,
             recv_timeout: Duration::from_secs_f64(a.recv_timeout.max(0.1)),
             fault: None,
+            post_validate: match a.post_validate.as_deref() {
+                None => None,
+                Some("copy") => Some(Rollback::Copy),
+                Some(_) => Some(Rollback::Analytic),
+            },
         },
         kind,
         ranks: a.stages,

@@ -141,6 +141,7 @@ fn resume_continues_bit_for_bit() {
         again.train_step(&s).unwrap();
     }
     assert_eq!(again.export_state().unwrap(), load(&dir).unwrap().state);
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
 
 fn err_of<T: std::fmt::Debug>(r: Result<T, nobubble_runtime::RuntimeError>) -> String {
@@ -233,6 +234,7 @@ fn mismatched_or_damaged_checkpoints_are_refused_clearly() {
     assert!(e.contains("checkpoint.json is damaged"), "{e}");
     std::fs::write(&meta_file, &meta).unwrap();
     assert_eq!(load(&dir).unwrap(), ckpt);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]
@@ -271,6 +273,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_loadable() {
     let e = err_of(save(&other, &a));
     assert!(e.contains("is not a nobubble checkpoint"), "{e}");
     assert!(other.join("notes.txt").is_file());
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
 
 #[test]

@@ -24,7 +24,7 @@ pub struct SampleArgs {
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
     /// Sampling temperature; 0 picks the most likely byte every time (greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Seed of the sampler: the same checkpoint, prompt, temperature and seed give the
     /// same text.

@@ -187,7 +187,12 @@ fn save_resume_and_sample() {
         c,
         "--prompt",
         "x",
-        "--temperature=-1",
+        "--temperature",
+        "-1",
     ]);
-    assert!(e.contains("--temperature"), "{e}");
+    assert!(
+        e.contains("--temperature must be 0 (greedy) or positive"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }

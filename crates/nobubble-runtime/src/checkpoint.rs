@@ -320,8 +320,11 @@ pub(crate) fn import_engine(
     }
 }
 
-/// Joins the ranks' parts into one state; every stage's optimizer must agree on the
-/// step count and last step (they always step together).
+/// Joins the ranks' parts into one state. Every stage's optimizer must agree on the step
+/// count (they step together). The last-step record may differ — after an analytic
+/// rollback of a skipped post-validated step, stages that had stepped forget it while
+/// stages that had not keep theirs — and only ever serves a rollback within the step
+/// that made it, so a disagreement is stored as "none".
 pub(crate) fn assemble(
     step: u64,
     mut parts: Vec<StageState>,
@@ -338,7 +341,10 @@ pub(crate) fn assemble(
     };
     let mut params = BTreeMap::new();
     for part in parts {
-        if part.optimizer.steps != optimizer.steps || part.optimizer.last != optimizer.last {
+        if part.optimizer.last != optimizer.last {
+            optimizer.last = None;
+        }
+        if part.optimizer.steps != optimizer.steps {
             return Err(RuntimeError::Config(format!(
                 "internal: stage {}'s optimizer is at step {}, stage 0's at {}",
                 part.stage, part.optimizer.steps, optimizer.steps
@@ -358,4 +364,59 @@ pub(crate) fn assemble(
         params,
         optimizer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nobubble_nn::{AdamWConfig, ParamMoments};
+
+    fn part(stage: usize, steps: u64, last: Option<(f32, f32)>, name: &str) -> StageState {
+        StageState {
+            stage,
+            params: vec![(name.into(), Tensor::zeros(&[2]))],
+            optimizer: AdamWState {
+                config: AdamWConfig::default(),
+                steps,
+                last,
+                moments: [(
+                    name.to_string(),
+                    ParamMoments {
+                        m: vec![0.0; 2],
+                        v: vec![0.0; 2],
+                    },
+                )]
+                .into(),
+            },
+        }
+    }
+
+    #[test]
+    fn assemble_merges_by_name_and_checks_step_counts() {
+        let s = assemble(
+            5,
+            vec![
+                part(1, 3, Some((0.1, 1.0)), "b"),
+                part(0, 3, Some((0.1, 1.0)), "a"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.step, 5);
+        assert_eq!(s.optimizer.last, Some((0.1, 1.0)));
+        assert_eq!(s.params.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(s.optimizer.moments.len(), 2);
+        let s = assemble(
+            5,
+            vec![part(0, 3, None, "a"), part(1, 3, Some((0.1, 1.0)), "b")],
+        )
+        .unwrap();
+        assert_eq!(s.optimizer.last, None, "disagreeing last-step records");
+        let e = assemble(5, vec![part(0, 3, None, "a"), part(1, 2, None, "b")]).unwrap_err();
+        assert!(
+            e.to_string().contains("stage 1's optimizer is at step 2"),
+            "{e}"
+        );
+        let e = assemble(5, vec![part(0, 3, None, "a"), part(1, 3, None, "a")]).unwrap_err();
+        assert!(e.to_string().contains("held by two stages"), "{e}");
+    }
 }

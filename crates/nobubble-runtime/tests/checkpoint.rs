@@ -285,3 +285,39 @@ fn exported_state_covers_every_parameter_once() {
     let count: usize = state.params.values().map(|t| t.len()).sum();
     assert_eq!(count, model().parameter_count());
 }
+
+#[test]
+fn a_skipped_post_validated_step_can_be_saved_and_resumed() {
+    // Analytic rollback of a skipped step leaves the stages with different last-step
+    // records (stage 0 never stepped, stage 1 stepped and forgot it); the export must
+    // still succeed and the resumed run continue like the original.
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    let schedule = generate(&Request::new(ScheduleKind::ZbH1, 2, 4), &spec).unwrap();
+    let config = |fault| RunConfig {
+        model: model(),
+        train: train(),
+        layout: StageLayout::Even,
+        compute: Compute::Real,
+        recv_timeout: Duration::from_secs(30),
+        fault,
+        post_validate: Some(Rollback::Analytic),
+    };
+    let fault = Some(nobubble_runtime::Fault::NanGradAt(1));
+    let mut p = Pipeline::start(config(fault), &schedule, corpus()).unwrap();
+    let skipped: Vec<bool> = (0..2)
+        .map(|_| p.train_step(&schedule).unwrap().skipped)
+        .collect();
+    assert_eq!(skipped, [false, true]);
+    let state = p.export_state().unwrap();
+    assert_eq!((state.step, state.optimizer.steps), (2, 1));
+    let mut resumed = Pipeline::start(config(None), &schedule, corpus()).unwrap();
+    resumed.import_state(state).unwrap();
+    for _ in 2..4 {
+        let (a, b) = (
+            p.train_step(&schedule).unwrap(),
+            resumed.train_step(&schedule).unwrap(),
+        );
+        assert_eq!(a.loss.to_bits(), b.loss.to_bits());
+    }
+    assert!(bits(&p) == bits(&resumed));
+}

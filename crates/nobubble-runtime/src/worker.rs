@@ -471,14 +471,25 @@ impl Worker {
     }
 }
 
-/// Sleeps precisely: the OS sleep for most of it, then a short spin, so emulated passes of
-/// a couple of milliseconds keep their length.
+/// Sleeps for `d`, precisely on average: the OS wakes a sleeper late by a roughly
+/// constant amount, so each thread learns its own lateness (a running mean) and sleeps that
+/// much less. No spinning: with many ranks on few cores, spinning threads would delay the
+/// others' wake-ups.
 fn spin_sleep(d: Duration) {
-    let until = Instant::now() + d;
-    if d > Duration::from_micros(300) {
-        std::thread::sleep(d - Duration::from_micros(200));
+    thread_local! {
+        static LATE_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(60_000.0) };
     }
+    let start = Instant::now();
+    let late = LATE_NS.with(|l| l.get());
+    let ask = d.as_nanos() as f64 - late;
+    if ask > 0.0 {
+        std::thread::sleep(Duration::from_nanos(ask as u64));
+    }
+    let overshoot = start.elapsed().as_nanos() as f64 - d.as_nanos() as f64;
+    // Learn from this sleep: the lateness it showed is what was asked less what happened.
+    LATE_NS.with(|l| l.set((0.9 * late + 0.1 * (late + overshoot)).clamp(0.0, 1e6)));
+    let until = start + d;
     while Instant::now() < until {
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }

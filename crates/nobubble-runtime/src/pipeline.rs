@@ -10,7 +10,7 @@ use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Wo
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::{clip_scale, AdamW};
 use nobubble_nn::{build_stages, ByteCorpus, GptConfig, StageLayout, TrainConfig};
-use nobubble_schedule::{check_structure, Action, CostModel, Schedule};
+use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -125,6 +125,21 @@ pub struct Pipeline {
     failed: bool,
 }
 
+/// What the runtime needs of any schedule it runs: valid structure, weight gradients
+/// accumulated in microbatch order (bit-identity), and the training's microbatch count.
+fn check_runnable(schedule: &Schedule, microbatches: usize) -> Result<(), RuntimeError> {
+    check_structure(schedule)
+        .and_then(|_| check_weight_order(schedule))
+        .map_err(|e| RuntimeError::Config(format!("cannot run this schedule: {e}")))?;
+    if schedule.microbatches != microbatches {
+        return Err(RuntimeError::Config(format!(
+            "the schedule has {} microbatches but training uses {}",
+            schedule.microbatches, microbatches
+        )));
+    }
+    Ok(())
+}
+
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -151,14 +166,7 @@ impl Pipeline {
         corpus: ByteCorpus,
         eval: ByteCorpus,
     ) -> Result<Pipeline, RuntimeError> {
-        check_structure(schedule)
-            .map_err(|e| RuntimeError::Config(format!("invalid schedule: {e}")))?;
-        if schedule.microbatches != config.train.microbatches {
-            return Err(RuntimeError::Config(format!(
-                "the schedule has {} microbatches but training uses {}",
-                schedule.microbatches, config.train.microbatches
-            )));
-        }
+        check_runnable(schedule, config.train.microbatches)?;
         let n = schedule.stages;
         let ranks = schedule.ranks;
         let mut engines: Vec<Engine> = Vec::with_capacity(ranks);
@@ -357,6 +365,7 @@ impl Pipeline {
                 "a new schedule must keep the stage placement the pipeline was started with".into(),
             ));
         }
+        check_runnable(schedule, self.config.train.microbatches)?;
         let wall = Instant::now();
         let step = self.step;
         let epoch = Instant::now();

@@ -134,3 +134,18 @@ fn a_lost_message_ends_the_run_at_the_deadline_naming_the_wait() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_schedule_with_weight_gradients_out_of_order_is_refused() {
+    // Valid structure, but stage 0 accumulates microbatch 1 before microbatch 0.
+    let schedule = nobubble_schedule::export::csv::read(
+        "0F0,0F1,0I0,0I1,0W1,0W0\n1F0,1I0,1W0,1F1,1I1,1W1\n",
+        "hand",
+    )
+    .unwrap();
+    let e = match Pipeline::start(config(2, None, Duration::from_secs(5)), &schedule, corpus()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("an out-of-order schedule was accepted"),
+    };
+    assert!(e.contains("microbatch order") && e.contains("0W0"), "{e}");
+}

@@ -24,4 +24,4 @@ pub use error::Error;
 pub use generate::{generate, Request, ScheduleKind};
 pub use schedule::Schedule;
 pub use sim::{simulate, Metrics, Simulation, Slot};
-pub use validate::{check_memory, check_structure, validate};
+pub use validate::{check_memory, check_structure, check_weight_order, validate};

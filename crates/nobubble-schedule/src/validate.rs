@@ -131,6 +131,54 @@ pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks that every stage accumulates its weight gradients (W or B) in microbatch order:
+/// the runtime needs this for training to be bit-identical to unpipelined training, because
+/// float accumulation is not associative.
+pub fn check_weight_order(schedule: &Schedule) -> Result<(), Error> {
+    let mut last: Vec<Option<usize>> = vec![None; schedule.stages];
+    for (rank, order) in schedule.orders.iter().enumerate() {
+        for a in order.iter().filter(|a| matches!(a.kind, Kind::W | Kind::B)) {
+            if let Some(prev) = last[a.stage] {
+                if a.microbatch < prev {
+                    return Err(Error::Invalid {
+                        rank,
+                        action: Some(*a),
+                        reason: format!(
+                            "stage {} accumulates the weight gradient of microbatch {} after microbatch {prev}; \
+                             run W/B of each stage in microbatch order so training stays bit-identical",
+                            a.stage, a.microbatch
+                        ),
+                    });
+                }
+            }
+            last[a.stage] = Some(a.microbatch);
+        }
+    }
+    Ok(())
+}
+
+/// Puts every stage's W passes in microbatch order without moving any slot: the k-th W of
+/// a stage becomes W of its k-th smallest microbatch. Input gradients run in microbatch order
+/// in every generator, so each W still follows its I, no pass can start later, and memory is
+/// unchanged (every microbatch of a stage frees the same M_W).
+pub fn normalize_weight_order(schedule: &mut Schedule) {
+    for order in &mut schedule.orders {
+        let mut per_stage: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (k, a) in order.iter().enumerate() {
+            if a.kind == Kind::W {
+                per_stage.entry(a.stage).or_default().push(k);
+            }
+        }
+        for slots in per_stage.values() {
+            let mut mbs: Vec<usize> = slots.iter().map(|&k| order[k].microbatch).collect();
+            mbs.sort_unstable();
+            for (&k, j) in slots.iter().zip(mbs) {
+                order[k].microbatch = j;
+            }
+        }
+    }
+}
+
 /// Memory held on each rank after each of its actions, in program order. Memory depends only
 /// on the order (one pass at a time per rank), not on timing.
 pub fn memory_trace(schedule: &Schedule, costs: &CostModel) -> Vec<Vec<f64>> {

@@ -3,8 +3,8 @@
 //! and never worse with more memory.
 
 use nobubble_schedule::{
-    check_memory, generate, lower_bound, simulate, CostModel, CostSpec, RankCost, Request,
-    Schedule, ScheduleKind,
+    check_memory, check_weight_order, generate, lower_bound, simulate, CostModel, CostSpec,
+    RankCost, Request, Schedule, ScheduleKind,
 };
 use proptest::prelude::*;
 
@@ -54,12 +54,15 @@ proptest! {
         (p, m, spec) in (1usize..=6, 1usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
         frac in 0.0f64..1.0,
     ) {
-        for (kind, max_x) in [(ScheduleKind::ZbAuto, 2 * p + 1), (ScheduleKind::VAuto, p + 1)] {
-            let x = 1.0 + frac * (max_x as f64 - 1.0);
-            let s = plan(kind, p, m, &spec, Some(x));
+        for (kind, max_x) in [(ScheduleKind::ZbAuto, 2 * p + 1), (ScheduleKind::VAuto, p + 1), (ScheduleKind::VHalf, p + 1)] {
+            let asked = 1.0 + frac * (max_x as f64 - 1.0);
+            // v-half plans under its own limit (p/2); the others under the one asked for.
+            let x = kind.planning_limit(p, Some(asked)).unwrap();
+            let s = plan(kind, p, m, &spec, Some(asked));
             let c = CostModel::for_schedule(&spec, &s).unwrap();
             let sim = simulate(&s, &c).unwrap();
             check_memory(&s, &c, x).unwrap();
+            check_weight_order(&s).unwrap();
             let lb = lower_bound(&s.placement, m, &c, Some(x));
             prop_assert!(sim.metrics.makespan >= lb - 1e-9, "{} makespan {} < bound {lb}", kind.name(), sim.metrics.makespan);
         }

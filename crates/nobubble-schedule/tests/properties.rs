@@ -4,8 +4,8 @@
 
 use nobubble_schedule::sim::dependency;
 use nobubble_schedule::{
-    generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule, ScheduleKind,
-    Simulation,
+    check_weight_order, generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule,
+    ScheduleKind, Simulation,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -111,6 +111,7 @@ proptest! {
                     continue;
                 }
             };
+            check_weight_order(&s).unwrap_or_else(|e| panic!("{} p={p} m={m}: {e}", kind.name()));
             let c = CostModel::for_schedule(&spec, &s).unwrap();
             let sim = simulate(&s, &c).unwrap_or_else(|e| panic!("{} p={p} m={m}: {e}", kind.name()));
             check_timeline(&s, &c, &sim);
@@ -137,7 +138,11 @@ proptest! {
         for kind in ScheduleKind::ALL {
             let req = Request::new(kind, p, m);
             let spec = CostSpec::uniform(RankCost::default(), 0.5);
-            prop_assert_eq!(generate(&req, &spec).ok(), generate(&req, &spec).ok());
+            match (generate(&req, &spec), generate(&req, &spec)) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                _ => prop_assert!(false, "one run failed, the other did not"),
+            }
         }
     }
 }

@@ -223,7 +223,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         }
     }
     let name = req.kind.name();
-    match req.kind {
+    let mut schedule = match req.kind {
         ScheduleKind::GPipe => gpipe(p, m),
         ScheduleKind::OneFOneB => one_f_one_b(p, m),
         ScheduleKind::Interleaved1F1B => interleaved_1f1b(p, m, req.chunks),
@@ -247,5 +247,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             )
         }
         ScheduleKind::DualPipeV => dualpipe_v(p, m),
-    }
+    }?;
+    crate::validate::normalize_weight_order(&mut schedule);
+    Ok(schedule)
 }

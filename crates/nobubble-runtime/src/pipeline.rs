@@ -140,6 +140,18 @@ fn check_runnable(schedule: &Schedule, microbatches: usize) -> Result<(), Runtim
     Ok(())
 }
 
+/// Runs `f`, turning a panic into an error naming the rank, so the coordinator hears of it
+/// at once instead of waiting out its guard.
+fn guard<T>(rank: usize, f: impl FnOnce() -> Result<T, RuntimeError>) -> Result<T, RuntimeError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(RuntimeError::Panic {
+            rank,
+            action: None,
+            cause: panic_message(&p),
+        })
+    })
+}
+
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -279,8 +291,8 @@ impl Pipeline {
                                 }
                                 Reply::Stepped(r)
                             }
-                            Command::Apply { scale, lr } => Reply::Applied(worker.apply(scale, lr)),
-                            Command::Validate(v) => Reply::Applied(worker.validate(v)),
+                            Command::Apply { scale, lr } => Reply::Applied(guard(rank, || worker.apply(scale, lr))),
+                            Command::Validate(v) => Reply::Applied(guard(rank, || worker.validate(v))),
                             Command::Params => Reply::Params(worker.params()),
                             Command::Memory => Reply::Memory(worker.measure_memory()),
                             Command::ExportState => {
@@ -588,8 +600,16 @@ impl Drop for Pipeline {
         for tx in &self.commands {
             let _ = tx.send(Command::Stop);
         }
+        // Join the workers that stop; a worker stuck in a pass that cannot be interrupted
+        // is left behind rather than hanging the caller (it ends with the process).
+        let grace = Instant::now() + Duration::from_secs(2);
         for h in self.handles.drain(..) {
-            let _ = h.join();
+            while !h.is_finished() && Instant::now() < grace {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
         }
     }
 }

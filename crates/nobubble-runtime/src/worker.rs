@@ -130,15 +130,11 @@ impl Worker {
         let deadline = started + self.recv_timeout;
         loop {
             let now = Instant::now();
-            if let Some(msg) = self.mailbox.get(&key) {
-                match msg.ready_at {
-                    Some(t) if t > now => {
-                        std::thread::sleep((t - now).min(Duration::from_millis(20)))
-                    }
-                    _ => return Ok(self.mailbox.remove(&key).expect("present").tensor),
-                }
-                continue;
-            }
+            let delayed_until = match self.mailbox.get(&key).map(|m| m.ready_at) {
+                Some(Some(t)) if t > now => Some(t),
+                Some(_) => return Ok(self.mailbox.remove(&key).expect("present").tensor),
+                None => None,
+            };
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
@@ -156,6 +152,12 @@ impl Worker {
                     ),
                     seconds: started.elapsed().as_secs_f64(),
                 });
+            }
+            if let Some(t) = delayed_until {
+                // Arrived but still "on the wire" (emulated latency): wait for it, but
+                // never past the deadline or an abort.
+                std::thread::sleep((t - now).min(deadline - now).min(Duration::from_millis(20)));
+                continue;
             }
             // Poll briefly before blocking: a message that is about to arrive is picked
             // up without paying a thread wake-up on the critical path.
@@ -264,7 +266,9 @@ impl Worker {
             match &mut self.engine {
                 Engine::Emulated(costs) => {
                     let ms = costs.time(s, a.kind);
-                    spin_sleep(Duration::from_secs_f64(ms / 1000.0));
+                    if !spin_sleep(Duration::from_secs_f64(ms / 1000.0), &self.abort) {
+                        return Err(RuntimeError::Aborted { rank: self.rank });
+                    }
                     match a.kind {
                         Kind::F if s < last => {
                             send = Some((Payload::Activation, s + 1, Tensor::zeros(&[0])))
@@ -474,22 +478,35 @@ impl Worker {
 /// Sleeps for `d`, precisely on average: the OS wakes a sleeper late by a roughly
 /// constant amount, so each thread learns its own lateness (a running mean) and sleeps that
 /// much less. No spinning: with many ranks on few cores, spinning threads would delay the
-/// others' wake-ups.
-fn spin_sleep(d: Duration) {
+/// others' wake-ups. Long sleeps are cut into slices that watch `abort`; returns false if
+/// it was set.
+fn spin_sleep(d: Duration, abort: &AtomicBool) -> bool {
     thread_local! {
         static LATE_NS: std::cell::Cell<f64> = const { std::cell::Cell::new(60_000.0) };
     }
+    const SLICE: Duration = Duration::from_millis(50);
     let start = Instant::now();
+    let until = start + d;
     let late = LATE_NS.with(|l| l.get());
-    let ask = d.as_nanos() as f64 - late;
-    if ask > 0.0 {
-        std::thread::sleep(Duration::from_nanos(ask as u64));
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if abort.load(Ordering::Relaxed) {
+            return false;
+        }
+        if left <= SLICE {
+            let ask = left.as_nanos() as f64 - late;
+            if ask > 0.0 {
+                std::thread::sleep(Duration::from_nanos(ask as u64));
+            }
+            break;
+        }
+        std::thread::sleep(SLICE);
     }
     let overshoot = start.elapsed().as_nanos() as f64 - d.as_nanos() as f64;
     // Learn from this sleep: the lateness it showed is what was asked less what happened.
     LATE_NS.with(|l| l.set((0.9 * late + 0.1 * (late + overshoot)).clamp(0.0, 1e6)));
-    let until = start + d;
     while Instant::now() < until {
         std::thread::yield_now();
     }
+    true
 }

@@ -30,6 +30,18 @@ pub struct RankCost {
     pub mem_w: f64,
 }
 
+/// Largest time or memory value accepted: keeps every sum over a schedule finite.
+pub const MAX_VALUE: f64 = 1e15;
+
+/// A number for a message: plain, or in exponent form when huge.
+fn show(v: f64) -> String {
+    if v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -63,16 +75,18 @@ impl RankCost {
 
     fn check(&self, what: &str) -> Result<(), Error> {
         for (name, v) in [("f", self.f), ("i", self.i), ("w", self.w)] {
-            if !(v.is_finite() && v > 0.0) {
+            if !(v.is_finite() && v > 0.0 && v <= MAX_VALUE) {
                 return Err(Error::Input(format!(
-                    "{what}: time `{name}` must be a positive number, got {v}"
+                    "{what}: time `{name}` must be a positive number up to {MAX_VALUE:e}, got {}",
+                    show(v)
                 )));
             }
         }
         for (name, v) in [("mem_b", self.mem_b), ("mem_w", self.mem_w)] {
-            if !(v.is_finite() && v >= 0.0) {
+            if !(v.is_finite() && (0.0..=MAX_VALUE).contains(&v)) {
                 return Err(Error::Input(format!(
-                    "{what}: memory `{name}` must be zero or positive, got {v}"
+                    "{what}: memory `{name}` must be zero or positive, up to {MAX_VALUE:e}, got {}",
+                    show(v)
                 )));
             }
         }
@@ -125,10 +139,10 @@ impl CostSpec {
                 "costs: `stages` is empty; give one entry for all ranks or one per rank".into(),
             ));
         }
-        if !(self.comm.is_finite() && self.comm >= 0.0) {
+        if !(self.comm.is_finite() && (0.0..=MAX_VALUE).contains(&self.comm)) {
             return Err(Error::Input(format!(
-                "costs: comm must be zero or positive, got {}",
-                self.comm
+                "costs: comm must be zero or positive, up to {MAX_VALUE:e}, got {}",
+                show(self.comm)
             )));
         }
         for (k, c) in self.stages.iter().enumerate() {

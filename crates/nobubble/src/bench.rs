@@ -215,7 +215,13 @@ fn parse_sizes(text: &str) -> Result<Vec<(usize, usize)>, String> {
                     .parse::<usize>()
                     .map_err(|_| format!("--sizes: `{t}` in `{pair}` is not a whole number"))
             };
-            Ok((parse(p)?, parse(m)?))
+            let (p, m) = (parse(p)?, parse(m)?);
+            if p == 0 || m == 0 {
+                return Err(format!(
+                    "--sizes: stages and microbatches must be at least 1 in `{pair}`"
+                ));
+            }
+            Ok((p, m))
         })
         .collect()
 }

@@ -147,6 +147,16 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
         m.microbatch_size = v;
     }
     m.validate().map_err(|e| e.to_string())?;
+    // Guard against typos that would try to allocate the machine away.
+    let activation = m.tokens_per_microbatch() as f64 * m.hidden as f64 * 4.0;
+    if activation > (1u64 << 32) as f64 || m.parameter_count() > 1 << 31 {
+        return Err(format!(
+            "this model is too large for this trainer: {} parameters, {:.1} GiB per activation tensor; \
+             reduce --hidden, --seq-len, --microbatch-size or --layers",
+            m.parameter_count(),
+            activation / (1u64 << 30) as f64
+        ));
+    }
     Ok(m)
 }
 
@@ -196,10 +206,17 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
                         .map_err(|_| format!("--cost: `{x}` is not a number"))
                 })
                 .collect::<Result<_, _>>()?;
-            if t.len() != 3 || t.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            if t.len() != 3 || t.iter().any(|v| !(v.is_finite() && *v > 0.0 && *v <= 1e6)) {
                 return Err(
-                    "--cost takes three positive milliseconds F,I,W, e.g. --cost 2,2,2".into(),
+                    "--cost takes three positive milliseconds F,I,W (up to 1e6), e.g. --cost 2,2,2"
+                        .into(),
                 );
+            }
+            if !(a.comm.is_finite() && (0.0..=1e6).contains(&a.comm)) {
+                return Err(format!(
+                    "--comm must be between 0 and 1e6 milliseconds, got {}",
+                    a.comm
+                ));
             }
             Some(CostSpec::uniform(
                 RankCost {
@@ -222,7 +239,30 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     if a.save_every > 0 && a.save.is_none() {
         return Err("--save-every needs --save DIR (where to write the checkpoints)".into());
     }
-    let mem_limit = a.mem_limit.as_deref().map(parse_bytes).transpose()?;
+    // Real compute: a size in bytes. Emulated passes hold no tensors: the limit is in
+    // multiples of a rank's M_B, as for `plan`.
+    let mem_limit = match (&emulated, a.mem_limit.as_deref()) {
+        (_, None) => None,
+        (None, Some(text)) => Some(parse_bytes(text)?),
+        (Some(_), Some(text)) => Some(text.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 1.0).ok_or_else(|| {
+            format!("with --compute emulated, --mem-limit is in multiples of a rank's M_B (a number ≥ 1, e.g. 8), got `{text}`")
+        })?),
+    };
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(format!("--lr must be a positive number, got {}", a.lr));
+    }
+    if !(a.max_grad_norm.is_finite() && a.max_grad_norm >= 0.0) {
+        return Err(format!(
+            "--max-grad-norm must be zero (off) or positive, got {}",
+            a.max_grad_norm
+        ));
+    }
+    if !(a.recv_timeout.is_finite() && (0.001..=1e6).contains(&a.recv_timeout)) {
+        return Err(format!(
+            "--recv-timeout must be between 0.001 and 1e6 seconds, got {}",
+            a.recv_timeout
+        ));
+    }
     let train = TrainConfig {
         seed: a.seed,
         data_seed: a.seed.wrapping_add(1),
@@ -242,7 +282,7 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
             train,
             layout: StageLayout::Even,
             compute: Compute::Real,
-            recv_timeout: Duration::from_secs_f64(a.recv_timeout.max(0.1)),
+            recv_timeout: Duration::from_secs_f64(a.recv_timeout),
             fault: None,
             post_validate: match a.post_validate.as_deref() {
                 None => None,
@@ -317,6 +357,8 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     let started = Instant::now();
     let mut trace_offset = 0.0;
     let mut replanned = false;
+    // Index of the first step run under the current plan.
+    let mut plan_since = 0usize;
     for step in first_step..a.steps {
         let rec = session.step().map_err(|e| format!("step {step}: {e}"))?;
         let tps = tokens_per_step / rec.wall;
@@ -364,8 +406,11 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
                 crate::sample::save_to(&session, dir, &model, &train_config, text)?;
             }
         }
-        if !replanned && a.replan_after > 0 && records.len() as u64 == a.replan_after {
+        let steps_left = a.steps > first_step + records.len() as u64;
+        if !replanned && steps_left && a.replan_after > 0 && records.len() as u64 == a.replan_after
+        {
             replanned = true;
+            plan_since = records.len();
             let before = session.plan.schedule.clone();
             if let Some(plan) = session
                 .replan_on_measurements(&records)
@@ -394,10 +439,8 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         eprintln!();
     }
     let elapsed = started.elapsed().as_secs_f64();
-    // Summary over the steps after re-planning (or all but the first).
-    let skip = (a.replan_after as usize)
-        .max(1)
-        .min(records.len().saturating_sub(1));
+    // Summary over the steps run under the final plan (the first step of a run is warm-up).
+    let skip = plan_since.max(1).min(records.len().saturating_sub(1));
     let tail = &records[skip..];
     let mean =
         |f: &dyn Fn(&StepRecord) -> f64| tail.iter().map(f).sum::<f64>() / tail.len().max(1) as f64;
@@ -414,10 +457,12 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         elapsed,
         tokens_per_step * trained as f64 / elapsed
     );
-    println!(
-        "final training loss {:.4}",
-        records.last().map(|r| r.loss).unwrap_or(f32::NAN)
-    );
+    if real {
+        println!(
+            "final training loss {:.4}",
+            records.last().map(|r| r.loss).unwrap_or(f32::NAN)
+        );
+    }
     if real {
         let after = session
             .validation_loss(a.eval_sets)
@@ -446,7 +491,7 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     );
     if real {
         let measured: Vec<usize> = (0..session.plan.schedule.ranks)
-            .map(|r| records.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0))
+            .map(|r| tail.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0))
             .collect();
         for (r, m) in measured.iter().enumerate() {
             println!(

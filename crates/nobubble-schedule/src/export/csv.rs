@@ -6,6 +6,9 @@ use crate::action::Action;
 use crate::error::Error;
 use crate::schedule::Schedule;
 
+/// Largest stage or microbatch number a file may use.
+const MAX_INDEX: usize = 1 << 20;
+
 /// Writes one row per rank, actions in program order, no padding.
 pub fn write(schedule: &Schedule) -> String {
     let mut out = String::new();
@@ -31,11 +34,25 @@ pub fn read(text: &str, name: &str) -> Result<Schedule, Error> {
             let a: Action = cell.parse().map_err(|e| {
                 Error::Input(format!("row {} (rank {r}), column {}: {e}", r + 1, c + 1))
             })?;
+            if a.stage >= MAX_INDEX || a.microbatch >= MAX_INDEX {
+                return Err(Error::Input(format!(
+                    "row {} (rank {r}), column {}: `{cell}` has a stage or microbatch number \
+                     of {MAX_INDEX} or more; is the cell mistyped?",
+                    r + 1,
+                    c + 1
+                )));
+            }
             rows[r].push(a);
         }
     }
     while rows.last().is_some_and(Vec::is_empty) {
         rows.pop();
+    }
+    if let Some(r) = rows.iter().position(Vec::is_empty) {
+        return Err(Error::Input(format!(
+            "row {} (rank {r}) has no actions: every rank must hold a stage; remove the empty row",
+            r + 1
+        )));
     }
     if rows.is_empty() {
         return Err(Error::Input(

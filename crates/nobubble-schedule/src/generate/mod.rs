@@ -16,6 +16,10 @@ use crate::cost::CostSpec;
 use crate::error::Error;
 use crate::schedule::Schedule;
 
+/// Largest schedule (passes per iteration) the planner accepts: far beyond any real
+/// pipeline, small enough that a typo cannot exhaust memory.
+pub const MAX_ACTIONS: usize = 20_000_000;
+
 /// A schedule family the planner can generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScheduleKind {
@@ -213,6 +217,22 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 .into(),
         ));
     }
+    let stages = match req.kind {
+        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => p.saturating_mul(req.chunks),
+        ScheduleKind::ZbV
+        | ScheduleKind::VHalf
+        | ScheduleKind::VMin
+        | ScheduleKind::VAuto
+        | ScheduleKind::DualPipeV => 2 * p,
+        _ => p,
+    };
+    let actions = stages.saturating_mul(m).saturating_mul(3);
+    if actions > MAX_ACTIONS {
+        return Err(Error::Input(format!(
+            "{stages} stages × {m} microbatches is {actions} passes per iteration, more than the \
+             planner handles ({MAX_ACTIONS}); use fewer stages, chunks or microbatches"
+        )));
+    }
     let limit = req.kind.planning_limit(p, req.mem_limit);
     if let Some(x) = limit {
         if !(x.is_finite() && x >= 1.0 - 1e-9) {
@@ -222,6 +242,8 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             )));
         }
     }
+    // No rank can ever hold more than all m microbatches: a larger limit plans like m.
+    let limit = limit.map(|x| x.min(m as f64));
     let name = req.kind.name();
     let mut schedule = match req.kind {
         ScheduleKind::GPipe => gpipe(p, m),

@@ -5,7 +5,7 @@
 //! simulator is then improved by local search (moving weight gradients). The objective is
 //! the paper's: the longest per-rank span, then the makespan.
 
-use super::greedy::{list_schedule, Policy};
+use super::greedy::{list_schedule_bound, Policy};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
 use crate::schedule::Schedule;
@@ -179,13 +179,22 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     }
     let mut best: Option<(Schedule, Score)> = None;
     let mut params: Option<(TemplateParams, Score)> = None;
+    let mut unbound: Vec<Option<Schedule>> = vec![None; policies().len()];
     for level in ladder(x) {
         let mut candidates = Vec::new();
         // On linear placements the list scheduler rarely beats the family search; it is
         // worth its time only on small pipelines.
         if actions <= 1500 {
-            for pol in policies() {
-                if let Ok(s) = list_schedule(name, &placement, p, m, &costs, level, &pol) {
+            for (k, pol) in policies().into_iter().enumerate() {
+                // Once the limit stopped binding, larger limits give the same schedule.
+                if let Some(s) = &unbound[k] {
+                    candidates.push(s.clone());
+                } else if let Ok((s, bound)) =
+                    list_schedule_bound(name, &placement, p, m, &costs, level, &pol)
+                {
+                    if !bound {
+                        unbound[k] = Some(s.clone());
+                    }
                     candidates.push(s);
                 }
             }

@@ -76,6 +76,22 @@ pub fn list_schedule(
     x: f64,
     policy: &Policy,
 ) -> Result<Schedule, Error> {
+    list_schedule_bound(name, placement, ranks, m, costs, x, policy).map(|(s, _)| s)
+}
+
+/// As [`list_schedule`], also saying whether the memory limit ever held a forward back.
+/// The limit enters the scheduler only through that test, so when it never bound, every
+/// larger limit gives the very same schedule — the memory ladders use this to skip runs.
+pub fn list_schedule_bound(
+    name: &str,
+    placement: &[usize],
+    ranks: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    policy: &Policy,
+) -> Result<(Schedule, bool), Error> {
+    let mut memory_bound = false;
     let n = placement.len();
     let mut rs: Vec<RankState> = (0..ranks)
         .map(|r| {
@@ -188,6 +204,7 @@ pub fn list_schedule(
             let need = costs.stages[s].mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
             if st.mem + need > st.limit * (1.0 + 1e-9) + 1e-12 {
                 memory_blocks_f = true;
+                memory_bound = true;
                 continue;
             }
             if s == st.first_stage && st.in_flight >= policy.max_in_flight {
@@ -226,23 +243,23 @@ pub fn list_schedule(
         };
         let Some(a) = chosen else {
             // Nothing to do now: sleep until the next known arrival or the next other clock.
-            let wake = if next_arrival.is_finite() {
-                next_arrival
-            } else {
-                (0..ranks)
-                    .filter(|&q| q != r && unfinished(q) && rs[q].clock > t)
-                    .map(|q| rs[q].clock)
-                    .fold(f64::INFINITY, f64::min)
-            };
-            if wake.is_finite() && wake > t {
-                rs[r].clock = wake;
+            // Sleep until the next known arrival; with none known, until another rank
+            // schedules something (which is what could make an arrival known).
+            if next_arrival.is_finite() && next_arrival > t {
+                rs[r].clock = next_arrival;
             } else {
                 blocked[r] = true;
             }
             continue;
         };
-        blocked.fill(false);
         let (s, j) = (a.stage, a.microbatch);
+        // Wake only the ranks this pass can unblock: the consumer of its output.
+        blocked[r] = false;
+        match a.kind {
+            Kind::F if s + 1 < n => blocked[placement[s + 1]] = false,
+            Kind::I if s > 0 => blocked[placement[s - 1]] = false,
+            _ => {}
+        }
         let st = &mut rs[r];
         let dur = costs.time(s, a.kind);
         let start = match a.kind {
@@ -278,7 +295,10 @@ pub fn list_schedule(
         done += 1;
     }
     let orders = rs.into_iter().map(|st| st.order).collect();
-    Schedule::new(name, n, ranks, m, placement.to_vec(), orders)
+    Ok((
+        Schedule::new(name, n, ranks, m, placement.to_vec(), orders)?,
+        memory_bound,
+    ))
 }
 
 /// The stage with the oldest pending weight gradient on this rank, if any.

@@ -4,7 +4,7 @@
 //! [`crate::cost`]).
 
 use super::auto::{better, improve, ladder, pick_best, policies, Score};
-use super::greedy::list_schedule;
+use super::greedy::list_schedule_bound;
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
@@ -202,10 +202,19 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         (1, 0)
     };
     let mut best: Option<(Schedule, Score)> = None;
+    let mut unbound: Vec<Option<Schedule>> = vec![None; policies().len()];
     for level in ladder(x) {
         let mut candidates = vec![zb_v_pattern(p, m)?];
-        for pol in policies().into_iter().take(n_policies) {
-            if let Ok(s) = list_schedule(name, &placement, p, m, &costs, level, &pol) {
+        for (k, pol) in policies().into_iter().take(n_policies).enumerate() {
+            // Once the limit stopped binding, larger limits give the same schedule.
+            if let Some(s) = &unbound[k] {
+                candidates.push(s.clone());
+            } else if let Ok((s, bound)) =
+                list_schedule_bound(name, &placement, p, m, &costs, level, &pol)
+            {
+                if !bound {
+                    unbound[k] = Some(s.clone());
+                }
                 candidates.push(s);
             }
         }

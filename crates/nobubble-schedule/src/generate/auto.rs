@@ -127,6 +127,46 @@ pub(crate) fn improve(
     }
 }
 
+/// The list scheduler's runs along a memory ladder, one per policy, remembering each
+/// policy's schedule once the limit stopped binding (every larger limit gives the same).
+pub(crate) struct LadderRuns {
+    unbound: Vec<Option<Schedule>>,
+}
+
+impl LadderRuns {
+    pub(crate) fn new(policies: usize) -> Self {
+        LadderRuns {
+            unbound: vec![None; policies],
+        }
+    }
+
+    /// The first `self.unbound.len()` policies' schedules at `level` (failed runs left out).
+    pub(crate) fn run(
+        &mut self,
+        name: &str,
+        placement: &[usize],
+        p: usize,
+        m: usize,
+        costs: &CostModel,
+        level: f64,
+    ) -> Vec<Schedule> {
+        let mut out = Vec::new();
+        for (k, pol) in policies().into_iter().take(self.unbound.len()).enumerate() {
+            if let Some(s) = &self.unbound[k] {
+                out.push(s.clone());
+            } else if let Ok((s, bound)) =
+                list_schedule_bound(name, placement, p, m, costs, level, &pol)
+            {
+                if !bound {
+                    self.unbound[k] = Some(s.clone());
+                }
+                out.push(s);
+            }
+        }
+        out
+    }
+}
+
 /// The smallest limit (× each rank's M_B) a schedule fits in.
 pub(crate) fn needed_limit(s: &Schedule, costs: &CostModel) -> f64 {
     let peaks = crate::validate::peak_memory(s, costs);
@@ -179,25 +219,13 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     }
     let mut best: Option<(Schedule, Score)> = None;
     let mut params: Option<(TemplateParams, Score)> = None;
-    let mut unbound: Vec<Option<Schedule>> = vec![None; policies().len()];
+    let mut unbound = LadderRuns::new(policies().len());
     for level in ladder(x) {
         let mut candidates = Vec::new();
         // On linear placements the list scheduler rarely beats the family search; it is
         // worth its time only on small pipelines.
         if actions <= 1500 {
-            for (k, pol) in policies().into_iter().enumerate() {
-                // Once the limit stopped binding, larger limits give the same schedule.
-                if let Some(s) = &unbound[k] {
-                    candidates.push(s.clone());
-                } else if let Ok((s, bound)) =
-                    list_schedule_bound(name, &placement, p, m, &costs, level, &pol)
-                {
-                    if !bound {
-                        unbound[k] = Some(s.clone());
-                    }
-                    candidates.push(s);
-                }
-            }
+            candidates.extend(unbound.run(name, &placement, p, m, &costs, level));
         }
         let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
         for (s, sc, need) in &handcrafted {

@@ -3,8 +3,7 @@
 //! Each chunk costs half of a rank's share (the one-rank's-share convention of
 //! [`crate::cost`]).
 
-use super::auto::{better, improve, ladder, pick_best, policies, Score};
-use super::greedy::list_schedule_bound;
+use super::auto::{better, improve, ladder, pick_best, LadderRuns, Score};
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
@@ -202,22 +201,10 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         (1, 0)
     };
     let mut best: Option<(Schedule, Score)> = None;
-    let mut unbound: Vec<Option<Schedule>> = vec![None; policies().len()];
+    let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
         let mut candidates = vec![zb_v_pattern(p, m)?];
-        for (k, pol) in policies().into_iter().take(n_policies).enumerate() {
-            // Once the limit stopped binding, larger limits give the same schedule.
-            if let Some(s) = &unbound[k] {
-                candidates.push(s.clone());
-            } else if let Ok((s, bound)) =
-                list_schedule_bound(name, &placement, p, m, &costs, level, &pol)
-            {
-                if !bound {
-                    unbound[k] = Some(s.clone());
-                }
-                candidates.push(s);
-            }
-        }
+        candidates.extend(runs.run(name, &placement, p, m, &costs, level));
         if let Some((s, sc)) = pick_best(candidates, &|_| Ok(costs.clone()), level)? {
             let improved = if improve_budget > 0 {
                 improve(s, sc, &costs, level, improve_budget)?

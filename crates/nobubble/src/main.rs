@@ -49,6 +49,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`nobubble compare … | head`)
+    // would panic; restore the default: the process just ends, as other CLI tools do.
+    #[cfg(unix)]
+    // SAFETY: called first thing, before any thread exists; only resets a signal disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Plan(a) => plan::run(a),

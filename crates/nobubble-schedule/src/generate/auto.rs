@@ -175,6 +175,9 @@ pub(crate) fn needed_limit(s: &Schedule, costs: &CostModel) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// How many whole levels below the free point's memory the search cuts it down to fit.
+const FIT_LEVELS: f64 = 6.0;
+
 /// The memory levels a ladder search visits: every whole multiple of M_B up to `x`, then
 /// `x`. Keeping the best schedule found at any level makes the result non-increasing in
 /// the limit (over whole-number limits), because a schedule that fits a smaller limit fits
@@ -208,6 +211,27 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     };
     let grid = search.grid();
     let descent_budget = (100_000 / actions).clamp(4, 300);
+    // The best family point when memory is no object, polished once; every level also tries
+    // it cut down to fit (the same steps at every level, so the ladder stays monotone).
+    let free = grid
+        .iter()
+        .min_by(|a, b| {
+            if better(a.1, b.1) {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        })
+        .map(|(t, sc, _)| {
+            search
+                .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
+                .0
+        })
+        .and_then(|t| {
+            let need = needed_limit(&search.build(&t).ok()?, &costs);
+            Some((t, need))
+        });
+    let fit_budget = (1_000_000 / actions).clamp(20, 150);
     let improve_budget = (30_000 / actions).clamp(2, 100);
     let improve_budget = if actions <= 6000 { improve_budget } else { 0 };
     // The handcrafted schedules do not depend on the limit: score them once.
@@ -251,6 +275,20 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
                 level_best = Some((search.build(&t)?, sc));
             }
             params = Some((t, sc));
+        }
+        // Levels just below what the free point needs: cut it down to fit and polish it, as a
+        // candidate of its own (the main chain of parameters goes on unchanged).
+        if let Some((f, need)) = &free {
+            if level < *need && level + FIT_LEVELS >= *need {
+                if let Some(t) = search.fit(f.clone(), level) {
+                    if let Some(sc) = search.eval(&t, level) {
+                        let (t, sc) = search.descend(t, sc, level, fit_budget);
+                        if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                            level_best = Some((search.build(&t)?, sc));
+                        }
+                    }
+                }
+            }
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
@@ -346,6 +384,38 @@ impl TemplateSearch<'_> {
             }
         }
         out
+    }
+
+    /// Cuts `t` down until it fits `x`: on every rank over the limit, shorten the W lag by
+    /// the excess (in units of what a deferred W holds), or once there is no lag, warm up
+    /// with one forward less. `None` if nothing is left to cut.
+    fn fit(&self, mut t: TemplateParams, x: f64) -> Option<TemplateParams> {
+        for _ in 0..4 * self.p + 8 {
+            let s = self.build(&t).ok()?;
+            let peaks = crate::validate::peak_memory(&s, self.costs);
+            let mut fits = true;
+            for (r, &peak) in peaks.iter().enumerate() {
+                let unit = self.costs.rank_mem_b(&s, r).max(f64::MIN_POSITIVE);
+                let excess = peak / unit - x;
+                if excess <= 1e-9 {
+                    continue;
+                }
+                fits = false;
+                let w_share = (self.costs.stages[r].mem_w / unit).max(1e-3);
+                if t.lag[r] > 0 {
+                    let cut = ((excess / w_share).ceil() as usize).max(1);
+                    t.lag[r] = t.lag[r].saturating_sub(cut);
+                } else if t.warm[r] > 0 {
+                    t.warm[r] -= 1;
+                } else {
+                    return None;
+                }
+            }
+            if fits {
+                return Some(t);
+            }
+        }
+        None
     }
 
     /// Coordinate descent on single stages' warm-up and lag, within `max_evals` simulations.

@@ -23,6 +23,19 @@ fn train(m: usize) -> TrainConfig {
     }
 }
 
+/// Real compute, even split, synchronous steps.
+fn run_config(model: GptConfig, m: usize) -> RunConfig {
+    RunConfig {
+        model,
+        train: train(m),
+        layout: StageLayout::Even,
+        compute: Compute::Real,
+        recv_timeout: Duration::from_secs(30),
+        fault: None,
+        post_validate: None,
+    }
+}
+
 fn corpus() -> ByteCorpus {
     ByteCorpus::builtin().prefix(200_000).unwrap()
 }
@@ -54,15 +67,7 @@ fn every_schedule_trains_bit_identically_to_the_reference() {
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     for kind in ScheduleKind::ALL {
         let schedule = generate(&Request::new(kind, p, m), &spec).unwrap();
-        let config = RunConfig {
-            model: model(),
-            train: train(m),
-            layout: StageLayout::Even,
-            compute: Compute::Real,
-            recv_timeout: Duration::from_secs(30),
-            fault: None,
-            post_validate: None,
-        };
+        let config = run_config(model(), m);
         let mut pipe = Pipeline::start(config, &schedule, corpus()).unwrap();
         let losses: Vec<u32> = (0..steps)
             .map(|_| pipe.train_step(&schedule).unwrap().loss.to_bits())
@@ -116,15 +121,7 @@ fn automatic_schedules_on_uneven_costs_stay_bit_identical() {
         ScheduleKind::VHalf,
     ] {
         let schedule = generate(&Request::new(kind, p, m), &spec).unwrap();
-        let config = RunConfig {
-            model: model.clone(),
-            train: train(m),
-            layout: StageLayout::Even,
-            compute: Compute::Real,
-            recv_timeout: Duration::from_secs(30),
-            fault: None,
-            post_validate: None,
-        };
+        let config = run_config(model.clone(), m);
         let mut pipe = Pipeline::start(config, &schedule, corpus()).unwrap();
         let losses: Vec<u32> = (0..steps)
             .map(|_| pipe.train_step(&schedule).unwrap().loss.to_bits())

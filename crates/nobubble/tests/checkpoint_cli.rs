@@ -2,30 +2,9 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn nobubble(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nobubble"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = nobubble(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = nobubble(args);
-    assert!(!out.status.success(), "{args:?} should fail");
-    String::from_utf8(out.stderr).unwrap()
-}
+mod common;
+use common::{fails, nobubble, ok};
 
 fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("nobubble-ckpt-cli-{}", std::process::id()));

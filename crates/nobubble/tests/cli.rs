@@ -2,32 +2,9 @@
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn nobubble(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nobubble"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = nobubble(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Runs a command that must fail and returns its stderr.
-fn fails(args: &[&str]) -> String {
-    let out = nobubble(args);
-    assert!(!out.status.success(), "{args:?} should fail");
-    String::from_utf8(out.stderr).unwrap()
-}
+mod common;
+use common::{fails, ok};
 
 fn temp_file(name: &str, content: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nobubble-cli-{}", std::process::id()));

@@ -1,0 +1,30 @@
+//! Running the `nobubble` binary from the integration tests.
+
+use std::process::{Command, Output};
+
+/// Runs the binary with `args` (no colour).
+pub fn nobubble(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("binary runs")
+}
+
+/// Runs a command that must succeed and returns its stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = nobubble(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command that must fail and returns its stderr.
+pub fn fails(args: &[&str]) -> String {
+    let out = nobubble(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8(out.stderr).unwrap()
+}

@@ -82,6 +82,30 @@ fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, Run
         .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
 }
 
+/// Refuses a `--save` target that is not ours: an existing file, or a non-empty directory
+/// that is not a checkpoint (saving would replace it). Cheap: run it before training too.
+pub fn check_save_target(dir: &Path) -> Result<(), RuntimeError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(RuntimeError::Config(format!(
+            "{} exists and is not a directory; choose a new directory for the checkpoint",
+            dir.display()
+        )));
+    }
+    if dir.exists() && !dir.join(META).is_file() {
+        let empty = std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            return Err(RuntimeError::Config(format!(
+                "{} exists and is not a nobubble checkpoint; saving would replace it, so choose a new \
+                 directory (or remove it)",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Writes `ckpt` to `dir` atomically (see the module docs): either the new checkpoint is
 /// complete at `dir`, or the previous one is still loadable.
 pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
@@ -91,17 +115,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     };
     std::fs::create_dir_all(&parent).map_err(|e| io_err("create", &parent, e))?;
     // Never move aside (and then delete) a directory that is not a checkpoint.
-    if dir.exists() && !dir.join(META).is_file() {
-        let empty = std::fs::read_dir(dir)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !empty {
-            return Err(RuntimeError::Config(format!(
-                "{} exists and is not a nobubble checkpoint; saving would replace it, so                  choose a new directory (or remove it)",
-                dir.display()
-            )));
-        }
-    }
+    check_save_target(dir)?;
     let tmp = staging_dir(dir);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;

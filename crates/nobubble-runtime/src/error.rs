@@ -78,9 +78,7 @@ impl fmt::Display for RuntimeError {
                 seconds,
             } => write!(
                 f,
-                "rank {rank}, stage {}, action {action}: waited {seconds:.1} s for {waiting_for}; \
-                 the sender failed, hung, or the message was lost (raise --recv-timeout if passes are \
-                 really this slow)",
+                "rank {rank}, stage {}, action {action}: waited {seconds:.1} s for {waiting_for}",
                 action.stage
             ),
             RuntimeError::Aborted { rank } => {

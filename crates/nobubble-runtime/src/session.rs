@@ -96,6 +96,12 @@ impl Session {
             .unwrap_or_else(|| CostSpec::uniform(RankCost::default(), 0.0));
         let emulated_x = opts.emulated.as_ref().and(opts.mem_limit);
         let plan = plan_with(&opts, &provisional, emulated_x, "given costs")?;
+        if let Some(x) = emulated_x {
+            // Emulated memory is the cost model's: refuse a schedule over the limit, as
+            // real runs do, before any pass runs.
+            nobubble_schedule::check_memory(&plan.schedule, &plan.costs, x)
+                .map_err(|e| RuntimeError::Config(e.to_string()))?;
+        }
         let mut opts = opts;
         opts.run.compute = match opts.emulated {
             Some(_) => Compute::Emulated {

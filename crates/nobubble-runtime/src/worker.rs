@@ -139,6 +139,17 @@ impl Worker {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             if now >= deadline {
+                if delayed_until.is_some() {
+                    return Err(RuntimeError::Timeout {
+                        rank: self.rank,
+                        action,
+                        waiting_for: format!(
+                            "the message for stage {stage}, microbatch {mb}, which arrived but is held back \
+                             by the emulated link latency: --comm is longer than --recv-timeout"
+                        ),
+                        seconds: started.elapsed().as_secs_f64(),
+                    });
+                }
                 let (what, from) = match payload {
                     Payload::Activation => ("activation", stage - 1),
                     Payload::Gradient => ("output gradient", stage + 1),
@@ -147,7 +158,9 @@ impl Worker {
                     rank: self.rank,
                     action,
                     waiting_for: format!(
-                        "the {what} of stage {stage}, microbatch {mb}, from stage {from} on rank {}",
+                        "the {what} of stage {stage}, microbatch {mb}, from stage {from} on rank {}; \
+                         the sender failed, hung, or the message was lost (raise --recv-timeout if \
+                         passes are really this slow)",
                         self.placement[from]
                     ),
                     seconds: started.elapsed().as_secs_f64(),

@@ -73,7 +73,8 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "rank {rank}, action {action}: activation memory {} exceeds the limit {} ({} × M_B) by {} \
-                 (raise --mem-limit or pick a schedule with less memory, e.g. 1f1b or zb-h1)",
+                 (raise --mem-limit, or use zb-auto, which plans within any limit of at least 1 × M_B; \
+                 `nobubble compare --mem-limit …` shows what fits)",
                 fmt_num(*used),
                 fmt_num(*limit),
                 fmt_num(*units),

@@ -214,7 +214,8 @@ pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<()
     for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
         let limit = x * costs.rank_mem_b(schedule, rank);
         for (k, &used) in trace.iter().enumerate() {
-            if used > limit + EPS * limit.abs().max(1.0) {
+            // Relative tolerance only: memory may be in any unit, however small.
+            if used > limit * (1.0 + EPS) {
                 return Err(Error::MemoryLimit {
                     rank,
                     action: schedule.orders[rank][k],

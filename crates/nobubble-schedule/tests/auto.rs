@@ -186,3 +186,16 @@ fn zb_auto_is_near_optimal_on_small_instances() {
     assert!(proven >= 15, "only {proven} instances proven optimal");
     println!("{proven} instances proven; zb-auto worst gap to the optimum: {worst_gap:.4}");
 }
+
+/// Large pipelines below the handcrafted schedules' memory (limits under p) still get a
+/// schedule that fits.
+#[test]
+fn zb_auto_plans_below_p_on_large_pipelines() {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    for (p, m, x) in [(8usize, 63usize, 7.0), (16, 32, 8.0), (16, 32, 1.0)] {
+        let s = plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x));
+        let c = CostModel::for_schedule(&spec, &s).unwrap();
+        check_memory(&s, &c, x).unwrap();
+        simulate(&s, &c).unwrap();
+    }
+}

@@ -236,6 +236,20 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
             "--save and --resume need real compute: emulated passes have no weights".into(),
         );
     }
+    // Problems with where the results go are found now, not after the training.
+    if let Some(dir) = &a.save {
+        nobubble_runtime::checkpoint_fs::check_save_target(dir)
+            .map_err(|e| format!("--save: {e}"))?;
+    }
+    if let Some(path) = &a.trace {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
+            return Err(format!(
+                "cannot write --trace {}: its directory does not exist or it is a directory",
+                path.display()
+            ));
+        }
+    }
     if a.save_every > 0 && a.save.is_none() {
         return Err("--save-every needs --save DIR (where to write the checkpoints)".into());
     }
@@ -410,7 +424,6 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         if !replanned && steps_left && a.replan_after > 0 && records.len() as u64 == a.replan_after
         {
             replanned = true;
-            plan_since = records.len();
             let before = session.plan.schedule.clone();
             if let Some(plan) = session
                 .replan_on_measurements(&records)
@@ -432,6 +445,10 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
                     100.0 * plan.simulated_bubble_fraction,
                     if plan.schedule.orders == before.orders { " (same order as before)" } else { "" }
                 );
+                if plan.schedule.orders != before.orders {
+                    // The summary compares measurements with the plan that produced them.
+                    plan_since = records.len();
+                }
             }
         }
     }

@@ -358,4 +358,34 @@ fn train_refuses_bad_input_before_training() {
     assert!(e.contains("unknown preset"), "{e}");
     let e = fails(&["train", "--mem-limit", "lots"]);
     assert!(e.contains("not a size"), "{e}");
+    let e = fails(&[
+        "train",
+        "--model",
+        "micro",
+        "--compute",
+        "emulated",
+        "--cost",
+        "0.1,0.1,0.1",
+        "-s",
+        "gpipe",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "1",
+        "--steps",
+        "2",
+    ]);
+    assert!(e.contains("exceeds the limit 1"), "{e}");
+    let e = fails(&[
+        "train",
+        "--model",
+        "micro",
+        "--steps",
+        "1",
+        "--trace",
+        "/nonexistent/t.json",
+    ]);
+    assert!(e.contains("cannot write --trace"), "{e}");
 }

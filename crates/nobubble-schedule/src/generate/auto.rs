@@ -244,6 +244,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     let mut best: Option<(Schedule, Score)> = None;
     let mut params: Option<(TemplateParams, Score)> = None;
     let mut unbound = LadderRuns::new(policies().len());
+    let mut tight = LadderRuns::new(1);
     for level in ladder(x) {
         let mut candidates = Vec::new();
         // On linear placements the list scheduler rarely beats the family search; it is
@@ -252,6 +253,15 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
             candidates.extend(unbound.run(name, &placement, p, m, &costs, level));
         }
         let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
+        let nothing_fits = level_best.is_none()
+            && handcrafted.iter().all(|(_, _, need)| *need > level + 1e-9)
+            && grid.iter().all(|g| g.2 > level + 1e-9);
+        if nothing_fits && actions > 1500 {
+            // Below what the handcrafted schedules and the family need (limits under p):
+            // the list scheduler plans within any limit.
+            let found = tight.run(name, &placement, p, m, &costs, level);
+            level_best = pick_best(found, &|_| Ok(costs.clone()), level)?;
+        }
         for (s, sc, need) in &handcrafted {
             if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
                 level_best = Some((s.clone(), *sc));

@@ -114,7 +114,7 @@ pub fn list_schedule_bound(
         if st.stages.is_empty() {
             return Err(Error::Input(format!("rank {r} holds no stage")));
         }
-        if st.admit > st.limit + 1e-9 * st.limit.abs().max(1.0) {
+        if st.admit > st.limit * (1.0 + 1e-9) {
             return Err(Error::Input(format!(
                 "memory limit {x} × M_B is below the minimum feasible 1 × M_B on rank {r}: \
                  a rank must hold at least one microbatch's activations; use --mem-limit 1 or more"
@@ -202,7 +202,7 @@ pub fn list_schedule_bound(
                 continue;
             }
             let need = costs.stages[s].mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
-            if st.mem + need > st.limit * (1.0 + 1e-9) + 1e-12 {
+            if st.mem + need > st.limit * (1.0 + 1e-9) {
                 memory_blocks_f = true;
                 memory_bound = true;
                 continue;

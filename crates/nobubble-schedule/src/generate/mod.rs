@@ -223,7 +223,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         | ScheduleKind::VHalf
         | ScheduleKind::VMin
         | ScheduleKind::VAuto
-        | ScheduleKind::DualPipeV => 2 * p,
+        | ScheduleKind::DualPipeV => p.saturating_mul(2),
         _ => p,
     };
     let actions = stages.saturating_mul(m).saturating_mul(3);

@@ -116,17 +116,37 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
             schedule.stages
         )));
     }
+    let mut timeline: Vec<Vec<Slot>> = schedule
+        .orders
+        .iter()
+        .map(|o| Vec::with_capacity(o.len()))
+        .collect();
+    replay(schedule, costs, |r, slot| timeline[r].push(slot))
+        .map_err(|pos| deadlock_cycle(schedule, &pos))?;
+    let metrics = metrics(schedule, costs, &timeline);
+    let critical_path = critical_path(schedule, &timeline);
+    Ok(Simulation {
+        timeline,
+        metrics,
+        critical_path,
+    })
+}
+
+/// Evaluates the timing rules once over the whole schedule, handing each action's slot to
+/// `visit` (with its rank) in an order that respects every dependency. On a deadlock it
+/// returns how far each rank got. The one implementation behind [`simulate`] and
+/// [`span_and_makespan`].
+fn replay(
+    schedule: &Schedule,
+    costs: &CostModel,
+    mut visit: impl FnMut(usize, Slot),
+) -> Result<(), Vec<usize>> {
     let (n, p, m) = (schedule.stages, schedule.ranks, schedule.microbatches);
     let mut end = PassTable::new(n, m, f64::NAN);
     // Which kind filled each slot, so a wait on a fused B upstream is reported as B.
     let mut end_kind = PassTable::new(n, m, Kind::I);
     let mut clock = vec![0.0f64; p];
     let mut pos = vec![0usize; p];
-    let mut timeline: Vec<Vec<Slot>> = schedule
-        .orders
-        .iter()
-        .map(|o| Vec::with_capacity(o.len()))
-        .collect();
     let total = schedule.len();
     let mut done = 0;
     while done < total {
@@ -148,23 +168,26 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
                         0.0
                     };
                     ready = e + hop;
-                    dep_used = Some(actual(d, &end_kind));
+                    dep_used = Some(d);
                 }
                 let start = clock[r].max(ready);
-                let waited_for = if ready > clock[r] { dep_used } else { None };
+                let waited_for = if ready > clock[r] {
+                    dep_used.map(|d| actual(d, &end_kind))
+                } else {
+                    None
+                };
                 let finish = start + costs.time(a.stage, a.kind);
                 end.set(a, finish);
                 end_kind.set(a, a.kind);
-                if a.kind == Kind::B {
-                    // A fused backward also completes the W slot.
-                    end.set(Action::new(a.stage, Kind::W, a.microbatch), finish);
-                }
-                timeline[r].push(Slot {
-                    action: a,
-                    start,
-                    end: finish,
-                    waited_for,
-                });
+                visit(
+                    r,
+                    Slot {
+                        action: a,
+                        start,
+                        end: finish,
+                        waited_for,
+                    },
+                );
                 clock[r] = finish;
                 pos[r] += 1;
                 done += 1;
@@ -172,16 +195,10 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Er
             }
         }
         if !progressed {
-            return Err(deadlock_cycle(schedule, &pos));
+            return Err(pos);
         }
     }
-    let metrics = metrics(schedule, costs, &timeline);
-    let critical_path = critical_path(schedule, &timeline);
-    Ok(Simulation {
-        timeline,
-        metrics,
-        critical_path,
-    })
+    Ok(())
 }
 
 /// `d` as it appears in the schedule: a backward dependency is looked up as I but may be
@@ -289,50 +306,19 @@ fn critical_path(schedule: &Schedule, timeline: &[Vec<Slot>]) -> Vec<Action> {
 /// building a timeline. Assumes a structurally valid schedule (as generators produce);
 /// returns `None` on a deadlock.
 pub fn span_and_makespan(schedule: &Schedule, costs: &CostModel) -> Option<(f64, f64)> {
-    let (n, p, m) = (schedule.stages, schedule.ranks, schedule.microbatches);
-    let mut end = PassTable::new(n, m, f64::NAN);
-    let mut clock = vec![0.0f64; p];
+    let p = schedule.ranks;
     let mut first = vec![f64::NAN; p];
-    let mut pos = vec![0usize; p];
-    let total = schedule.len();
-    let mut done = 0;
-    while done < total {
-        let mut progressed = false;
-        for r in 0..p {
-            let order = &schedule.orders[r];
-            while pos[r] < order.len() {
-                let a = order[pos[r]];
-                let mut ready = 0.0;
-                if let Some(d) = dependency(a, n) {
-                    let e = end.get(d);
-                    if e.is_nan() {
-                        break;
-                    }
-                    ready = e + if schedule.placement[d.stage] != r {
-                        costs.comm
-                    } else {
-                        0.0
-                    };
-                }
-                let start = clock[r].max(ready);
-                if first[r].is_nan() {
-                    first[r] = start;
-                }
-                let finish = start + costs.time(a.stage, a.kind);
-                end.set(a, finish);
-                clock[r] = finish;
-                pos[r] += 1;
-                done += 1;
-                progressed = true;
-            }
+    let mut last = vec![0.0f64; p];
+    replay(schedule, costs, |r, slot| {
+        if first[r].is_nan() {
+            first[r] = slot.start;
         }
-        if !progressed {
-            return None;
-        }
-    }
+        last[r] = slot.end;
+    })
+    .ok()?;
     let span = (0..p)
         .filter(|&r| !first[r].is_nan())
-        .map(|r| clock[r] - first[r])
+        .map(|r| last[r] - first[r])
         .fold(0.0, f64::max);
-    Some((span, clock.iter().copied().fold(0.0, f64::max)))
+    Some((span, last.iter().copied().fold(0.0, f64::max)))
 }

@@ -193,14 +193,6 @@ impl CostModel {
         })
     }
 
-    /// Uniform costs for a plain one-stage-per-rank schedule; a convenience for tests.
-    pub fn uniform(stages: usize, cost: RankCost, comm: f64) -> CostModel {
-        CostModel {
-            stages: vec![cost; stages],
-            comm,
-        }
-    }
-
     /// Duration of `kind` on `stage`.
     pub fn time(&self, stage: usize, kind: Kind) -> f64 {
         let c = &self.stages[stage];

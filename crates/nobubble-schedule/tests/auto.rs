@@ -8,24 +8,11 @@ use nobubble_schedule::{
 };
 use proptest::prelude::*;
 
+mod common;
+
+/// Random per-rank costs for this file's properties.
 fn costs_strategy(p: usize) -> impl Strategy<Value = CostSpec> {
-    (
-        prop::collection::vec((0.5f64..3.0, 0.5f64..3.0, 0.3f64..2.0, 0.1f64..0.9), p),
-        0.0f64..0.5,
-    )
-        .prop_map(|(stages, comm)| CostSpec {
-            comm,
-            stages: stages
-                .into_iter()
-                .map(|(f, i, w, frac)| RankCost {
-                    f,
-                    i,
-                    w,
-                    mem_b: 1.0,
-                    mem_w: frac,
-                })
-                .collect(),
-        })
+    common::costs_strategy(p, 0.5..3.0, 0.3..2.0, 0.1..0.9, 0.0..0.5)
 }
 
 fn plan(kind: ScheduleKind, p: usize, m: usize, spec: &CostSpec, x: Option<f64>) -> Schedule {

@@ -10,24 +10,11 @@ use nobubble_schedule::{
 use proptest::prelude::*;
 use std::collections::HashMap;
 
+mod common;
+
+/// Random per-rank costs for this file's properties.
 fn costs_strategy(p: usize) -> impl Strategy<Value = CostSpec> {
-    (
-        prop::collection::vec((0.1f64..5.0, 0.1f64..5.0, 0.1f64..5.0, 0.0f64..1.0), p),
-        0.0f64..2.0,
-    )
-        .prop_map(|(stages, comm)| CostSpec {
-            comm,
-            stages: stages
-                .into_iter()
-                .map(|(f, i, w, frac)| RankCost {
-                    f,
-                    i,
-                    w,
-                    mem_b: 1.0,
-                    mem_w: frac,
-                })
-                .collect(),
-        })
+    common::costs_strategy(p, 0.1..5.0, 0.1..5.0, 0.0..1.0, 0.0..2.0)
 }
 
 /// Checks the timeline against the rules, without using the simulator's own bookkeeping.

@@ -30,9 +30,6 @@ pub struct Policy {
     /// How much a weight gradient may overshoot the wait for the next arrival, as a fraction
     /// of its own time (0 = only when it fits, ≥ 1 = whenever the rank would idle).
     pub w_overshoot: f64,
-    /// Per-rank cap on microbatches admitted but not yet through their first input
-    /// gradient there (`usize::MAX` = memory is the only cap).
-    pub max_in_flight: usize,
     /// Prefer the deeper stage (larger index) among ready forwards; for V placements this
     /// pushes microbatches to the turn sooner.
     pub deeper_forward_first: bool,
@@ -43,7 +40,6 @@ impl Default for Policy {
         Policy {
             forward_may_delay_backward: false,
             w_overshoot: 0.0,
-            max_in_flight: usize::MAX,
             deeper_forward_first: true,
         }
     }
@@ -55,8 +51,6 @@ struct RankState {
     /// Memory kept free for one microbatch's later-chunk forwards.
     reserve: f64,
     limit: f64,
-    /// Admitted microbatches whose first-stage input gradient has not run yet.
-    in_flight: usize,
     stages: Vec<usize>,
     first_stage: usize,
     /// Memory one microbatch needs on this rank (all its stages' M_B).
@@ -102,7 +96,6 @@ pub fn list_schedule_bound(
                 mem: 0.0,
                 reserve: admit - stages.first().map_or(0.0, |&s| costs.stages[s].mem_b),
                 limit: x * admit,
-                in_flight: 0,
                 first_stage: stages.first().copied().unwrap_or(0),
                 stages,
                 admit,
@@ -207,9 +200,6 @@ pub fn list_schedule_bound(
                 memory_bound = true;
                 continue;
             }
-            if s == st.first_stage && st.in_flight >= policy.max_in_flight {
-                continue;
-            }
             let better = match ready_f {
                 None => true,
                 Some(b) => (s > b) == policy.deeper_forward_first,
@@ -264,16 +254,10 @@ pub fn list_schedule_bound(
         let dur = costs.time(s, a.kind);
         let start = match a.kind {
             Kind::F => {
-                if s == st.first_stage {
-                    st.in_flight += 1;
-                }
                 next_f[s] += 1;
                 t
             }
             Kind::I => {
-                if s == st.first_stage {
-                    st.in_flight -= 1;
-                }
                 next_i[s] += 1;
                 t
             }

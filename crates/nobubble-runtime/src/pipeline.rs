@@ -370,7 +370,7 @@ impl Pipeline {
 
     fn run(&mut self, schedule: &Schedule, eval: bool) -> Result<StepRecord, RuntimeError> {
         if self.failed {
-            return Err(RuntimeError::Config("the pipeline already failed".into()));
+            return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
         }
         if schedule.placement != self.placement {
             return Err(RuntimeError::Config(

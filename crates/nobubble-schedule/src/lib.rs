@@ -18,7 +18,7 @@ pub mod sim;
 pub mod validate;
 
 pub use action::{Action, Kind};
-pub use bound::lower_bound;
+pub use bound::{lower_bound, span_lower_bound};
 pub use cost::{CostModel, CostSpec, RankCost};
 pub use error::Error;
 pub use generate::{generate, Request, ScheduleKind};

@@ -206,3 +206,20 @@ pub fn bubble_rate(setting: &PaperSetting, kind: ScheduleKind) -> Result<f64, Er
     let costs = CostModel::for_schedule(&spec, &schedule)?;
     Ok(simulate(&schedule, &costs)?.metrics.bubble_rate)
 }
+
+/// The smallest bubble rate any schedule can have on `setting` within `kind`'s memory limit
+/// (unlimited for kinds without one), from [`crate::span_lower_bound`]. Where ours equals
+/// it, no better schedule exists.
+pub fn bubble_rate_floor(setting: &PaperSetting, kind: ScheduleKind) -> Result<f64, Error> {
+    let spec = setting.costs();
+    let costs = CostModel::for_layout(&spec, setting.p, setting.p)?;
+    let placement: Vec<usize> = (0..setting.p).collect();
+    let x = kind.planning_limit(setting.p, None);
+    let bound = crate::span_lower_bound(&placement, setting.m, &costs, x);
+    let busy = costs
+        .stages
+        .iter()
+        .map(|s| setting.m as f64 * (s.f + s.i + s.w))
+        .fold(0.0, f64::max);
+    Ok((1.0 - busy / bound).max(0.0))
+}

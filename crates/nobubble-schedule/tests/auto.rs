@@ -3,8 +3,8 @@
 //! and never worse with more memory.
 
 use nobubble_schedule::{
-    check_memory, check_weight_order, generate, lower_bound, simulate, CostModel, CostSpec,
-    RankCost, Request, Schedule, ScheduleKind,
+    check_memory, check_weight_order, generate, lower_bound, simulate, span_lower_bound, CostModel,
+    CostSpec, RankCost, Request, Schedule, ScheduleKind,
 };
 use proptest::prelude::*;
 
@@ -52,6 +52,9 @@ proptest! {
             check_weight_order(&s).unwrap();
             let lb = lower_bound(&s.placement, m, &c, Some(x));
             prop_assert!(sim.metrics.makespan >= lb - 1e-9, "{} makespan {} < bound {lb}", kind.name(), sim.metrics.makespan);
+            let span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
+            let slb = span_lower_bound(&s.placement, m, &c, Some(x));
+            prop_assert!(span >= slb * (1.0 - 1e-12), "{} span {span} < span bound {slb}", kind.name());
         }
     }
 

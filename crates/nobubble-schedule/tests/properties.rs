@@ -4,8 +4,8 @@
 
 use nobubble_schedule::sim::dependency;
 use nobubble_schedule::{
-    check_weight_order, generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule,
-    ScheduleKind, Simulation,
+    check_weight_order, generate, simulate, span_lower_bound, CostModel, CostSpec, Kind, RankCost,
+    Request, Schedule, ScheduleKind, Simulation,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -104,6 +104,9 @@ proptest! {
             check_timeline(&s, &c, &sim);
             let lb = lower_bound(&s, &c);
             prop_assert!(sim.metrics.makespan >= lb - 1e-9, "{}: makespan {} < bound {lb}", kind.name(), sim.metrics.makespan);
+            let span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
+            let slb = span_lower_bound(&s.placement, m, &c, None);
+            prop_assert!(span >= slb * (1.0 - 1e-12), "{}: span {span} < span bound {slb}", kind.name());
             for r in 0..s.ranks {
                 let work = m as f64 * c.work_per_microbatch(&s, r);
                 prop_assert!((sim.metrics.busy[r] - work).abs() < 1e-6 * work.max(1.0));

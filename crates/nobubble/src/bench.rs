@@ -2,7 +2,7 @@
 
 use crate::costs::CostArgs;
 use clap::{Args, Subcommand};
-use nobubble_schedule::paper::{bubble_rate, COMPARED, SETTINGS};
+use nobubble_schedule::paper::{bubble_rate, bubble_rate_floor, COMPARED, SETTINGS};
 use nobubble_schedule::{generate, simulate, CostModel, CostSpec, RankCost, Request, ScheduleKind};
 use serde_json::json;
 use std::time::Instant;
@@ -92,7 +92,8 @@ fn paper(as_json: bool) -> Result<(), String> {
         let mut ours = Vec::new();
         for (kind, col) in COMPARED {
             let r = bubble_rate(s, kind).map_err(|e| e.to_string())?;
-            ours.push((kind.name(), r, s.reported[col]));
+            let floor = bubble_rate_floor(s, kind).map_err(|e| e.to_string())?;
+            ours.push((kind.name(), r, s.reported[col], floor));
         }
         rows.push((s, ours));
     }
@@ -102,7 +103,7 @@ fn paper(as_json: bool) -> Result<(), String> {
             .map(|(s, ours)| {
                 json!({"model": s.model, "p": s.p, "m": s.m, "t_f": s.t_f, "t_i": s.t_i,
                        "t_w": s.t_w, "t_comm": s.t_comm,
-                       "schedules": ours.iter().map(|(n, o, p)| json!({"schedule": n, "ours": o, "paper": p})).collect::<Vec<_>>()})
+                       "schedules": ours.iter().map(|(n, o, p, f)| json!({"schedule": n, "ours": o, "paper": p, "floor": f})).collect::<Vec<_>>()})
             })
             .collect();
         println!(
@@ -120,18 +121,26 @@ fn paper(as_json: bool) -> Result<(), String> {
     );
     let mut worst: f64 = 0.0;
     let mut wins = [0usize; 2];
+    let mut optimal = [0usize; 2];
     for (s, ours) in &rows {
         let cells: Vec<String> = ours
             .iter()
-            .map(|(_, o, p)| format!("{o:.4} / {p:.4}"))
+            .enumerate()
+            .map(|(k, (_, o, p, f))| {
+                let mark = if k >= 3 && *o <= f + 1e-12 { "*" } else { " " };
+                format!("{o:.4}{mark}/ {p:.4}")
+            })
             .collect();
         worst = ours[..3]
             .iter()
-            .map(|(_, o, p)| (o - p).abs())
+            .map(|(_, o, p, _)| (o - p).abs())
             .fold(worst, f64::max);
-        for (k, (_, o, p)) in ours[3..].iter().enumerate() {
+        for (k, (_, o, p, f)) in ours[3..].iter().enumerate() {
             if *o <= p + 5e-5 {
                 wins[k] += 1;
+            }
+            if *o <= f + 1e-12 {
+                optimal[k] += 1;
             }
         }
         println!(
@@ -143,6 +152,11 @@ fn paper(as_json: bool) -> Result<(), String> {
     println!(
         "automatic: zb-1p at or below the paper in {}/12 rows, zb-2p in {}/12 rows",
         wins[0], wins[1]
+    );
+    println!(
+        "* = on the span lower bound, so no schedule within that memory does better \
+         (zb-1p: {}/12, zb-2p: {}/12)",
+        optimal[0], optimal[1]
     );
 
     Ok(())

@@ -3,7 +3,7 @@
 
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::export::{chrome, csv, svg, text};
-use nobubble_schedule::{lower_bound, CostModel, Schedule, Simulation};
+use nobubble_schedule::{lower_bound, span_lower_bound, CostModel, Schedule, Simulation};
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::Path;
@@ -32,6 +32,8 @@ pub fn json_report(
 ) -> Value {
     let m = &sim.metrics;
     let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
+    let span_bound = span_lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
+    let max_span = m.span.iter().copied().fold(0.0, f64::max);
     json!({
         "schedule": schedule.name,
         "stages": schedule.stages,
@@ -49,6 +51,8 @@ pub fn json_report(
         "messages": m.messages,
         "lower_bound": bound,
         "gap": m.makespan / bound - 1.0,
+        "span_lower_bound": span_bound,
+        "span_gap": max_span / span_bound - 1.0,
         "comm": costs.comm,
         "critical_path": sim.critical_path.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "placement": schedule.placement,
@@ -101,6 +105,13 @@ pub fn text_summary(
         "lower bound on the makespan {} (this schedule is {:.2}% above it)\n",
         fmt_num(bound),
         100.0 * (m.makespan / bound - 1.0)
+    ));
+    let span_bound = span_lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
+    let max_span = m.span.iter().copied().fold(0.0, f64::max);
+    out.push_str(&format!(
+        "lower bound on the longest rank span {} (this schedule is {:.2}% above it)\n",
+        fmt_num(span_bound),
+        100.0 * (max_span / span_bound - 1.0)
     ));
     out.push_str(&format!(
         "critical path: {} actions, {} … {}\n",

@@ -32,6 +32,19 @@ pub(crate) fn better(a: Score, b: Score) -> bool {
         || ((a.0 - b.0).abs() <= EPS * b.0.abs().max(1.0) && a.1 < b.1 - EPS * b.1.abs().max(1.0))
 }
 
+/// The best of `s` and its drain-phase repairs (see [`super::drain`]) that fit `x`.
+pub(crate) fn repair_drain(
+    s: (Schedule, Score),
+    costs: &CostModel,
+    x: f64,
+) -> Result<(Schedule, Score), Error> {
+    let variants = super::drain::variants(&s.0, costs, x);
+    Ok(match pick_best(variants, &|_| Ok(costs.clone()), x)? {
+        Some(v) if better(v.1, s.1) => v,
+        _ => s,
+    })
+}
+
 /// The list-scheduler policies every ladder level tries: W only in gaps it fits, W in any
 /// idle time, and forwards allowed to delay a backward with some W overshoot.
 pub(crate) fn policies() -> Vec<Policy> {
@@ -307,7 +320,8 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
                 (s, sc)
             };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
-                best = Some(improved);
+                // A new best: try reshaping its drain phase (see `drain`).
+                best = Some(repair_drain(improved, &costs, level)?);
             }
         }
     }

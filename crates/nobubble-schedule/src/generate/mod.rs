@@ -3,6 +3,7 @@
 
 pub mod auto;
 mod classic;
+mod drain;
 pub mod greedy;
 pub mod v_shape;
 mod zero_bubble;

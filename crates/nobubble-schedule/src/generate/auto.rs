@@ -86,6 +86,10 @@ pub(crate) fn pick_best(
 /// Local search: move single weight-gradient passes to other positions on their rank,
 /// keeping every move that improves the objective and fits the memory limit, until a full
 /// sweep finds nothing or `max_evals` simulations have run.
+///
+/// A W depends only on its own I on the same rank and nothing waits for it, so a move is
+/// valid as long as the W stays after its I. Moves past another W of the same stage are
+/// skipped: the generators restore each stage's W order afterwards, which would undo them.
 pub(crate) fn improve(
     mut best: Schedule,
     mut best_score: Score,
@@ -100,7 +104,8 @@ pub(crate) fn improve(
             let len = best.orders[r].len();
             let mut k = 0;
             while k < len {
-                if best.orders[r][k].kind != crate::Kind::W {
+                let w = best.orders[r][k];
+                if w.kind != crate::Kind::W {
                     k += 1;
                     continue;
                 }
@@ -110,23 +115,40 @@ pub(crate) fn improve(
                     if to < 0 || to >= len as isize {
                         continue;
                     }
-                    let mut cand = best.clone();
-                    let a = cand.orders[r].remove(k);
-                    cand.orders[r].insert(to as usize, a);
-                    if crate::validate::check_structure(&cand).is_err()
-                        || check_memory(&cand, costs, x).is_err()
-                    {
+                    let to = to as usize;
+                    let passed = if to > k {
+                        &best.orders[r][k + 1..=to]
+                    } else {
+                        &best.orders[r][to..k]
+                    };
+                    let blocked = passed.iter().any(|a| {
+                        a.stage == w.stage
+                            && (a.kind == crate::Kind::W
+                                || (to < k
+                                    && a.kind == crate::Kind::I
+                                    && a.microbatch == w.microbatch))
+                    });
+                    if blocked {
                         continue;
                     }
-                    evals += 1;
-                    if let Ok(sc) = score(&cand, costs) {
-                        if better(sc, best_score) {
-                            best = cand;
-                            best_score = sc;
-                            improved = true;
-                            break;
+                    let a = best.orders[r].remove(k);
+                    best.orders[r].insert(to, a);
+                    let mut kept = false;
+                    if check_memory(&best, costs, x).is_ok() {
+                        evals += 1;
+                        if let Ok(sc) = score(&best, costs) {
+                            if better(sc, best_score) {
+                                best_score = sc;
+                                improved = true;
+                                kept = true;
+                            }
                         }
                     }
+                    if kept {
+                        break;
+                    }
+                    let a = best.orders[r].remove(to);
+                    best.orders[r].insert(k, a);
                     if evals >= max_evals {
                         return Ok((best, best_score));
                     }

@@ -33,16 +33,21 @@ pub(crate) fn better(a: Score, b: Score) -> bool {
 }
 
 /// The best of `s` and its drain-phase repairs (see [`super::drain`]) that fit `x`.
-pub(crate) fn repair_drain(
-    s: (Schedule, Score),
-    costs: &CostModel,
-    x: f64,
-) -> Result<(Schedule, Score), Error> {
-    let variants = super::drain::variants(&s.0, costs, x);
-    Ok(match pick_best(variants, &|_| Ok(costs.clone()), x)? {
-        Some(v) if better(v.1, s.1) => v,
-        _ => s,
-    })
+pub(crate) fn repair_drain(s: (Schedule, Score), costs: &CostModel, x: f64) -> (Schedule, Score) {
+    let mut best = s;
+    for v in super::drain::variants(&best.0, costs, x) {
+        if check_memory(&v, costs, x).is_err() {
+            continue;
+        }
+        // A reshaped order can deadlock when ranks disagree on where their last forwards
+        // go (no score): such a variant is dropped.
+        if let Some(sc) = span_and_makespan(&v, costs) {
+            if better(sc, best.1) {
+                best = (v, sc);
+            }
+        }
+    }
+    best
 }
 
 /// The list-scheduler policies every ladder level tries: W only in gaps it fits, W in any
@@ -343,7 +348,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
             };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 // A new best: try reshaping its drain phase (see `drain`).
-                best = Some(repair_drain(improved, &costs, level)?);
+                best = Some(repair_drain(improved, &costs, level));
             }
         }
     }

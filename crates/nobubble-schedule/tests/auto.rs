@@ -43,7 +43,7 @@ proptest! {
     ) {
         for (kind, max_x) in [(ScheduleKind::ZbAuto, 2 * p + 1), (ScheduleKind::VAuto, p + 1), (ScheduleKind::VHalf, p + 1)] {
             let asked = 1.0 + frac * (max_x as f64 - 1.0);
-            // v-half plans under its own limit (p/2); the others under the one asked for.
+            // v-half plans under its own limit (⌊(p+2)/2⌋); the others under the one asked for.
             let x = kind.planning_limit(p, Some(asked)).unwrap();
             let s = plan(kind, p, m, &spec, Some(asked));
             let c = CostModel::for_schedule(&spec, &s).unwrap();

@@ -5,6 +5,7 @@ pub mod auto;
 mod classic;
 mod drain;
 pub mod greedy;
+mod periodic;
 pub mod v_shape;
 mod zero_bubble;
 
@@ -112,8 +113,8 @@ impl ScheduleKind {
             ScheduleKind::Zb2p => "automatic zero bubble at 2p·M_B",
             ScheduleKind::InterleavedZb => "interleaved with split backward, W delayed r on rank r",
             ScheduleKind::ZbV => "V placement, 2 chunks per rank, at p·M_B; ≈0 bubble when F≈I≈W",
-            ScheduleKind::VHalf => "V placement at half of 1F1B's memory",
-            ScheduleKind::VMin => "V placement at a third of 1F1B's memory",
+            ScheduleKind::VHalf => "V placement at ≈ half of 1F1B's memory, ⌊(p+2)/2⌋·M_B",
+            ScheduleKind::VMin => "V placement at ≈ a third of 1F1B's memory, ⌊(p+4)/3⌋·M_B",
             ScheduleKind::VAuto => "automatic V schedule under --mem-limit (default p), real costs",
             ScheduleKind::DualPipeV => "DeepSeek's DualPipeV: V placement, F/B pairs, m ≥ 2·ranks",
         }
@@ -142,8 +143,11 @@ impl ScheduleKind {
             ScheduleKind::Zb1p => Some(p),
             ScheduleKind::Zb2p => Some(2.0 * p),
             ScheduleKind::ZbV => Some(p),
-            ScheduleKind::VHalf => Some((p / 2.0).max(1.0)),
-            ScheduleKind::VMin => Some((p / 3.0).max(1.0)),
+            // The V-Half and V-Min building blocks' memory (Qi et al., "Pipeline
+            // Parallelism with Controllable Memory"): ⌊(p+2)/2⌋ and ⌊(p+4)/3⌋ microbatches'
+            // activations, about ½ and ⅓ of 1F1B's p.
+            ScheduleKind::VHalf => Some(((p + 2.0) / 2.0).floor()),
+            ScheduleKind::VMin => Some(((p + 4.0) / 3.0).floor()),
             ScheduleKind::VAuto => Some(user.unwrap_or(p)),
             _ => None,
         }

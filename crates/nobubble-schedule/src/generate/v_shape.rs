@@ -3,7 +3,7 @@
 //! Each chunk costs half of a rank's share (the one-rank's-share convention of
 //! [`crate::cost`]).
 
-use super::auto::{better, improve, ladder, pick_best, LadderRuns, Score};
+use super::auto::{better, improve, ladder, needed_limit, pick_best, score, LadderRuns, Score};
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
@@ -200,12 +200,33 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     } else {
         (1, 0)
     };
+    // Periodic schedules do not depend on the limit: score them once, and let each level
+    // take the best that fits.
+    let mut periodic = Vec::new();
+    for s in super::periodic::candidates(name, &placement, p, m, &costs) {
+        let need = needed_limit(&s, &costs);
+        let sc = score(&s, &costs)?;
+        if std::env::var("NB_DBG").is_ok() {
+            let sim = crate::sim::simulate(&s, &costs)?;
+            eprintln!(
+                "periodic need {need:.3} bubble {:.4}",
+                sim.metrics.bubble_rate
+            );
+        }
+        periodic.push((s, sc, need));
+    }
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
         let mut candidates = vec![zb_v_pattern(p, m)?];
         candidates.extend(runs.run(name, &placement, p, m, &costs, level));
-        if let Some((s, sc)) = pick_best(candidates, &|_| Ok(costs.clone()), level)? {
+        let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
+        for (s, sc, need) in &periodic {
+            if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+                level_best = Some((s.clone(), *sc));
+            }
+        }
+        if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
                 improve(s, sc, &costs, level, improve_budget)?
             } else {

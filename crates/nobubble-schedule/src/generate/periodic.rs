@@ -1,0 +1,196 @@
+//! Periodic schedules by modulo scheduling: plan one microbatch's passes once, as a
+//! template, and start microbatch j exactly `j · period` later.
+//!
+//! The template places one microbatch's passes in dependency order — forwards down the
+//! pipeline, input gradients back up, then each W — each at the earliest time its input is
+//! ready *and* its rank is free modulo the period, i.e. free of the passes that every other
+//! microbatch places on that rank at the same offset. Every rank then runs one microbatch's
+//! work per period with no collision, so with the period equal to the busiest rank's work
+//! per microbatch the steady state has no bubble at all, and each microbatch's activations
+//! live as briefly as the dependency chain allows. A longer period holds fewer microbatches in
+//! flight (memory ≈ lifetime / period), trading bubble for memory smoothly — which is how the
+//! V-Min and V-Half building blocks of Qi et al. work, found here by construction instead of
+//! by brute force over offsets, and for any costs.
+//!
+//! Each rank's order is its passes sorted by template time; the simulator then runs that
+//! order as early as dependencies allow, so fill and drain are compressed.
+
+use crate::action::{Action, Kind};
+use crate::cost::CostModel;
+use crate::error::Error;
+use crate::schedule::Schedule;
+use crate::sim::dependency;
+
+/// Periods tried: multiples of the busiest rank's work per microbatch, from 1 to 3.
+const STRETCH_STEPS: usize = 100;
+const STRETCH_MAX: f64 = 3.0;
+
+/// A one-microbatch template: every pass of microbatch 0 with its start time.
+type Template = Vec<(Action, f64)>;
+
+/// Periodic schedules over a range of periods, one per distinct memory need: for each
+/// amount of memory, the shortest period (least bubble) that needs no more. The memory a
+/// period needs is found on a short run of the pattern (it repeats once the pipeline is
+/// full), so only the kept periods are built in full.
+pub(crate) fn candidates(
+    name: &str,
+    placement: &[usize],
+    ranks: usize,
+    m: usize,
+    costs: &CostModel,
+) -> Vec<Schedule> {
+    let load = (0..ranks)
+        .map(|r| {
+            (0..placement.len())
+                .filter(|&s| placement[s] == r)
+                .map(|s| costs.stages[s].f + costs.stages[s].i + costs.stages[s].w)
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    if load <= 0.0 || m == 0 {
+        return Vec::new();
+    }
+    let mut kept: Vec<(f64, Template, f64)> = Vec::new(); // (need, template, period)
+    for k in 0..=STRETCH_STEPS {
+        let period = load * (1.0 + (STRETCH_MAX - 1.0) * k as f64 / STRETCH_STEPS as f64);
+        let Some(t) = template(placement, ranks, costs, period) else {
+            continue;
+        };
+        let span = t.iter().map(|x| x.1).fold(0.0, f64::max);
+        let short = (span / period).ceil() as usize + 2;
+        let Ok(probe) = expand(name, placement, ranks, m.min(short), &t, period) else {
+            continue;
+        };
+        let need = super::auto::needed_limit(&probe, costs);
+        if kept.iter().all(|(n, _, _)| need < n - 1e-9) {
+            kept.push((need, t, period));
+        }
+    }
+    kept.into_iter()
+        .filter_map(|(_, t, period)| expand(name, placement, ranks, m, &t, period).ok())
+        .collect()
+}
+
+/// Places one microbatch's passes in dependency order — forwards down, input gradients
+/// up, then each W after its I — each at the earliest time its input is ready and its rank
+/// is free modulo `period`. `None` if some pass finds no room (the period is below a
+/// rank's load, or its free time is too fragmented).
+fn template(placement: &[usize], ranks: usize, costs: &CostModel, period: f64) -> Option<Template> {
+    let n = placement.len();
+    let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
+    let mut out: Template = Vec::with_capacity(3 * n);
+    let mut end = vec![[0.0f64; 2]; n]; // [F end, I end] per stage
+    let mut place = |a: Action, busy: &mut Vec<Vec<(f64, f64)>>, end: &mut Vec<[f64; 2]>| {
+        let r = placement[a.stage];
+        let ready = match dependency(a, n) {
+            None => 0.0,
+            Some(d) => {
+                let e = end[d.stage][if d.kind == Kind::F { 0 } else { 1 }];
+                e + if placement[d.stage] != r {
+                    costs.comm
+                } else {
+                    0.0
+                }
+            }
+        };
+        let dur = costs.time(a.stage, a.kind);
+        let t = earliest_free(&busy[r], ready, dur, period)?;
+        if dur > 0.0 {
+            busy[r].push((t.rem_euclid(period), dur));
+        }
+        match a.kind {
+            Kind::F => end[a.stage][0] = t + dur,
+            Kind::I => end[a.stage][1] = t + dur,
+            _ => {}
+        }
+        out.push((a, t));
+        Some(())
+    };
+    for s in 0..n {
+        place(Action::new(s, Kind::F, 0), &mut busy, &mut end)?;
+    }
+    for s in (0..n).rev() {
+        place(Action::new(s, Kind::I, 0), &mut busy, &mut end)?;
+    }
+    // W's in the order their I's ended, each as soon after it as the rank has room.
+    let mut by_i: Vec<usize> = (0..n).collect();
+    by_i.sort_by(|&a, &b| end[a][1].total_cmp(&end[b][1]));
+    for s in by_i {
+        place(Action::new(s, Kind::W, 0), &mut busy, &mut end)?;
+    }
+    Some(out)
+}
+
+/// Microbatch j runs the template `j · period` later; each rank's order is its passes
+/// sorted by those times (ties by microbatch, then dependency order).
+fn expand(
+    name: &str,
+    placement: &[usize],
+    ranks: usize,
+    m: usize,
+    template: &Template,
+    period: f64,
+) -> Result<Schedule, Error> {
+    let mut timed: Vec<Vec<(f64, usize, usize, Action)>> = vec![Vec::new(); ranks];
+    for j in 0..m {
+        for (k, &(a, t)) in template.iter().enumerate() {
+            let act = Action::new(a.stage, a.kind, j);
+            timed[placement[a.stage]].push((t + j as f64 * period, j, k, act));
+        }
+    }
+    let orders = timed
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            v.into_iter().map(|x| x.3).collect()
+        })
+        .collect();
+    Schedule::new(name, placement.len(), ranks, m, placement.to_vec(), orders)
+}
+
+/// The earliest `t ≥ ready` such that `[t, t + dur)` taken modulo `period` misses every
+/// `(start, len)` in `busy` (starts already reduced modulo the period).
+fn earliest_free(busy: &[(f64, f64)], ready: f64, dur: f64, period: f64) -> Option<f64> {
+    const EPS: f64 = 1e-9;
+    let used: f64 = busy.iter().map(|b| b.1).sum();
+    if used + dur > period * (1.0 + EPS) {
+        return None;
+    }
+    let collides = |t: f64| {
+        let s = t.rem_euclid(period);
+        busy.iter().any(|&(b, len)| {
+            // Overlap of [s, s+dur) with [b, b+len) on a circle of length `period`.
+            let d = (b - s).rem_euclid(period);
+            let back = (s - b).rem_euclid(period);
+            (d < dur - EPS * period.max(1.0)) || (back < len - EPS * period.max(1.0))
+        })
+    };
+    // Candidates: `ready` itself, or the end of a busy interval, shifted to at or after
+    // `ready`; the first that does not collide is the earliest.
+    let mut cands = vec![ready];
+    for &(b, len) in busy {
+        let e = b + len;
+        let k = ((ready - e) / period).ceil();
+        cands.push(e + k * period);
+    }
+    cands.sort_by(f64::total_cmp);
+    cands
+        .into_iter()
+        .find(|&t| t >= ready - EPS && !collides(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_time_is_found_modulo_the_period() {
+        // Period 6, busy [0,1) and [3,4.5).
+        let busy = [(0.0, 1.0), (3.0, 1.5)];
+        assert_eq!(earliest_free(&busy, 0.0, 1.0, 6.0), Some(1.0));
+        assert_eq!(earliest_free(&busy, 2.5, 1.0, 6.0), Some(4.5));
+        // [4.5, 6) is 1.5 long: a 2-long pass wraps onto [0,1) and must wait to 7.
+        assert_eq!(earliest_free(&busy, 4.0, 2.0, 6.0), Some(7.0));
+        assert_eq!(earliest_free(&busy, 0.0, 4.0, 6.0), None);
+    }
+}

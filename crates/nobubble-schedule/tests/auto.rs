@@ -121,6 +121,58 @@ fn two_p_and_zb_v_reach_near_zero_bubble_when_passes_are_equal() {
     }
 }
 
+/// V-Min and V-Half with F = I = W (Qi et al., "Pipeline Parallelism with Controllable
+/// Memory"): within ⌊(p+4)/3⌋ and ⌊(p+2)/2⌋ microbatches' activations, V-Min's bubble rate is
+/// about 2p/3m and has no steady-state part (its idle time does not grow with m); V-Half
+/// never does worse than V-Min, and both beat 1F1B.
+#[test]
+fn v_min_and_v_half_reach_the_building_blocks_figures() {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    let measure = |kind: ScheduleKind, p: usize, m: usize| {
+        let s = plan(kind, p, m, &spec, None);
+        let c = CostModel::for_schedule(&spec, &s).unwrap();
+        let sim = simulate(&s, &c).unwrap();
+        let peak = sim.metrics.peak_memory.iter().copied().fold(0.0, f64::max);
+        let idle = sim.metrics.span.iter().copied().fold(0.0, f64::max)
+            - sim.metrics.busy.iter().copied().fold(0.0, f64::max);
+        (sim.metrics.bubble_rate, peak, idle)
+    };
+    for p in [2usize, 3, 4, 5, 8, 16] {
+        let mut idle_by_m = Vec::new();
+        for m in [2 * p, 4 * p, 8 * p] {
+            let (min_rate, min_peak, min_idle) = measure(ScheduleKind::VMin, p, m);
+            let (half_rate, half_peak, _) = measure(ScheduleKind::VHalf, p, m);
+            let (one_rate, _, _) = measure(ScheduleKind::OneFOneB, p, m);
+            let ctx = format!("p={p} m={m}");
+            assert!(
+                min_peak <= ((p + 4) / 3) as f64 + 1e-9,
+                "{ctx}: v-min peak {min_peak}"
+            );
+            assert!(
+                half_peak <= ((p + 2) / 2) as f64 + 1e-9,
+                "{ctx}: v-half peak {half_peak}"
+            );
+            assert!(
+                min_rate <= 2.0 * p as f64 / (3.0 * m as f64) + 1e-9,
+                "{ctx}: v-min {min_rate}"
+            );
+            assert!(
+                half_rate <= min_rate + 1e-9,
+                "{ctx}: v-half {half_rate} > v-min {min_rate}"
+            );
+            assert!(
+                min_rate < one_rate,
+                "{ctx}: v-min {min_rate} ≥ 1f1b {one_rate}"
+            );
+            idle_by_m.push(min_idle);
+        }
+        assert!(
+            idle_by_m.iter().all(|&i| (i - idle_by_m[0]).abs() < 1e-9),
+            "p={p}: v-min idle time grows with m: {idle_by_m:?}"
+        );
+    }
+}
+
 /// On small pipelines the exact branch and bound proves the optimum; `zb-auto` (given all
 /// the memory it wants) must be within 2% of it, and the lower bound never above it.
 #[test]

@@ -206,13 +206,6 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     for s in super::periodic::candidates(name, &placement, p, m, &costs) {
         let need = needed_limit(&s, &costs);
         let sc = score(&s, &costs)?;
-        if std::env::var("NB_DBG").is_ok() {
-            let sim = crate::sim::simulate(&s, &costs)?;
-            eprintln!(
-                "periodic need {need:.3} bubble {:.4}",
-                sim.metrics.bubble_rate
-            );
-        }
         periodic.push((s, sc, need));
     }
     let mut best: Option<(Schedule, Score)> = None;

@@ -72,7 +72,10 @@ pub fn span_lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Opt
         if let [s] = mine[..] {
             let round_trip = down[s] + up[s];
             let room = match x {
-                Some(x) if st[s].mem_b > 0.0 => ((x + 1e-9).floor().max(1.0) as usize).min(m),
+                // The same tolerance as `check_memory`: a peak may exceed the limit by 1e-9.
+                Some(x) if st[s].mem_b > 0.0 => {
+                    ((x * (1.0 + 1e-9)).floor().max(1.0) as usize).min(m)
+                }
                 _ => m,
             };
             span += (round_trip - room as f64 * st[s].f).max(0.0);
@@ -140,7 +143,8 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
                 .map(|s| st[s].mem_b)
                 .sum::<f64>();
         if st[0].mem_b > 0.0 {
-            let k = ((limit / st[0].mem_b) + 1e-9).floor().max(1.0) as usize;
+            // The same tolerance as `check_memory`: a peak may exceed the limit by 1e-9.
+            let k = (limit * (1.0 + 1e-9) / st[0].mem_b).floor().max(1.0) as usize;
             let round_trip = first_i_end[0];
             let mut a = vec![0.0; m];
             let mut b = vec![0.0; m];
@@ -155,4 +159,31 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
         }
     }
     bound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{CostSpec, RankCost};
+
+    /// A limit a hair under a whole number admits as many forwards as `check_memory` does
+    /// (it allows a relative 1e-9 over), so neither bound may assume fewer.
+    #[test]
+    fn memory_terms_use_the_validators_tolerance() {
+        let spec = CostSpec::uniform(RankCost::default(), 0.0);
+        let costs = CostModel::for_layout(&spec, 4, 4).unwrap();
+        let placement = [0, 1, 2, 3];
+        for x in [3.0, 2.999_999_998_5] {
+            assert_eq!(
+                span_lower_bound(&placement, 8, &costs, Some(x)),
+                28.0,
+                "x = {x}"
+            );
+            assert_eq!(
+                lower_bound(&placement, 8, &costs, Some(x)),
+                lower_bound(&placement, 8, &costs, Some(3.0))
+            );
+        }
+        assert_eq!(span_lower_bound(&placement, 8, &costs, Some(2.0)), 29.0);
+    }
 }

@@ -150,7 +150,7 @@ fn paper(as_json: bool) -> Result<(), String> {
     }
     println!("\nhandcrafted schedules (1f1b, zb-h1, zb-h2): largest difference {worst:.2e}");
     println!(
-        "automatic: zb-1p at or below the paper in {}/12 rows, zb-2p in {}/12 rows",
+        "automatic (to the paper's 4 decimals): zb-1p at or below it in {}/12 rows, zb-2p in {}/12 rows",
         wins[0], wins[1]
     );
     println!(

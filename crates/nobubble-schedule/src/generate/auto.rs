@@ -237,8 +237,11 @@ pub(crate) fn ladder(x: f64) -> Vec<f64> {
 /// Climbs the memory [`ladder`], running the same steps at every level — so the result at a
 /// whole-number limit never depends on the limit asked for, and more memory never gives a
 /// worse schedule: the handcrafted schedules and (on small pipelines) the list scheduler
-/// under three policies at that level; the best point of a fixed grid over the ZB-H family that fits; coordinate descent
-/// from the best parameters so far; and a local search over weight-gradient positions.
+/// under three policies at that level; the best point of a fixed grid over the ZB-H family
+/// that fits; coordinate descent from the best parameters so far; near the memory the best
+/// unconstrained points need, those points cut down to fit; and a local search over
+/// weight-gradient positions. Each new best also gets the drain-phase repair
+/// ([`super::drain`]).
 pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
     let placement: Vec<usize> = (0..p).collect();
     let costs = CostModel::for_layout(spec, p, p)?;
@@ -251,26 +254,26 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     };
     let grid = search.grid();
     let descent_budget = (100_000 / actions).clamp(4, 300);
-    // The best family point when memory is no object, polished once; every level also tries
-    // it cut down to fit (the same steps at every level, so the ladder stays monotone).
-    let free = grid
-        .iter()
-        .min_by(|a, b| {
-            if better(a.1, b.1) {
-                std::cmp::Ordering::Less
-            } else {
-                std::cmp::Ordering::Greater
-            }
-        })
-        .map(|(t, sc, _)| {
-            search
+    // The best family point when memory is no object (one from each natural warm-up),
+    // polished once; every level also tries it cut down to fit (the same steps at every
+    // level, so the ladder stays monotone).
+    let frees: Vec<(TemplateParams, f64)> = [false, true]
+        .into_iter()
+        .filter_map(|overshot| {
+            let (t, sc, _, _) = grid.iter().filter(|g| g.3 == overshot).min_by(|a, b| {
+                if better(a.1, b.1) {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Greater
+                }
+            })?;
+            let t = search
                 .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
-                .0
-        })
-        .and_then(|t| {
+                .0;
             let need = needed_limit(&search.build(&t).ok()?, &costs);
             Some((t, need))
-        });
+        })
+        .collect();
     let fit_budget = (1_000_000 / actions).clamp(20, 150);
     let improve_budget = (30_000 / actions).clamp(2, 100);
     let improve_budget = if actions <= 6000 { improve_budget } else { 0 };
@@ -314,7 +317,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
                 std::cmp::Ordering::Greater
             }
         });
-        if let Some((t, sc, _)) = fitting {
+        if let Some((t, sc, _, _)) = fitting {
             if params.as_ref().is_none_or(|(_, ps)| better(*sc, *ps)) {
                 params = Some((t.clone(), *sc));
             }
@@ -328,7 +331,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
         }
         // Levels just below what the free point needs: cut it down to fit and polish it, as a
         // candidate of its own (the main chain of parameters goes on unchanged).
-        if let Some((f, need)) = &free {
+        for (f, need) in &frees {
             if level < *need && level + FIT_LEVELS >= *need {
                 if let Some(t) = search.fit(f.clone(), level) {
                     if let Some(sc) = search.eval(&t, level) {
@@ -392,11 +395,15 @@ impl TemplateSearch<'_> {
     }
 
     /// Every point of a grid over a three-parameter shape — warm-up = natural + γ, lag =
-    /// α·s + β, for a few lag delays — with its score and the memory it needs. The grid does
-    /// not depend on the limit, so each level just picks the best point that fits.
-    fn grid(&self) -> Vec<(TemplateParams, Score, f64)> {
+    /// α·s + β, for a few lag delays — with its score and the memory it needs. The natural
+    /// warm-up comes in two versions: forwards that end before the first input gradient can
+    /// arrive, and (the paper's "one forward may overshoot" knob) also one that overruns it
+    /// by at most a tenth of a forward. The grid does not depend on the limit, so each level
+    /// just picks the best point that fits.
+    fn grid(&self) -> Vec<(TemplateParams, Score, f64, bool)> {
         let (p, m) = (self.p, self.m);
-        let natural = natural_warmup(p, m, self.costs);
+        let natural = natural_warmup(p, m, self.costs, 0.0);
+        let overshoot = natural_warmup(p, m, self.costs, OVERSHOOT);
         let large = 3 * p * m > 3000;
         let gammas: &[i64] = if large { &[0, -1] } else { &[0, -1, 1, -2] };
         let alphas: Vec<f64> = if large {
@@ -410,13 +417,19 @@ impl TemplateSearch<'_> {
             &[0.0, 1.0, -1.0, 2.0]
         };
         let delays = [m, 0, p / 2, p, 2 * p];
+        // (base warm-up, γ): every γ around the natural warm-up, the overshooting one as is.
+        let mut warmups: Vec<(&[usize], i64, bool)> =
+            gammas.iter().map(|&g| (&natural[..], g, false)).collect();
+        if overshoot != natural {
+            warmups.push((&overshoot[..], 0, true));
+        }
         let mut out = Vec::new();
         for &delay in &delays {
-            for &gamma in gammas {
+            for &(base, gamma, overshot) in &warmups {
                 for &alpha in &alphas {
                     for &beta in betas {
                         let t = TemplateParams {
-                            warm: natural
+                            warm: base
                                 .iter()
                                 .map(|&w| (w as i64 + gamma).clamp(0, m as i64) as usize)
                                 .collect(),
@@ -428,7 +441,7 @@ impl TemplateSearch<'_> {
                             delay,
                         };
                         if let Some((sc, need)) = self.eval_any(&t) {
-                            out.push((t, sc, need));
+                            out.push((t, sc, need, overshot));
                         }
                     }
                 }
@@ -514,9 +527,14 @@ impl TemplateSearch<'_> {
     }
 }
 
+/// How far (× F) the last warm-up forward of the overshooting natural warm-up may run past
+/// the first input gradient's arrival.
+const OVERSHOOT: f64 = 0.1;
+
 /// How many forwards stage `s` can finish, beyond its first, before the input gradient of
-/// microbatch 0 can arrive: the warm-up that exactly fills the start-up wait, from costs.
-fn natural_warmup(p: usize, m: usize, costs: &CostModel) -> Vec<usize> {
+/// microbatch 0 can arrive (or at most `overshoot` × F after): the warm-up that fills the
+/// start-up wait, from costs.
+fn natural_warmup(p: usize, m: usize, costs: &CostModel, overshoot: f64) -> Vec<usize> {
     let c = costs.comm;
     let st = &costs.stages;
     let f_total: f64 = st.iter().map(|x| x.f).sum();
@@ -535,7 +553,8 @@ fn natural_warmup(p: usize, m: usize, costs: &CostModel) -> Vec<usize> {
                 + (p - 1) as f64 * c
                 + st[s + 1..].iter().map(|x| x.i).sum::<f64>()
                 + (p - 1 - s) as f64 * c;
-            (1..m).take_while(|&j| ends[s][j] <= arrival + 1e-9).count()
+            let until = arrival + overshoot * st[s].f + 1e-9;
+            (1..m).take_while(|&j| ends[s][j] <= until).count()
         })
         .collect()
 }

@@ -10,7 +10,9 @@
 //! live as briefly as the dependency chain allows. A longer period holds fewer microbatches in
 //! flight (memory ≈ lifetime / period), trading bubble for memory smoothly — which is how the
 //! V-Min and V-Half building blocks of Qi et al. work, found here by construction instead of
-//! by brute force over offsets, and for any costs.
+//! by brute force over offsets. With F = I = W and no communication the period can equal a
+//! rank's load within the V-Min memory; with communication a microbatch lives longer, so the
+//! same memory needs a longer period, i.e. a steady-state bubble.
 //!
 //! Each rank's order is its passes sorted by template time; the simulator then runs that
 //! order as early as dependencies allow, so fill and drain are compressed.
@@ -162,7 +164,7 @@ fn earliest_free(busy: &[(f64, f64)], ready: f64, dur: f64, period: f64) -> Opti
             // Overlap of [s, s+dur) with [b, b+len) on a circle of length `period`.
             let d = (b - s).rem_euclid(period);
             let back = (s - b).rem_euclid(period);
-            (d < dur - EPS * period.max(1.0)) || (back < len - EPS * period.max(1.0))
+            (d < dur - EPS * period) || (back < len - EPS * period)
         })
     };
     // Candidates: `ready` itself, or the end of a busy interval, shifted to at or after
@@ -176,7 +178,7 @@ fn earliest_free(busy: &[(f64, f64)], ready: f64, dur: f64, period: f64) -> Opti
     cands.sort_by(f64::total_cmp);
     cands
         .into_iter()
-        .find(|&t| t >= ready - EPS && !collides(t))
+        .find(|&t| t >= ready - EPS * ready.abs().max(period) && !collides(t))
 }
 
 #[cfg(test)]

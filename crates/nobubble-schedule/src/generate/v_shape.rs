@@ -188,8 +188,9 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 /// The best V schedule we find under `x` × M_B per rank. Climbs the memory
 /// [`ladder`](super::auto::ladder) running the same steps at every level (so more memory
 /// never gives a worse schedule): the ZB-V pattern when it fits, the list scheduler under
-/// its three policies, and a local search over weight-gradient positions (large pipelines:
-/// one policy, no local search).
+/// its three policies, the periodic schedules (see [`super::periodic`]) that fit, and a
+/// local search over weight-gradient positions (large pipelines: one policy, no local
+/// search).
 pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let costs = CostModel::for_layout(spec, 2 * p, p)?;
@@ -205,8 +206,9 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     let mut periodic = Vec::new();
     for s in super::periodic::candidates(name, &placement, p, m, &costs) {
         let need = needed_limit(&s, &costs);
-        let sc = score(&s, &costs)?;
-        periodic.push((s, sc, need));
+        if let Ok(sc) = score(&s, &costs) {
+            periodic.push((s, sc, need));
+        }
     }
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);

@@ -223,3 +223,17 @@ pub fn bubble_rate_floor(setting: &PaperSetting, kind: ScheduleKind) -> Result<f
         .fold(0.0, f64::max);
     Ok((1.0 - busy / bound).max(0.0))
 }
+
+/// The bubble rate of our reimplementation of the paper's own scheduler (`zb-paper`) on
+/// `setting` under `x` × M_B: how faithful the baseline is, beside the published ZB-1p
+/// (x = p) and ZB-2p (x = 2p) columns.
+pub fn paper_scheduler_rate(setting: &PaperSetting, x: f64) -> Result<f64, Error> {
+    let spec = setting.costs();
+    let req = Request {
+        mem_limit: Some(x),
+        ..Request::new(ScheduleKind::ZbPaper, setting.p, setting.m)
+    };
+    let schedule = generate(&req, &spec)?;
+    let costs = CostModel::for_schedule(&spec, &schedule)?;
+    Ok(simulate(&schedule, &costs)?.metrics.bubble_rate)
+}

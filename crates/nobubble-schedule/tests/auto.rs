@@ -75,6 +75,21 @@ proptest! {
     }
 
     #[test]
+    fn zb_auto_is_never_worse_than_the_papers_scheduler(
+        (p, m, spec) in (1usize..=6, 1usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        frac in 0.0f64..1.0,
+    ) {
+        // Any limit from p (below it the paper's warm-up cannot start) to 2p + 1.
+        let x = p as f64 + frac * (p + 1) as f64;
+        let req = Request { mem_limit: Some(x), ..Request::new(ScheduleKind::ZbPaper, p, m) };
+        if let Ok(paper) = generate(&req, &spec) {
+            let theirs = score(&paper, &spec);
+            let ours = score(&plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x)), &spec);
+            prop_assert!(ours.0 <= theirs.0 + 1e-9, "p={p} m={m} x={x}: zb-auto {ours:?} vs the paper's {theirs:?}");
+        }
+    }
+
+    #[test]
     fn more_memory_never_gives_a_worse_schedule(
         (p, m, spec) in (1usize..=5, 1usize..=12).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
     ) {

@@ -2,7 +2,9 @@
 
 use crate::costs::CostArgs;
 use clap::{Args, Subcommand};
-use nobubble_schedule::paper::{bubble_rate, bubble_rate_floor, COMPARED, SETTINGS};
+use nobubble_schedule::paper::{
+    bubble_rate, bubble_rate_floor, paper_scheduler_rate, COMPARED, SETTINGS,
+};
 use nobubble_schedule::{generate, simulate, CostModel, CostSpec, RankCost, Request, ScheduleKind};
 use serde_json::json;
 use std::time::Instant;
@@ -22,6 +24,8 @@ pub enum BenchCommand {
     Plan(PlanBenchArgs),
     /// Bubble rate of the automatic schedulers against the memory limit.
     Memory(MemoryBenchArgs),
+    /// zb-auto against the paper's own scheduler (zb-paper) on random pipelines.
+    Baseline(BaselineBenchArgs),
     /// One transformer block's F, I and W passes on one thread, beside gemm's own speed.
     Engine(crate::bench_engine::EngineBenchArgs),
     /// The runtime against the simulator: emulated 8–16 ranks, real 2 ranks.
@@ -42,6 +46,21 @@ pub struct PlanBenchArgs {
     pub repeat: usize,
     #[command(flatten)]
     pub costs: CostArgs,
+}
+
+/// Arguments of `bench baseline`.
+#[derive(Args, Debug)]
+pub struct BaselineBenchArgs {
+    /// Random pipelines to compare (p = 2..8, m = p..4p, per-stage costs and memory, comm,
+    /// a memory limit between p and 2p+1).
+    #[arg(long, default_value_t = 200)]
+    pub cases: usize,
+    /// Seed of the random pipelines.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON instead of the summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `bench memory`.
@@ -81,6 +100,7 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Sim(a) => sim(a),
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
+        BenchCommand::Baseline(a) => baseline(a),
         BenchCommand::Engine(a) => crate::bench_engine::run(a),
         BenchCommand::Runtime(a) => crate::bench_runtime::run(a),
     }
@@ -95,15 +115,22 @@ fn paper(as_json: bool) -> Result<(), String> {
             let floor = bubble_rate_floor(s, kind).map_err(|e| e.to_string())?;
             ours.push((kind.name(), r, s.reported[col], floor));
         }
-        rows.push((s, ours));
+        // The paper's own scheduler, reimplemented, at p and 2p (published ZB-1p, ZB-2p).
+        let mut theirs = Vec::new();
+        for (k, col) in [(1.0, 4), (2.0, 5)] {
+            let r = paper_scheduler_rate(s, k * s.p as f64).map_err(|e| e.to_string())?;
+            theirs.push((r, s.reported[col]));
+        }
+        rows.push((s, ours, theirs));
     }
     if as_json {
         let out: Vec<_> = rows
             .iter()
-            .map(|(s, ours)| {
+            .map(|(s, ours, theirs)| {
                 json!({"model": s.model, "p": s.p, "m": s.m, "t_f": s.t_f, "t_i": s.t_i,
                        "t_w": s.t_w, "t_comm": s.t_comm,
-                       "schedules": ours.iter().map(|(n, o, p, f)| json!({"schedule": n, "ours": o, "paper": p, "floor": f})).collect::<Vec<_>>()})
+                       "schedules": ours.iter().map(|(n, o, p, f)| json!({"schedule": n, "ours": o, "paper": p, "floor": f})).collect::<Vec<_>>(),
+                       "paper_scheduler": theirs.iter().zip(["zb-1p", "zb-2p"]).map(|((r, p), n)| json!({"schedule": n, "reimplemented": r, "paper": p})).collect::<Vec<_>>()})
             })
             .collect();
         println!(
@@ -122,7 +149,7 @@ fn paper(as_json: bool) -> Result<(), String> {
     let mut worst: f64 = 0.0;
     let mut wins = [0usize; 2];
     let mut optimal = [0usize; 2];
-    for (s, ours) in &rows {
+    for (s, ours, _) in &rows {
         let cells: Vec<String> = ours
             .iter()
             .enumerate()
@@ -158,6 +185,27 @@ fn paper(as_json: bool) -> Result<(), String> {
          (zb-1p: {}/12, zb-2p: {}/12)",
         optimal[0], optimal[1]
     );
+    println!(
+        "\nThe paper's own scheduler, reimplemented (`zb-paper`: greedy, median costs, 8 knob"
+    );
+    println!("settings), at p·M_B and 2p·M_B, beside the paper's ZB-1p and ZB-2p columns:\n");
+    println!(
+        "{:<6} {:>3} {:>4}  {:>15}  {:>15}",
+        "model", "p", "m", "zb-1p", "zb-2p"
+    );
+    let mut same = 0;
+    for (s, _, theirs) in &rows {
+        let cells: Vec<String> = theirs
+            .iter()
+            .map(|(r, p)| format!("{r:.4} / {p:.4}"))
+            .collect();
+        same += theirs.iter().filter(|(r, p)| (r - p).abs() <= 5e-5).count();
+        println!(
+            "{:<6} {:>3} {:>4}  {:>15}  {:>15}",
+            s.model, s.p, s.m, cells[0], cells[1]
+        );
+    }
+    println!("\nreimplementation equal to the published figure (4 decimals) in {same}/24 cells");
 
     Ok(())
 }
@@ -307,5 +355,109 @@ fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
         }
         println!("{x:>6} {}", cells.join(" "));
     }
+    Ok(())
+}
+
+/// SplitMix64: a tiny seeded generator, so `bench baseline` draws the same pipelines
+/// everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform integer in lo..=hi.
+    fn int(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+}
+
+fn baseline(a: &BaselineBenchArgs) -> Result<(), String> {
+    if a.cases == 0 {
+        return Err("--cases must be at least 1".into());
+    }
+    let mut rng = Rng(a.seed);
+    let (mut better, mut equal, mut worse) = (0usize, 0usize, 0usize);
+    let (mut sum_ours, mut sum_theirs, mut best_gain) = (0.0, 0.0, 0.0f64);
+    let started = Instant::now();
+    for case in 0..a.cases {
+        let p = rng.int(2, 8);
+        let m = rng.int(p, 4 * p);
+        let stages = (0..p)
+            .map(|_| {
+                let mem_b = rng.range(0.5, 2.0);
+                RankCost {
+                    f: rng.range(0.5, 3.0),
+                    i: rng.range(0.3, 2.0),
+                    w: rng.range(0.1, 0.9),
+                    mem_b,
+                    mem_w: mem_b * rng.range(0.1, 0.9),
+                }
+            })
+            .collect();
+        let spec = CostSpec {
+            comm: rng.range(0.0, 0.5),
+            stages,
+        };
+        let x = p as f64 + rng.range(0.0, (p + 1) as f64);
+        let rate = |kind: ScheduleKind| -> Result<(f64, f64), String> {
+            let req = Request {
+                mem_limit: Some(x),
+                ..Request::new(kind, p, m)
+            };
+            let s = generate(&req, &spec).map_err(|e| format!("case {case}: {e}"))?;
+            let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
+            let sim = simulate(&s, &c).map_err(|e| e.to_string())?;
+            let span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
+            Ok((span, sim.metrics.bubble_rate))
+        };
+        let (ours_span, ours) = rate(ScheduleKind::ZbAuto)?;
+        let (theirs_span, theirs) = rate(ScheduleKind::ZbPaper)?;
+        let tol = 1e-9 * theirs_span;
+        if ours_span < theirs_span - tol {
+            better += 1;
+        } else if ours_span > theirs_span + tol {
+            worse += 1;
+        } else {
+            equal += 1;
+        }
+        sum_ours += ours;
+        sum_theirs += theirs;
+        best_gain = best_gain.max(theirs - ours);
+        if !a.json && (case + 1) % 50 == 0 {
+            eprintln!("  {}/{} pipelines", case + 1, a.cases);
+        }
+    }
+    let n = a.cases as f64;
+    if a.json {
+        println!(
+            "{}",
+            json!({"cases": a.cases, "seed": a.seed, "better": better, "equal": equal,
+                   "worse": worse, "mean_bubble_zb_auto": sum_ours / n,
+                   "mean_bubble_zb_paper": sum_theirs / n, "largest_gain": best_gain})
+        );
+        return Ok(());
+    }
+    println!(
+        "zb-auto against the paper's scheduler (zb-paper) on {} random pipelines (seed {}), {:.1} s",
+        a.cases,
+        a.seed,
+        started.elapsed().as_secs_f64()
+    );
+    println!("  longest span: zb-auto shorter in {better}, equal in {equal}, longer in {worse}");
+    println!(
+        "  mean bubble rate: zb-auto {:.2}%, zb-paper {:.2}%; largest gain {:.2} points",
+        100.0 * sum_ours / n,
+        100.0 * sum_theirs / n,
+        100.0 * best_gain
+    );
     Ok(())
 }

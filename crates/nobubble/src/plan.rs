@@ -9,7 +9,7 @@ use std::path::PathBuf;
 /// Arguments of `plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto,
+    /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, zb-paper,
     /// interleaved-zb, zb-v, v-half, v-min, v-auto, dualpipe-v.
     #[arg(long, short = 's', default_value = "zb-h2")]
     pub schedule: String,

@@ -35,10 +35,8 @@ pub(crate) fn better(a: Score, b: Score) -> bool {
 /// The best of `s` and its drain-phase repairs (see [`super::drain`]) that fit `x`.
 pub(crate) fn repair_drain(s: (Schedule, Score), costs: &CostModel, x: f64) -> (Schedule, Score) {
     let mut best = s;
+    // Every variant fits `x` (see `drain::variants`), so only its timing needs checking.
     for v in super::drain::variants(&best.0, costs, x) {
-        if check_memory(&v, costs, x).is_err() {
-            continue;
-        }
         // A reshaped order can deadlock when ranks disagree on where their last forwards
         // go (no score): such a variant is dropped.
         if let Some(sc) = span_and_makespan(&v, costs) {
@@ -286,6 +284,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     }
     let mut best: Option<(Schedule, Score)> = None;
     let mut params: Option<(TemplateParams, Score)> = None;
+    let mut paper_free: Option<(Schedule, Score)> = None;
     let mut unbound = LadderRuns::new(policies().len());
     let mut tight = LadderRuns::new(1);
     for level in ladder(x) {
@@ -307,6 +306,23 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
         }
         for (s, sc, need) in &handcrafted {
             if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+                level_best = Some((s.clone(), *sc));
+            }
+        }
+        // The paper's own scheduler at this level, so we are never worse than it; once
+        // memory stops binding it, every larger level gives the same schedule.
+        if paper_free.is_none() {
+            if let Ok((s, bound)) = super::paper_heuristic::zb_paper(p, m, &costs, level, name) {
+                let sc = score(&s, &costs)?;
+                if !bound {
+                    paper_free = Some((s.clone(), sc));
+                }
+                if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                    level_best = Some((s, sc));
+                }
+            }
+        } else if let Some((s, sc)) = &paper_free {
+            if level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
                 level_best = Some((s.clone(), *sc));
             }
         }

@@ -5,6 +5,7 @@ pub mod auto;
 mod classic;
 mod drain;
 pub mod greedy;
+mod paper_heuristic;
 mod periodic;
 pub mod v_shape;
 mod zero_bubble;
@@ -14,7 +15,7 @@ pub use classic::{gpipe, interleaved_1f1b, one_f_one_b};
 pub use v_shape::{dualpipe_v, v_auto, v_placement, zb_v_pattern};
 pub use zero_bubble::{interleaved_zb, zb_h1, zb_h2, zb_template};
 
-use crate::cost::CostSpec;
+use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
 use crate::schedule::Schedule;
 
@@ -41,6 +42,8 @@ pub enum ScheduleKind {
     Zb1p,
     /// Automatic zero bubble at 2p·M_B.
     Zb2p,
+    /// The paper's own automatic scheduler (greedy, median costs): the baseline.
+    ZbPaper,
     /// Interleaved with split backward (PyTorch's ScheduleInterleavedZeroBubble shape).
     InterleavedZb,
     /// V placement at 1F1B's memory.
@@ -57,7 +60,7 @@ pub enum ScheduleKind {
 
 impl ScheduleKind {
     /// Every kind, in the order `compare` lists them.
-    pub const ALL: [ScheduleKind; 14] = [
+    pub const ALL: [ScheduleKind; 15] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved1F1B,
@@ -66,6 +69,7 @@ impl ScheduleKind {
         ScheduleKind::Zb1p,
         ScheduleKind::Zb2p,
         ScheduleKind::ZbAuto,
+        ScheduleKind::ZbPaper,
         ScheduleKind::InterleavedZb,
         ScheduleKind::ZbV,
         ScheduleKind::VHalf,
@@ -85,6 +89,7 @@ impl ScheduleKind {
             ScheduleKind::ZbAuto => "zb-auto",
             ScheduleKind::Zb1p => "zb-1p",
             ScheduleKind::Zb2p => "zb-2p",
+            ScheduleKind::ZbPaper => "zb-paper",
             ScheduleKind::InterleavedZb => "interleaved-zb",
             ScheduleKind::ZbV => "zb-v",
             ScheduleKind::VHalf => "v-half",
@@ -111,6 +116,9 @@ impl ScheduleKind {
             }
             ScheduleKind::Zb1p => "automatic zero bubble at p·M_B (1F1B's memory)",
             ScheduleKind::Zb2p => "automatic zero bubble at 2p·M_B",
+            ScheduleKind::ZbPaper => {
+                "the paper's greedy scheduler (median costs, 8 knob settings) under --mem-limit"
+            }
             ScheduleKind::InterleavedZb => "interleaved with split backward, W delayed r on rank r",
             ScheduleKind::ZbV => "V placement, 2 chunks per rank, at p·M_B; ≈0 bubble when F≈I≈W",
             ScheduleKind::VHalf => "V placement at ≈ half of 1F1B's memory, ⌊(p+2)/2⌋·M_B",
@@ -127,6 +135,7 @@ impl ScheduleKind {
             ScheduleKind::ZbAuto
                 | ScheduleKind::Zb1p
                 | ScheduleKind::Zb2p
+                | ScheduleKind::ZbPaper
                 | ScheduleKind::ZbV
                 | ScheduleKind::VHalf
                 | ScheduleKind::VMin
@@ -139,7 +148,7 @@ impl ScheduleKind {
     pub fn planning_limit(self, p: usize, user: Option<f64>) -> Option<f64> {
         let p = p as f64;
         match self {
-            ScheduleKind::ZbAuto => Some(user.unwrap_or(2.0 * p)),
+            ScheduleKind::ZbAuto | ScheduleKind::ZbPaper => Some(user.unwrap_or(2.0 * p)),
             ScheduleKind::Zb1p => Some(p),
             ScheduleKind::Zb2p => Some(2.0 * p),
             ScheduleKind::ZbV => Some(p),
@@ -263,6 +272,16 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             limit.expect("auto kinds plan under a limit"),
             name,
         ),
+        ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|c| {
+            paper_heuristic::zb_paper(
+                p,
+                m,
+                &c,
+                limit.expect("auto kinds plan under a limit"),
+                name,
+            )
+            .map(|(s, _)| s)
+        }),
         ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
         ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
             v_auto(

@@ -1,0 +1,407 @@
+//! The zero-bubble paper's automatic scheduler, as REFERENCE §4 describes it: the baseline
+//! `zb-auto` is measured against (and includes among its candidates, so it is never worse).
+//!
+//! A greedy construction over all stages at once with *uniform* costs — the median F, I and
+//! W over stages, as the official code profiles them — and the real per-stage memory:
+//! 1. microbatch 0's forward on every stage; then, from stage p−2 down, as many warm-up
+//!    forwards as end before microbatch 0's input gradient can be back (knob: one more that
+//!    overshoots), at least one more than the next stage and within memory; then
+//!    microbatch 0's input gradients from the last stage down;
+//! 2. rounds of one forward per stage (a stage never runs further ahead of the next one
+//!    than its warm-up; knob: a stage two or more forwards ahead skips its forward when it
+//!    would delay the input gradient due next), then one input gradient per stage from the
+//!    last stage down;
+//! 3. before each F or I, weight gradients while memory would overflow (no W pending: the
+//!    attempt fails), and those that fit completely in the wait (knob: any wait gets one);
+//! 4. the remaining weight gradients at the end.
+//!
+//! All 2³ knob settings are built and the one with the shortest longest stage span under
+//! the median costs is kept, as the paper does. Knob 3 stands for the paper's "bubble
+//! budget" with a budget of zero: any wait may get a W that overruns it.
+
+use std::collections::VecDeque;
+
+use super::auto::{better, Score};
+use crate::action::{Action, Kind};
+use crate::cost::CostModel;
+use crate::error::Error;
+use crate::schedule::Schedule;
+
+/// The three knobs of the paper's search.
+#[derive(Clone, Copy, Debug)]
+struct Knobs {
+    overshoot_warmup: bool,
+    skip_forward: bool,
+    w_in_any_wait: bool,
+}
+
+/// The paper's heuristic on a linear placement with memory limit `x` × each stage's M_B.
+/// The second value says whether memory ever forced a W or capped a warm-up in the kept
+/// attempt... or any other: when it never did, every larger limit gives the same schedule.
+pub(crate) fn zb_paper(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<(Schedule, bool), Error> {
+    let median = |get: fn(&crate::cost::RankCost) -> f64| {
+        let mut v: Vec<f64> = costs.stages.iter().map(get).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let uniform = Uniform {
+        f: median(|c| c.f),
+        i: median(|c| c.i),
+        w: median(|c| c.w),
+        comm: costs.comm,
+    };
+    let mut best: Option<(Score, Vec<Vec<Action>>)> = None;
+    let mut started = Builder::new(p, m, uniform, costs, x);
+    let plain = Knobs {
+        overshoot_warmup: false,
+        skip_forward: false,
+        w_in_any_wait: false,
+    };
+    let counts = started.start(plain).map(|()| {
+        let a = started.warmup(false);
+        let b = started.warmup(true);
+        (a, b)
+    });
+    let mut bound = started.memory_bound;
+    if let Some((without, with)) = counts {
+        for k in 0..8 {
+            let knobs = Knobs {
+                overshoot_warmup: k & 1 != 0,
+                skip_forward: k & 2 != 0,
+                w_in_any_wait: k & 4 != 0,
+            };
+            let count = if knobs.overshoot_warmup {
+                &with
+            } else {
+                &without
+            };
+            // The overshoot knob changes nothing when no stage gets the extra forward.
+            let Some(count) = count else { continue };
+            if knobs.overshoot_warmup && with == without {
+                continue;
+            }
+            let mut b = started.clone();
+            let built = b.finish(count, knobs);
+            bound |= b.memory_bound;
+            if built.is_none() {
+                continue;
+            }
+            let score = b.score();
+            if best.as_ref().is_none_or(|(s, _)| better(score, *s)) {
+                best = Some((score, b.order));
+            }
+        }
+    }
+    let (_, orders) = best.ok_or_else(|| {
+        Error::Input(format!(
+            "the paper's heuristic finds no schedule within {x} × M_B: its 1F1B-like warm-up \
+             needs about min(p, m) = {} × M_B; use a larger --mem-limit",
+            p.min(m)
+        ))
+    })?;
+    let placement: Vec<usize> = (0..p).collect();
+    Ok((Schedule::new(name, p, p, m, placement, orders)?, bound))
+}
+
+#[derive(Clone, Copy)]
+struct Uniform {
+    f: f64,
+    i: f64,
+    w: f64,
+    comm: f64,
+}
+
+#[derive(Clone)]
+struct Builder<'a> {
+    p: usize,
+    m: usize,
+    t: Uniform,
+    costs: &'a CostModel,
+    limit: Vec<f64>,
+    clock: Vec<f64>,
+    first: Vec<f64>,
+    mem: Vec<f64>,
+    pending: Vec<VecDeque<usize>>,
+    next_f: Vec<usize>,
+    next_i: Vec<usize>,
+    end_f: Vec<f64>,
+    end_i: Vec<f64>,
+    order: Vec<Vec<Action>>,
+    memory_bound: bool,
+}
+
+impl<'a> Builder<'a> {
+    fn new(p: usize, m: usize, t: Uniform, costs: &'a CostModel, x: f64) -> Self {
+        Builder {
+            p,
+            m,
+            t,
+            costs,
+            limit: costs.stages.iter().map(|c| x * c.mem_b).collect(),
+            clock: vec![0.0; p],
+            first: vec![f64::NAN; p],
+            mem: vec![0.0; p],
+            pending: vec![VecDeque::new(); p],
+            next_f: vec![0; p],
+            next_i: vec![0; p],
+            end_f: vec![f64::NAN; p * m],
+            end_i: vec![f64::NAN; p * m],
+            order: vec![Vec::with_capacity(3 * m); p],
+            memory_bound: false,
+        }
+    }
+
+    fn ready_f(&self, s: usize, j: usize) -> f64 {
+        if s == 0 {
+            0.0
+        } else {
+            self.end_f[(s - 1) * self.m + j] + self.t.comm
+        }
+    }
+
+    fn ready_i(&self, s: usize, j: usize) -> f64 {
+        if s + 1 == self.p {
+            self.end_f[s * self.m + j]
+        } else {
+            self.end_i[(s + 1) * self.m + j] + self.t.comm
+        }
+    }
+
+    fn fits(&self, s: usize, delta: f64) -> bool {
+        self.mem[s] + delta <= self.limit[s] * (1.0 + 1e-9) + 1e-12
+    }
+
+    fn put(&mut self, s: usize, kind: Kind, ready: f64) {
+        let (j, dur) = match kind {
+            Kind::F => (self.next_f[s], self.t.f),
+            Kind::I => (self.next_i[s], self.t.i),
+            _ => (self.pending[s].pop_front().expect("a pending W"), self.t.w),
+        };
+        let start = self.clock[s].max(ready);
+        if self.first[s].is_nan() {
+            self.first[s] = start;
+        }
+        self.clock[s] = start + dur;
+        self.mem[s] += self.costs.mem_delta(s, kind);
+        match kind {
+            Kind::F => {
+                self.end_f[s * self.m + j] = start + dur;
+                self.next_f[s] += 1;
+            }
+            Kind::I => {
+                self.end_i[s * self.m + j] = start + dur;
+                self.next_i[s] += 1;
+                self.pending[s].push_back(j);
+            }
+            _ => {}
+        }
+        self.order[s].push(Action::new(s, kind, j));
+    }
+
+    /// Weight gradients before an F or I that can start at `ready` and changes memory by
+    /// `delta`: forced ones while memory would overflow, then those that fit in the wait.
+    fn prepare(&mut self, s: usize, ready: f64, delta: f64, knobs: Knobs) -> Option<()> {
+        while !self.fits(s, delta) {
+            self.memory_bound = true;
+            if self.pending[s].is_empty() {
+                return None;
+            }
+            self.put(s, Kind::W, 0.0);
+        }
+        while !self.pending[s].is_empty() && self.clock[s] + self.t.w <= ready + 1e-12 {
+            self.put(s, Kind::W, 0.0);
+        }
+        if knobs.w_in_any_wait && !self.pending[s].is_empty() && self.clock[s] < ready {
+            self.put(s, Kind::W, 0.0);
+        }
+        Some(())
+    }
+
+    fn forward(&mut self, s: usize, knobs: Knobs) -> Option<()> {
+        let ready = self.ready_f(s, self.next_f[s]);
+        self.prepare(s, ready, self.costs.stages[s].mem_b, knobs)?;
+        self.put(s, Kind::F, ready);
+        Some(())
+    }
+
+    fn input_grad(&mut self, s: usize, knobs: Knobs) -> Option<()> {
+        let ready = self.ready_i(s, self.next_i[s]);
+        self.prepare(s, ready, self.costs.mem_delta(s, Kind::I), knobs)?;
+        self.put(s, Kind::I, ready);
+        Some(())
+    }
+
+    /// Microbatch 0's forward on every stage (the same for every knob setting).
+    fn start(&mut self, knobs: Knobs) -> Option<()> {
+        for s in 0..self.p {
+            self.forward(s, knobs)?;
+        }
+        Some(())
+    }
+
+    /// Warm-up forwards per stage, from stage p−2 down, on an estimate of when microbatch
+    /// 0's input gradient is back (every stage runs its forwards back to back after its
+    /// first). `None` if memory cannot hold a 1F1B-like warm-up.
+    fn warmup(&mut self, overshoot: bool) -> Option<Vec<usize>> {
+        let (p, m, t) = (self.p, self.m, self.t);
+        // Memory caps every warm-up, and stage s must stay one forward ahead of stage s+1
+        // (unless it already runs all m forwards in its warm-up), so stage s can warm up at
+        // most `allowed[s]` forwards.
+        let mut allowed = vec![0usize; p];
+        for s in 0..p {
+            let cap = (self.limit[s] * (1.0 + 1e-9) / self.costs.stages[s].mem_b).floor() as usize;
+            let mut a = cap.checked_sub(1)?.min(m - 1);
+            if s > 0 && allowed[s - 1] < m - 1 {
+                a = a.min(allowed[s - 1].checked_sub(1)?);
+            }
+            allowed[s] = a;
+        }
+        let mut count = vec![0usize; p];
+        let mut i_end = vec![0.0f64; p];
+        i_end[p - 1] = self.end_f[(p - 1) * m] + t.i;
+        for s in (0..p.saturating_sub(1)).rev() {
+            let arrive = i_end[s + 1] + t.comm;
+            let f_end = |k: usize| self.end_f[s * m] + k as f64 * t.f;
+            let mut k = 0;
+            while k + 1 < m {
+                if f_end(k + 1) <= arrive + 1e-12 {
+                    k += 1;
+                } else {
+                    if overshoot {
+                        k += 1;
+                    }
+                    break;
+                }
+            }
+            k = k.max(count[s + 1] + 1).min(m - 1);
+            if k > allowed[s] {
+                self.memory_bound = true;
+                k = allowed[s];
+            }
+            count[s] = k;
+            i_end[s] = f_end(k).max(arrive) + t.i;
+        }
+        Some(count)
+    }
+
+    /// Everything after microbatch 0's forwards, with these warm-up counts.
+    fn finish(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
+        let (p, m, t) = (self.p, self.m, self.t);
+        for (s, &n) in count.iter().enumerate() {
+            for _ in 0..n {
+                self.forward(s, knobs)?;
+            }
+        }
+        for s in (0..p).rev() {
+            self.input_grad(s, knobs)?;
+        }
+        // Rounds: one forward per stage, then one input gradient per stage going up.
+        while self.next_i.iter().any(|&j| j < m) {
+            let mut moved = false;
+            for s in 0..p {
+                // One forward per round; a stage that fell behind its warm-up lead (by a
+                // skipped forward) may run a second one to catch up.
+                let mut ran = 0;
+                loop {
+                    let j = self.next_f[s];
+                    if j >= m || (s > 0 && self.next_f[s - 1] <= j) {
+                        break;
+                    }
+                    if s + 1 < p {
+                        let lead = j - self.next_f[s + 1].min(j);
+                        let target = count[s] - count[s + 1];
+                        // Never further ahead than the warm-up lead (+1 within a round).
+                        if lead > target || (ran > 0 && lead >= target) {
+                            break;
+                        }
+                        if knobs.skip_forward && lead >= 2 {
+                            let ji = self.next_i[s];
+                            if ji < j && self.next_i[s + 1] > ji {
+                                let due = self.ready_i(s, ji);
+                                let f_end = self.clock[s].max(self.ready_f(s, j)) + t.f;
+                                if f_end > due {
+                                    break;
+                                }
+                            }
+                        }
+                    } else if ran > 0 {
+                        break;
+                    }
+                    self.forward(s, knobs)?;
+                    ran += 1;
+                    moved = true;
+                }
+            }
+            for s in (0..p).rev() {
+                let j = self.next_i[s];
+                if j >= m || j >= self.next_f[s] || (s + 1 < p && self.next_i[s + 1] <= j) {
+                    continue;
+                }
+                self.input_grad(s, knobs)?;
+                moved = true;
+            }
+            if !moved {
+                return None;
+            }
+        }
+        for s in 0..p {
+            while !self.pending[s].is_empty() {
+                self.put(s, Kind::W, 0.0);
+            }
+        }
+        Some(())
+    }
+
+    /// (longest stage span, makespan) under the uniform costs: the paper's objective.
+    fn score(&self) -> (f64, f64) {
+        let span = (0..self.p)
+            .map(|s| self.clock[s] - self.first[s])
+            .fold(0.0, f64::max);
+        (span, self.clock.iter().copied().fold(0.0, f64::max))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{CostSpec, RankCost};
+    use crate::sim::simulate;
+
+    fn span(p: usize, m: usize, x: f64) -> f64 {
+        let spec = CostSpec::uniform(RankCost::default(), 0.0);
+        let costs = CostModel::for_layout(&spec, p, p).unwrap();
+        let (s, _) = zb_paper(p, m, &costs, x, "zb-paper").unwrap();
+        crate::validate::check_memory(&s, &costs, x).unwrap();
+        let sim = simulate(&s, &costs).unwrap();
+        sim.metrics.span.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// With F = I = W the paper's ZB-1p is ZB-H1 — m(F+I+W) + (p−1)(F+I−W) — and its ZB-2p
+    /// has no bubble once m ≥ 2p (the paper's Table 5 shows the same).
+    #[test]
+    fn equal_passes_give_zb_h1_at_p_and_no_bubble_at_2p() {
+        for p in [2usize, 4, 8] {
+            for m in [2 * p, 3 * p] {
+                let work = 3.0 * m as f64;
+                assert_eq!(span(p, m, p as f64), work + (p - 1) as f64, "p={p} m={m}");
+                assert_eq!(span(p, m, 2.0 * p as f64), work, "p={p} m={m}");
+            }
+        }
+    }
+
+    #[test]
+    fn below_a_1f1b_warm_up_it_refuses_with_the_minimum() {
+        let spec = CostSpec::uniform(RankCost::default(), 0.0);
+        let costs = CostModel::for_layout(&spec, 4, 4).unwrap();
+        let e = zb_paper(4, 8, &costs, 3.0, "zb-paper")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("min(p, m) = 4"), "{e}");
+    }
+}

@@ -16,8 +16,15 @@
 //! 4. the remaining weight gradients at the end.
 //!
 //! All 2³ knob settings are built and the one with the shortest longest stage span under
-//! the median costs is kept, as the paper does. Knob 3 stands for the paper's "bubble
-//! budget" with a budget of zero: any wait may get a W that overruns it.
+//! the median costs (then the shortest makespan) is kept, as the paper does.
+//!
+//! Where the description leaves details open, this implementation chooses: knob 3 stands
+//! for the paper's "bubble budget" with a budget of zero (any wait may get a W that
+//! overruns it); the skip knob estimates the input gradient's arrival by letting every later
+//! stage run this round's forward and then that input gradient as soon as it can; a stage
+//! that skipped a forward may run two in a later round to regain its warm-up lead; warm-ups
+//! that already hold all m forwards may tie instead of decreasing (m < p); the median of an
+//! even number of stages is the upper one.
 
 use std::collections::VecDeque;
 
@@ -255,7 +262,12 @@ impl<'a> Builder<'a> {
         // most `allowed[s]` forwards.
         let mut allowed = vec![0usize; p];
         for s in 0..p {
-            let cap = (self.limit[s] * (1.0 + 1e-9) / self.costs.stages[s].mem_b).floor() as usize;
+            let mem_b = self.costs.stages[s].mem_b;
+            let cap = if mem_b > 0.0 {
+                (self.limit[s] * (1.0 + 1e-9) / mem_b).floor() as usize
+            } else {
+                m // activations take no memory: nothing caps the warm-up
+            };
             let mut a = cap.checked_sub(1)?.min(m - 1);
             if s > 0 && allowed[s - 1] < m - 1 {
                 a = a.min(allowed[s - 1].checked_sub(1)?);
@@ -321,13 +333,9 @@ impl<'a> Builder<'a> {
                             break;
                         }
                         if knobs.skip_forward && lead >= 2 {
-                            let ji = self.next_i[s];
-                            if ji < j && self.next_i[s + 1] > ji {
-                                let due = self.ready_i(s, ji);
-                                let f_end = self.clock[s].max(self.ready_f(s, j)) + t.f;
-                                if f_end > due {
-                                    break;
-                                }
+                            let f_end = self.clock[s].max(self.ready_f(s, j)) + t.f;
+                            if f_end > self.next_i_arrival(s) {
+                                break;
                             }
                         }
                     } else if ran > 0 {
@@ -356,6 +364,51 @@ impl<'a> Builder<'a> {
             }
         }
         Some(())
+    }
+
+    /// When the input gradient stage `s` needs next should arrive, estimated before this
+    /// round's input gradients are placed: every later stage runs this round's forward (if
+    /// it has one) and then that input gradient as soon as it can. Infinite if a later stage
+    /// has not yet run the forward it needs.
+    fn next_i_arrival(&self, s: usize) -> f64 {
+        let (p, m, t) = (self.p, self.m, self.t);
+        let j = self.next_i[s];
+        if j >= m {
+            return f64::INFINITY;
+        }
+        let mut arrive = f64::NAN;
+        for q in (s + 1..p).rev() {
+            if self.next_i[q] > j {
+                // Already done: its real end is known.
+                arrive = self.end_i[q * m + j] + t.comm;
+                continue;
+            }
+            let mut free = self.clock[q];
+            let mut f_end = if self.next_f[q] > j {
+                self.end_f[q * m + j]
+            } else {
+                f64::NAN
+            };
+            let fj = self.next_f[q];
+            if fj < m && (q == 0 || self.next_f[q - 1] > fj) {
+                // This round's forward runs first.
+                let ready = if q == 0 {
+                    0.0
+                } else {
+                    self.end_f[(q - 1) * m + fj] + t.comm
+                };
+                free = free.max(ready) + t.f;
+                if fj == j {
+                    f_end = free;
+                }
+            }
+            if f_end.is_nan() {
+                return f64::INFINITY;
+            }
+            let ready = if q + 1 == p { f_end } else { arrive };
+            arrive = free.max(ready) + t.i + t.comm;
+        }
+        arrive
     }
 
     /// (longest stage span, makespan) under the uniform costs: the paper's objective.

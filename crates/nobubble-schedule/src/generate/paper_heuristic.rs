@@ -43,8 +43,8 @@ struct Knobs {
 }
 
 /// The paper's heuristic on a linear placement with memory limit `x` × each stage's M_B.
-/// The second value says whether memory ever forced a W or capped a warm-up in the kept
-/// attempt... or any other: when it never did, every larger limit gives the same schedule.
+/// The second value says whether memory held anything back (forced a W or capped a
+/// warm-up) in any attempt: when it never did, every larger limit gives the same schedule.
 pub(crate) fn zb_paper(
     p: usize,
     m: usize,
@@ -116,6 +116,7 @@ pub(crate) fn zb_paper(
     Ok((Schedule::new(name, p, p, m, placement, orders)?, bound))
 }
 
+/// The pass times the heuristic plans with: one value for every stage.
 #[derive(Clone, Copy)]
 struct Uniform {
     f: f64,
@@ -124,6 +125,8 @@ struct Uniform {
     comm: f64,
 }
 
+/// The construction's state: per stage its clock, memory, pending weight gradients and the
+/// order so far, and the end time of every forward and input gradient placed.
 #[derive(Clone)]
 struct Builder<'a> {
     p: usize,

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::{simulate, span_and_makespan};
 use crate::validate::check_memory;
+use std::cell::Cell;
 
 /// (longest rank span, makespan): what the searches minimize, in that order.
 pub(crate) type Score = (f64, f64);
@@ -99,6 +100,7 @@ pub(crate) fn improve(
     costs: &CostModel,
     x: f64,
     max_evals: usize,
+    rejected: &Cell<bool>,
 ) -> Result<(Schedule, Score), Error> {
     let mut evals = 0;
     loop {
@@ -137,7 +139,9 @@ pub(crate) fn improve(
                     let a = best.orders[r].remove(k);
                     best.orders[r].insert(to, a);
                     let mut kept = false;
-                    if check_memory(&best, costs, x).is_ok() {
+                    let fits = check_memory(&best, costs, x).is_ok();
+                    rejected.set(rejected.get() || !fits);
+                    if fits {
                         evals += 1;
                         if let Ok(sc) = score(&best, costs) {
                             if better(sc, best_score) {
@@ -176,6 +180,11 @@ impl LadderRuns {
         LadderRuns {
             unbound: vec![None; policies],
         }
+    }
+
+    /// Whether every policy's run has stopped depending on the limit.
+    pub(crate) fn all_cached(&self) -> bool {
+        self.unbound.iter().all(Option::is_some)
     }
 
     /// The first `self.unbound.len()` policies' schedules at `level` (failed runs left out).
@@ -249,6 +258,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
         m,
         costs: &costs,
         name,
+        rejected: Cell::new(false),
     };
     let grid = search.grid();
     let descent_budget = (100_000 / actions).clamp(4, 300);
@@ -287,7 +297,23 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     let mut paper_free: Option<(Schedule, Score)> = None;
     let mut unbound = LadderRuns::new(policies().len());
     let mut tight = LadderRuns::new(1);
+    // The proven bounds with no memory limit: (longest span, makespan).
+    let floor = (
+        crate::bound::span_lower_bound(&placement, m, &costs, None),
+        crate::bound::lower_bound(&placement, m, &costs, None),
+    );
+    // Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
+    let static_need = handcrafted
+        .iter()
+        .map(|h| h.2)
+        .chain(grid.iter().map(|g| g.2))
+        .chain(frees.iter().map(|f| f.1))
+        .fold(0.0, f64::max);
     for level in ladder(x) {
+        search.rejected.set(false);
+        let params_before = params.clone();
+        let paper_was_free = paper_free.is_some();
+        let mut settled = true;
         let mut candidates = Vec::new();
         // On linear placements the list scheduler rarely beats the family search; it is
         // worth its time only on small pipelines.
@@ -361,14 +387,31 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
-                improve(s, sc, &costs, level, improve_budget)?
+                improve(s, sc, &costs, level, improve_budget, &search.rejected)?
             } else {
                 (s, sc)
             };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 // A new best: try reshaping its drain phase (see `drain`).
                 best = Some(repair_drain(improved, &costs, level));
+                settled = false;
             }
+        }
+        // A level where nothing turned on the limit and nothing changed is a fixed point:
+        // every larger level would compute exactly the same, so the ladder can stop here
+        // with the very result it would reach at the top.
+        let settled = settled
+            && !search.rejected.get()
+            && params == params_before
+            && level >= static_need
+            && (actions > 1500 || unbound.all_cached())
+            && paper_was_free;
+        // Nothing at any limit can beat a schedule on both unlimited lower bounds.
+        let optimal = best.as_ref().is_some_and(|b| {
+            b.1 .0 <= floor.0 * (1.0 + 1e-12) && b.1 .1 <= floor.1 * (1.0 + 1e-12)
+        });
+        if settled || optimal {
+            break;
         }
     }
     let (mut best, _) =
@@ -390,6 +433,8 @@ struct TemplateSearch<'a> {
     m: usize,
     costs: &'a CostModel,
     name: &'a str,
+    /// Set when a point was turned down for memory: the search then depended on the limit.
+    rejected: Cell<bool>,
 }
 
 impl TemplateSearch<'_> {
@@ -399,7 +444,10 @@ impl TemplateSearch<'_> {
 
     fn eval(&self, t: &TemplateParams, x: f64) -> Option<Score> {
         let s = self.build(t).ok()?;
-        check_memory(&s, self.costs, x).ok()?;
+        if check_memory(&s, self.costs, x).is_err() {
+            self.rejected.set(true);
+            return None;
+        }
         score(&s, self.costs).ok()
     }
 

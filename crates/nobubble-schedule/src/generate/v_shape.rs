@@ -223,7 +223,14 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
-                improve(s, sc, &costs, level, improve_budget)?
+                improve(
+                    s,
+                    sc,
+                    &costs,
+                    level,
+                    improve_budget,
+                    &std::cell::Cell::new(false),
+                )?
             } else {
                 (s, sc)
             };

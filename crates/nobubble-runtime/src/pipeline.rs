@@ -4,7 +4,7 @@
 //! what makes pipelined training bit-identical to unpipelined training.
 
 use crate::checkpoint::{self, StageState, TrainingState};
-use crate::error::RuntimeError;
+use crate::error::{more_causal, RuntimeError};
 use crate::transport::InProcess;
 use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Worker};
 use nobubble_nn::config::block_counts;
@@ -278,7 +278,9 @@ impl Pipeline {
                                 eval,
                                 lr,
                             } => {
-                                let r = catch_unwind(AssertUnwindSafe(|| worker.run_step(step, &order, epoch, eval, lr)));
+                                let r = catch_unwind(AssertUnwindSafe(|| {
+                                    worker.run_step(step, &order, epoch, eval, lr)
+                                }));
                                 let r = r.unwrap_or_else(|p| {
                                     Err(RuntimeError::Panic {
                                         rank,
@@ -286,21 +288,34 @@ impl Pipeline {
                                         cause: panic_message(&p),
                                     })
                                 });
-                                if matches!(&r, Err(e) if !matches!(e, RuntimeError::Aborted { .. })) {
-                                    worker.abort.store(true, Ordering::Relaxed);
+                                if let Err(e) = &r {
+                                    if matches!(e, RuntimeError::Timeout { .. }) {
+                                        // Let ranks waiting on the same missing message reach
+                                        // their own deadlines first, so the report can name
+                                        // the wait nearest the cause, not whichever thread the
+                                        // OS happened to run first.
+                                        std::thread::sleep(TIMEOUT_GRACE.min(worker.recv_timeout));
+                                    }
+                                    if !matches!(e, RuntimeError::Aborted { .. }) {
+                                        worker.abort.store(true, Ordering::Relaxed);
+                                    }
                                 }
                                 Reply::Stepped(r)
                             }
-                            Command::Apply { scale, lr } => Reply::Applied(guard(rank, || worker.apply(scale, lr))),
-                            Command::Validate(v) => Reply::Applied(guard(rank, || worker.validate(v))),
+                            Command::Apply { scale, lr } => {
+                                Reply::Applied(guard(rank, || worker.apply(scale, lr)))
+                            }
+                            Command::Validate(v) => {
+                                Reply::Applied(guard(rank, || worker.validate(v)))
+                            }
                             Command::Params => Reply::Params(worker.params()),
                             Command::Memory => Reply::Memory(worker.measure_memory()),
                             Command::ExportState => {
                                 Reply::Exported(checkpoint::export_engine(&worker.engine))
                             }
-                            Command::ImportState(state) => {
-                                Reply::Imported(checkpoint::import_engine(&mut worker.engine, &state))
-                            }
+                            Command::ImportState(state) => Reply::Imported(
+                                checkpoint::import_engine(&mut worker.engine, &state),
+                            ),
                             Command::Stop => break,
                         };
                         if reply_tx.send((rank, reply)).is_err() {
@@ -407,10 +422,7 @@ impl Pipeline {
             match reply {
                 Reply::Stepped(Ok(r)) => results.push(r),
                 Reply::Stepped(Err(e)) => {
-                    let root = !matches!(e, RuntimeError::Aborted { .. });
-                    if first_error.is_none()
-                        || (root && matches!(first_error, Some(RuntimeError::Aborted { .. })))
-                    {
+                    if first_error.as_ref().is_none_or(|f| more_causal(&e, f)) {
                         first_error = Some(e);
                     }
                 }
@@ -613,3 +625,6 @@ impl Drop for Pipeline {
         }
     }
 }
+
+/// How long a rank that timed out waits before stopping the others.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(250);

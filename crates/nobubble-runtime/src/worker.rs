@@ -124,9 +124,11 @@ impl Worker {
         stage: usize,
         mb: usize,
         action: Action,
+        epoch: Instant,
     ) -> Result<Tensor, RuntimeError> {
         let key = (payload, stage, mb);
         let started = Instant::now();
+        let since = started.saturating_duration_since(epoch).as_secs_f64();
         let deadline = started + self.recv_timeout;
         loop {
             let now = Instant::now();
@@ -148,6 +150,7 @@ impl Worker {
                              by the emulated link latency: --comm is longer than --recv-timeout"
                         ),
                         seconds: started.elapsed().as_secs_f64(),
+                        since,
                     });
                 }
                 let (what, from) = match payload {
@@ -164,6 +167,7 @@ impl Worker {
                         self.placement[from]
                     ),
                     seconds: started.elapsed().as_secs_f64(),
+                    since,
                 });
             }
             if let Some(t) = delayed_until {
@@ -265,8 +269,10 @@ impl Worker {
             let t_ready = Instant::now();
             // Inputs first (waiting is idle time), then compute.
             let input = match a.kind {
-                Kind::F if s > 0 => Some(self.wait(Payload::Activation, s, j, a)?),
-                Kind::I | Kind::B if s < last => Some(self.wait(Payload::Gradient, s, j, a)?),
+                Kind::F if s > 0 => Some(self.wait(Payload::Activation, s, j, a, epoch)?),
+                Kind::I | Kind::B if s < last => {
+                    Some(self.wait(Payload::Gradient, s, j, a, epoch)?)
+                }
                 _ => None,
             };
             let start = Instant::now();

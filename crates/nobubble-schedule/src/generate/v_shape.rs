@@ -201,42 +201,54 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     } else {
         (1, 0)
     };
-    // Periodic schedules do not depend on the limit: score them once, and let each level
-    // take the best that fits.
-    let mut periodic = Vec::new();
-    for s in super::periodic::candidates(name, &placement, p, m, &costs) {
+    // The ZB-V pattern and the periodic schedules do not depend on the limit: score them
+    // once, and let each level take the best that fits.
+    let mut fixed = Vec::new();
+    let pattern = zb_v_pattern(p, m)?;
+    let periodic = super::periodic::candidates(name, &placement, p, m, &costs);
+    for s in std::iter::once(pattern).chain(periodic) {
         let need = needed_limit(&s, &costs);
         if let Ok(sc) = score(&s, &costs) {
-            periodic.push((s, sc, need));
+            fixed.push((s, sc, need));
         }
     }
+    let static_need = fixed.iter().map(|f| f.2).fold(0.0, f64::max);
+    let floor = (
+        crate::bound::span_lower_bound(&placement, m, &costs, None),
+        crate::bound::lower_bound(&placement, m, &costs, None),
+    );
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
-        let mut candidates = vec![zb_v_pattern(p, m)?];
-        candidates.extend(runs.run(name, &placement, p, m, &costs, level));
-        let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
-        for (s, sc, need) in &periodic {
+        let cached = runs.all_cached();
+        let rejected = std::cell::Cell::new(false);
+        let mut changed = false;
+        let found = runs.run(name, &placement, p, m, &costs, level);
+        let mut level_best = pick_best(found, &|_| Ok(costs.clone()), level)?;
+        for (s, sc, need) in &fixed {
             if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
                 level_best = Some((s.clone(), *sc));
             }
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
-                improve(
-                    s,
-                    sc,
-                    &costs,
-                    level,
-                    improve_budget,
-                    &std::cell::Cell::new(false),
-                )?
+                improve(s, sc, &costs, level, improve_budget, &rejected)?
             } else {
                 (s, sc)
             };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 best = Some(improved);
+                changed = true;
             }
+        }
+        // Stop where the rest of the ladder would change nothing (as in `zb_auto`): a fixed
+        // point, or a best that meets both unlimited lower bounds.
+        let settled = !changed && cached && !rejected.get() && level >= static_need;
+        let optimal = best.as_ref().is_some_and(|b| {
+            b.1 .0 <= floor.0 * (1.0 + 1e-12) && b.1 .1 <= floor.1 * (1.0 + 1e-12)
+        });
+        if settled || optimal {
+            break;
         }
     }
     let (mut best, _) = best.ok_or_else(|| {

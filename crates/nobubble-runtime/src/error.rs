@@ -95,42 +95,50 @@ impl fmt::Display for RuntimeError {
 
 impl std::error::Error for RuntimeError {}
 
-/// Whether `a` is nearer the cause than `b` when several ranks fail in one step. A failed
-/// pass or a panic is a cause; a timeout is usually a consequence of one; an abort never is
-/// the cause. Between two timeouts on the same microbatch, the wait earlier in its data flow
-/// is the cause (a forward's input before any gradient; forwards down the stages, gradients
-/// up); otherwise the wait that began first.
-pub(crate) fn more_causal(a: &RuntimeError, b: &RuntimeError) -> bool {
-    let class = |e: &RuntimeError| match e {
-        RuntimeError::Pass { .. } | RuntimeError::Panic { .. } | RuntimeError::Config(_) => 0,
-        RuntimeError::Timeout { .. } => 1,
-        RuntimeError::Aborted { .. } => 2,
-    };
-    match (a, b) {
-        (
-            RuntimeError::Timeout {
-                action: x,
-                since: sx,
-                ..
-            },
-            RuntimeError::Timeout {
-                action: y,
-                since: sy,
-                ..
-            },
-        ) => {
-            if x.microbatch == y.microbatch {
-                let flow = |a: &Action| match a.kind {
-                    Kind::F => (0, a.stage as i64),
-                    _ => (1, -(a.stage as i64)),
-                };
-                flow(x) < flow(y)
-            } else {
-                sx < sy
-            }
-        }
-        _ => class(a) < class(b),
+/// The error to report among several ranks' errors in one step. A failed pass or a panic
+/// is a cause; a timeout usually a consequence of one; an abort never the cause. Among
+/// timeouts: for each microbatch, the wait earliest in its data flow (a forward's input before
+/// any gradient, forwards down the stages, gradients up), since the others on that
+/// microbatch follow from it; then, of those, the wait that began first. Ties go to the
+/// first error given (replies come sorted by rank), so the choice never depends on which
+/// rank answered first.
+pub(crate) fn nearest_cause(errors: Vec<RuntimeError>) -> Option<RuntimeError> {
+    if let Some(i) = errors.iter().position(|e| {
+        matches!(
+            e,
+            RuntimeError::Pass { .. } | RuntimeError::Panic { .. } | RuntimeError::Config(_)
+        )
+    }) {
+        return errors.into_iter().nth(i);
     }
+    let flow = |a: &Action| match a.kind {
+        Kind::F => (0, a.stage as i64),
+        _ => (1, -(a.stage as i64)),
+    };
+    // (index, microbatch, flow, since) of every timeout.
+    let waits: Vec<(usize, usize, (i32, i64), f64)> = errors
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            RuntimeError::Timeout { action, since, .. } => {
+                Some((i, action.microbatch, flow(action), *since))
+            }
+            _ => None,
+        })
+        .collect();
+    let representative = |w: &(usize, usize, (i32, i64), f64)| {
+        waits
+            .iter()
+            .filter(|o| o.1 == w.1)
+            .all(|o| o.0 == w.0 || o.2 > w.2 || (o.2 == w.2 && o.0 > w.0))
+    };
+    let chosen = waits
+        .iter()
+        .filter(|w| representative(w))
+        .min_by(|a, b| a.3.total_cmp(&b.3).then(a.0.cmp(&b.0)))
+        .map(|w| w.0);
+    let i = chosen.unwrap_or(0);
+    errors.into_iter().nth(i)
 }
 
 #[cfg(test)]
@@ -147,33 +155,66 @@ mod blame_tests {
         }
     }
 
+    fn chosen(errors: &[RuntimeError]) -> RuntimeError {
+        nearest_cause(errors.to_vec()).expect("an error")
+    }
+
     #[test]
     fn the_wait_nearest_the_cause_is_reported() {
         // Rank 1's forward input was lost; rank 0 then waits for that microbatch's gradient,
         // even if the OS let rank 0 start waiting first.
         let lost_input = timeout(1, Action::new(1, Kind::F, 1), 0.020);
         let consequence = timeout(0, Action::new(0, Kind::B, 1), 0.010);
-        assert!(more_causal(&lost_input, &consequence));
-        assert!(!more_causal(&consequence, &lost_input));
+        assert_eq!(
+            chosen(&[consequence.clone(), lost_input.clone()]),
+            lost_input
+        );
+        assert_eq!(
+            chosen(&[lost_input.clone(), consequence.clone()]),
+            lost_input
+        );
         // Gradients flow up: the deeper stage's wait comes first.
-        assert!(more_causal(
-            &timeout(2, Action::new(2, Kind::I, 3), 0.5),
-            &timeout(1, Action::new(1, Kind::I, 3), 0.1)
-        ));
+        let deep = timeout(2, Action::new(2, Kind::I, 3), 0.5);
+        assert_eq!(
+            chosen(&[timeout(1, Action::new(1, Kind::I, 3), 0.1), deep.clone()]),
+            deep
+        );
         // Different microbatches: the earlier wait.
-        assert!(more_causal(
-            &timeout(0, Action::new(0, Kind::I, 0), 0.1),
-            &timeout(1, Action::new(1, Kind::F, 2), 0.2)
-        ));
+        let early = timeout(0, Action::new(0, Kind::I, 0), 0.1);
+        assert_eq!(
+            chosen(&[timeout(1, Action::new(1, Kind::F, 2), 0.2), early.clone()]),
+            early
+        );
+        // A panic is a cause; an abort never is.
         let panic = RuntimeError::Panic {
             rank: 1,
             action: None,
             cause: "x".into(),
         };
-        assert!(more_causal(&panic, &consequence));
-        assert!(more_causal(
-            &consequence,
-            &RuntimeError::Aborted { rank: 0 }
-        ));
+        assert_eq!(chosen(&[consequence.clone(), panic.clone()]), panic);
+        let aborted = RuntimeError::Aborted { rank: 0 };
+        assert_eq!(chosen(&[aborted.clone(), consequence.clone()]), consequence);
+        assert_eq!(chosen(std::slice::from_ref(&aborted)), aborted);
+    }
+
+    /// The same error is chosen whatever order the ranks answer in, and a wait that follows
+    /// from another on the same microbatch is never it.
+    #[test]
+    fn the_choice_does_not_depend_on_the_order() {
+        let other_mb = timeout(0, Action::new(0, Kind::I, 0), 0.20);
+        let root = timeout(1, Action::new(1, Kind::F, 1), 0.30);
+        let downstream = timeout(2, Action::new(2, Kind::F, 1), 0.10);
+        let all = [other_mb.clone(), root, downstream];
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let errors: Vec<_> = order.iter().map(|&k| all[k].clone()).collect();
+            assert_eq!(chosen(&errors), other_mb, "{order:?}");
+        }
     }
 }

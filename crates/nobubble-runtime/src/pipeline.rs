@@ -4,7 +4,7 @@
 //! what makes pipelined training bit-identical to unpipelined training.
 
 use crate::checkpoint::{self, StageState, TrainingState};
-use crate::error::{more_causal, RuntimeError};
+use crate::error::{nearest_cause, RuntimeError};
 use crate::transport::InProcess;
 use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Worker};
 use nobubble_nn::config::block_counts;
@@ -289,7 +289,9 @@ impl Pipeline {
                                     })
                                 });
                                 if let Err(e) = &r {
-                                    if matches!(e, RuntimeError::Timeout { .. }) {
+                                    if matches!(e, RuntimeError::Timeout { .. })
+                                        && !worker.abort.load(Ordering::Relaxed)
+                                    {
                                         // Let ranks waiting on the same missing message reach
                                         // their own deadlines first, so the report can name
                                         // the wait nearest the cause, not whichever thread the
@@ -417,15 +419,11 @@ impl Pipeline {
         }
         let replies = self.collect(self.commands.len())?;
         let mut results = Vec::with_capacity(replies.len());
-        let mut first_error: Option<RuntimeError> = None;
+        let mut errors: Vec<RuntimeError> = Vec::new();
         for (_, reply) in replies {
             match reply {
                 Reply::Stepped(Ok(r)) => results.push(r),
-                Reply::Stepped(Err(e)) => {
-                    if first_error.as_ref().is_none_or(|f| more_causal(&e, f)) {
-                        first_error = Some(e);
-                    }
-                }
+                Reply::Stepped(Err(e)) => errors.push(e),
                 _ => {
                     return Err(RuntimeError::Config(
                         "internal: unexpected worker reply".into(),
@@ -433,7 +431,7 @@ impl Pipeline {
                 }
             }
         }
-        if let Some(e) = first_error {
+        if let Some(e) = nearest_cause(errors) {
             self.failed = true;
             self.abort.store(true, Ordering::Relaxed);
             return Err(e);

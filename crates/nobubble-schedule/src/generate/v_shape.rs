@@ -202,17 +202,20 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         (1, 0)
     };
     // The ZB-V pattern and the periodic schedules do not depend on the limit: score them
-    // once, and let each level take the best that fits.
-    let mut fixed = Vec::new();
+    // once, and let each level take the best that fits (the pattern first, so that it wins
+    // ties, as the handcrafted schedule should).
     let pattern = zb_v_pattern(p, m)?;
-    let periodic = super::periodic::candidates(name, &placement, p, m, &costs);
-    for s in std::iter::once(pattern).chain(periodic) {
+    let pattern_need = needed_limit(&pattern, &costs);
+    let pattern_score = score(&pattern, &costs)?;
+    let mut periodic = Vec::new();
+    for s in super::periodic::candidates(name, &placement, p, m, &costs) {
         let need = needed_limit(&s, &costs);
         if let Ok(sc) = score(&s, &costs) {
-            fixed.push((s, sc, need));
+            periodic.push((s, sc, need));
         }
     }
-    let static_need = fixed.iter().map(|f| f.2).fold(0.0, f64::max);
+    let fits = |need: f64, level: f64| need <= level * (1.0 + 1e-9);
+    let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
     let floor = (
         crate::bound::span_lower_bound(&placement, m, &costs, None),
         crate::bound::lower_bound(&placement, m, &costs, None),
@@ -223,10 +226,15 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         let cached = runs.all_cached();
         let rejected = std::cell::Cell::new(false);
         let mut changed = false;
+        let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
         let found = runs.run(name, &placement, p, m, &costs, level);
-        let mut level_best = pick_best(found, &|_| Ok(costs.clone()), level)?;
-        for (s, sc, need) in &fixed {
-            if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+        if let Some((s, sc)) = pick_best(found, &|_| Ok(costs.clone()), level)? {
+            if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                level_best = Some((s, sc));
+            }
+        }
+        for (s, sc, need) in &periodic {
+            if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
                 level_best = Some((s.clone(), *sc));
             }
         }

@@ -19,6 +19,6 @@ pub mod worker;
 pub use checkpoint::{Checkpoint, CheckpointMeta, TrainingState};
 pub use error::RuntimeError;
 pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
-pub use session::{Plan, Session, SessionOptions};
+pub use session::{median_pass_ms, Plan, Session, SessionOptions};
 pub use transport::{InProcess, Message, Payload, Transport};
 pub use worker::{Fault, MeasuredSlot};

@@ -208,31 +208,12 @@ impl Session {
         {
             return Ok(None);
         }
-        let n = self.plan.schedule.stages;
-        let mut samples: Vec<[Vec<f64>; 3]> = (0..n)
-            .map(|_| [Vec::new(), Vec::new(), Vec::new()])
-            .collect();
-        for rec in records {
-            for slot in rec.timeline.iter().flatten() {
-                let k = match slot.action.kind {
-                    Kind::F => 0,
-                    Kind::I => 1,
-                    Kind::W => 2,
-                    Kind::B => continue,
-                };
-                samples[slot.action.stage][k].push((slot.end - slot.start) * 1e3);
-            }
-        }
-        let median = |v: &mut Vec<f64>| {
-            if v.is_empty() {
-                return 1.0;
-            }
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2].max(1e-6)
-        };
-        let times: Vec<(f64, f64, f64)> = samples
-            .iter_mut()
-            .map(|[f, i, w]| (median(f), median(i), median(w)))
+        let times: Vec<(f64, f64, f64)> = median_pass_ms(records, self.plan.schedule.stages)
+            .into_iter()
+            .map(|[f, i, w, _]| {
+                let t = |x: Option<f64>| x.map_or(1.0, |v| v.max(1e-6));
+                (t(f), t(i), t(w))
+            })
             .collect();
         let plan = self.replan_with(&times, 0.0, "measured pass times and memory")?;
         self.plan = plan.clone();
@@ -252,6 +233,33 @@ impl Session {
         }
         Ok((total / sets.max(1) as f64) as f32)
     }
+}
+
+/// The median measured time (ms) of each pass kind on each stage over `records`, as
+/// [F, I, W, B]; `None` where that kind never ran. Re-planning on measurements and the
+/// measured-against-simulated reports all start from these.
+pub fn median_pass_ms(records: &[StepRecord], stages: usize) -> Vec<[Option<f64>; 4]> {
+    let mut samples: Vec<[Vec<f64>; 4]> = (0..stages).map(|_| Default::default()).collect();
+    for rec in records {
+        for slot in rec.timeline.iter().flatten() {
+            let k = match slot.action.kind {
+                Kind::F => 0,
+                Kind::I => 1,
+                Kind::W => 2,
+                Kind::B => 3,
+            };
+            samples[slot.action.stage][k].push((slot.end - slot.start) * 1e3);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|kinds| {
+            kinds.map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied()
+            })
+        })
+        .collect()
 }
 
 /// Bytes as B, KiB, MiB or GiB with one decimal, for messages.

@@ -3,8 +3,8 @@
 
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
-use nobubble_runtime::{Compute, RunConfig, Session, SessionOptions, StepRecord};
-use nobubble_schedule::{simulate, CostModel, CostSpec, Kind, RankCost, ScheduleKind};
+use nobubble_runtime::{median_pass_ms, Compute, RunConfig, Session, SessionOptions, StepRecord};
+use nobubble_schedule::{simulate, CostModel, CostSpec, RankCost, ScheduleKind};
 use std::time::Duration;
 
 /// Arguments of `bench runtime`.
@@ -71,26 +71,15 @@ fn session(
 
 /// Median pass times (ms) of the measured steps, per stage.
 fn profiled(records: &[StepRecord], stages: usize) -> CostModel {
-    let mut s: Vec<[Vec<f64>; 3]> = (0..stages).map(|_| Default::default()).collect();
-    for r in records {
-        for slot in r.timeline.iter().flatten() {
-            let k = match slot.action.kind {
-                Kind::F => 0,
-                Kind::I => 1,
-                Kind::W => 2,
-                Kind::B => continue,
-            };
-            s[slot.action.stage][k].push((slot.end - slot.start) * 1e3);
-        }
-    }
+    let ms = |x: Option<f64>| x.unwrap_or(0.0);
     CostModel {
         comm: 0.0,
-        stages: s
+        stages: median_pass_ms(records, stages)
             .into_iter()
-            .map(|[f, i, w]| RankCost {
-                f: median(f),
-                i: median(i),
-                w: median(w),
+            .map(|[f, i, w, _]| RankCost {
+                f: ms(f),
+                i: ms(i),
+                w: ms(w),
                 mem_b: 1.0,
                 mem_w: 0.5,
             })

@@ -3,7 +3,7 @@
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::worker::Rollback;
-use nobubble_runtime::{Compute, RunConfig, Session, SessionOptions, StepRecord};
+use nobubble_runtime::{median_pass_ms, Compute, RunConfig, Session, SessionOptions, StepRecord};
 use nobubble_schedule::{CostModel, CostSpec, RankCost, ScheduleKind};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
@@ -532,30 +532,13 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
 /// Median measured pass times (ms) per stage, with the plan's memory, for simulating the
 /// schedule that ran; a fused B is split in the plan's I:W proportion.
 fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
-    use nobubble_schedule::Kind;
-    let n = plan.stages.len();
-    let mut samples: Vec<[Vec<f64>; 4]> = (0..n).map(|_| Default::default()).collect();
-    for r in records {
-        for s in r.timeline.iter().flatten() {
-            let k = match s.action.kind {
-                Kind::F => 0,
-                Kind::I => 1,
-                Kind::W => 2,
-                Kind::B => 3,
-            };
-            samples[s.action.stage][k].push((s.end - s.start) * 1e3);
-        }
-    }
-    let med = |v: &mut Vec<f64>| -> Option<f64> {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    };
-    let stages = samples
-        .iter_mut()
+    let medians = median_pass_ms(records, plan.stages.len());
+    let stages = medians
+        .into_iter()
         .zip(&plan.stages)
-        .map(|(s, p)| {
-            let f = med(&mut s[0]).unwrap_or(p.f);
-            let (i, w) = match (med(&mut s[1]), med(&mut s[2]), med(&mut s[3])) {
+        .map(|([f, i, w, b], p)| {
+            let f = f.unwrap_or(p.f);
+            let (i, w) = match (i, w, b) {
                 (Some(i), Some(w), _) => (i, w),
                 (_, _, Some(b)) => {
                     let share = p.i / (p.i + p.w);

@@ -49,6 +49,35 @@ pub(crate) fn repair_drain(s: (Schedule, Score), costs: &CostModel, x: f64) -> (
     best
 }
 
+/// `better` as an ordering, for `min_by` over scored candidates.
+fn by_score(a: Score, b: Score) -> std::cmp::Ordering {
+    if better(a, b) {
+        std::cmp::Ordering::Less
+    } else {
+        std::cmp::Ordering::Greater
+    }
+}
+
+/// Whether a schedule needing `need` × M_B fits limit `level` (`check_memory`'s tolerance).
+pub(crate) fn fits(need: f64, level: f64) -> bool {
+    need <= level * (1.0 + 1e-9)
+}
+
+/// The proven bounds with no memory limit, (longest span, makespan): a schedule on both
+/// cannot be beaten at any limit, so a memory ladder that reaches one may stop.
+pub(crate) fn unlimited_floor(placement: &[usize], m: usize, costs: &CostModel) -> Score {
+    (
+        crate::bound::span_lower_bound(placement, m, costs, None),
+        crate::bound::lower_bound(placement, m, costs, None),
+    )
+}
+
+/// Whether `best` sits on `floor` (see [`unlimited_floor`]).
+pub(crate) fn on_floor(best: &Option<(Schedule, Score)>, floor: Score) -> bool {
+    best.as_ref()
+        .is_some_and(|b| b.1 .0 <= floor.0 * (1.0 + 1e-12) && b.1 .1 <= floor.1 * (1.0 + 1e-12))
+}
+
 /// The list-scheduler policies every ladder level tries: W only in gaps it fits, W in any
 /// idle time, and forwards allowed to delay a backward with some W overshoot.
 pub(crate) fn policies() -> Vec<Policy> {
@@ -70,16 +99,15 @@ pub(crate) fn policies() -> Vec<Policy> {
 /// Keeps the best of `candidates` that fit the memory limit.
 pub(crate) fn pick_best(
     candidates: impl IntoIterator<Item = Schedule>,
-    costs_for: &dyn Fn(&Schedule) -> Result<CostModel, Error>,
+    costs: &CostModel,
     x: f64,
 ) -> Result<Option<(Schedule, Score)>, Error> {
     let mut best: Option<(Schedule, Score)> = None;
     for s in candidates {
-        let costs = costs_for(&s)?;
-        if check_memory(&s, &costs, x).is_err() {
+        if check_memory(&s, costs, x).is_err() {
             continue;
         }
-        let sc = score(&s, &costs)?;
+        let sc = score(&s, costs)?;
         if best.as_ref().is_none_or(|(_, b)| better(sc, *b)) {
             best = Some((s, sc));
         }
@@ -268,13 +296,10 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     let frees: Vec<(TemplateParams, f64)> = [false, true]
         .into_iter()
         .filter_map(|overshot| {
-            let (t, sc, _, _) = grid.iter().filter(|g| g.3 == overshot).min_by(|a, b| {
-                if better(a.1, b.1) {
-                    std::cmp::Ordering::Less
-                } else {
-                    std::cmp::Ordering::Greater
-                }
-            })?;
+            let (t, sc, _, _) = grid
+                .iter()
+                .filter(|g| g.3 == overshot)
+                .min_by(|a, b| by_score(a.1, b.1))?;
             let t = search
                 .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
                 .0;
@@ -297,11 +322,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
     let mut paper_free: Option<(Schedule, Score)> = None;
     let mut unbound = LadderRuns::new(policies().len());
     let mut tight = LadderRuns::new(1);
-    // The proven bounds with no memory limit: (longest span, makespan).
-    let floor = (
-        crate::bound::span_lower_bound(&placement, m, &costs, None),
-        crate::bound::lower_bound(&placement, m, &costs, None),
-    );
+    let floor = unlimited_floor(&placement, m, &costs);
     // Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
     let static_need = handcrafted
         .iter()
@@ -320,18 +341,18 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
         if actions <= 1500 {
             candidates.extend(unbound.run(name, &placement, p, m, &costs, level));
         }
-        let mut level_best = pick_best(candidates, &|_| Ok(costs.clone()), level)?;
+        let mut level_best = pick_best(candidates, &costs, level)?;
         let nothing_fits = level_best.is_none()
-            && handcrafted.iter().all(|(_, _, need)| *need > level + 1e-9)
-            && grid.iter().all(|g| g.2 > level + 1e-9);
+            && handcrafted.iter().all(|(_, _, need)| !fits(*need, level))
+            && grid.iter().all(|g| !fits(g.2, level));
         if nothing_fits && actions > 1500 {
             // Below what the handcrafted schedules and the family need (limits under p):
             // the list scheduler plans within any limit.
             let found = tight.run(name, &placement, p, m, &costs, level);
-            level_best = pick_best(found, &|_| Ok(costs.clone()), level)?;
+            level_best = pick_best(found, &costs, level)?;
         }
         for (s, sc, need) in &handcrafted {
-            if *need <= level + 1e-9 && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+            if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
                 level_best = Some((s.clone(), *sc));
             }
         }
@@ -352,13 +373,10 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
                 level_best = Some((s.clone(), *sc));
             }
         }
-        let fitting = grid.iter().filter(|g| g.2 <= level + 1e-9).min_by(|a, b| {
-            if better(a.1, b.1) {
-                std::cmp::Ordering::Less
-            } else {
-                std::cmp::Ordering::Greater
-            }
-        });
+        let fitting = grid
+            .iter()
+            .filter(|g| fits(g.2, level))
+            .min_by(|a, b| by_score(a.1, b.1));
         if let Some((t, sc, _, _)) = fitting {
             if params.as_ref().is_none_or(|(_, ps)| better(*sc, *ps)) {
                 params = Some((t.clone(), *sc));
@@ -407,9 +425,7 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
             && (actions > 1500 || unbound.all_cached())
             && paper_was_free;
         // Nothing at any limit can beat a schedule on both unlimited lower bounds.
-        let optimal = best.as_ref().is_some_and(|b| {
-            b.1 .0 <= floor.0 * (1.0 + 1e-12) && b.1 .1 <= floor.1 * (1.0 + 1e-12)
-        });
+        let optimal = on_floor(&best, floor);
         if settled || optimal {
             break;
         }

@@ -3,7 +3,10 @@
 //! Each chunk costs half of a rank's share (the one-rank's-share convention of
 //! [`crate::cost`]).
 
-use super::auto::{better, improve, ladder, needed_limit, pick_best, score, LadderRuns, Score};
+use super::auto::{
+    better, fits, improve, ladder, needed_limit, on_floor, pick_best, score, unlimited_floor,
+    LadderRuns, Score,
+};
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec};
 use crate::error::Error;
@@ -214,12 +217,8 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
             periodic.push((s, sc, need));
         }
     }
-    let fits = |need: f64, level: f64| need <= level * (1.0 + 1e-9);
     let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
-    let floor = (
-        crate::bound::span_lower_bound(&placement, m, &costs, None),
-        crate::bound::lower_bound(&placement, m, &costs, None),
-    );
+    let floor = unlimited_floor(&placement, m, &costs);
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
@@ -228,7 +227,7 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         let mut changed = false;
         let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
         let found = runs.run(name, &placement, p, m, &costs, level);
-        if let Some((s, sc)) = pick_best(found, &|_| Ok(costs.clone()), level)? {
+        if let Some((s, sc)) = pick_best(found, &costs, level)? {
             if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
                 level_best = Some((s, sc));
             }
@@ -252,9 +251,7 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
         // Stop where the rest of the ladder would change nothing (as in `zb_auto`): a fixed
         // point, or a best that meets both unlimited lower bounds.
         let settled = !changed && cached && !rejected.get() && level >= static_need;
-        let optimal = best.as_ref().is_some_and(|b| {
-            b.1 .0 <= floor.0 * (1.0 + 1e-12) && b.1 .1 <= floor.1 * (1.0 + 1e-12)
-        });
+        let optimal = on_floor(&best, floor);
         if settled || optimal {
             break;
         }

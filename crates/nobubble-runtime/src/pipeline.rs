@@ -10,7 +10,7 @@ use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Wo
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::{clip_scale, AdamW};
 use nobubble_nn::{build_stages, ByteCorpus, GptConfig, StageLayout, TrainConfig};
-use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
+use nobubble_schedule::{check_structure, check_weight_order, timing, Action, CostModel, Schedule};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -481,23 +481,7 @@ impl Pipeline {
             self.step += 1;
         }
         let timeline: Vec<Vec<MeasuredSlot>> = results.iter().map(|r| r.timeline.clone()).collect();
-        let busy: Vec<f64> = timeline
-            .iter()
-            .map(|t| t.iter().map(|s| s.end - s.start).sum())
-            .collect();
-        let makespan = timeline
-            .iter()
-            .filter_map(|t| t.last().map(|s| s.end))
-            .fold(0.0, f64::max);
-        let spans: Vec<f64> = timeline
-            .iter()
-            .map(|t| match (t.first(), t.last()) {
-                (Some(a), Some(b)) => b.end - a.start,
-                _ => 0.0,
-            })
-            .collect();
-        let max_busy = busy.iter().copied().fold(0.0, f64::max);
-        let max_span = spans.iter().copied().fold(0.0, f64::max);
+        let t = timing(&timeline, |s| (s.start, s.end));
         Ok(StepRecord {
             step,
             loss,
@@ -505,12 +489,11 @@ impl Pipeline {
             clip_scale: scale.unwrap_or(0.0),
             lr,
             skipped: scale.is_none(),
-            bubble_fraction: 1.0
-                - busy.iter().sum::<f64>() / (timeline.len() as f64 * makespan.max(1e-12)),
-            bubble_rate: 1.0 - max_busy / max_span.max(1e-12),
+            bubble_fraction: t.bubble_fraction,
+            bubble_rate: t.bubble_rate,
             peak_bytes: results.iter().map(|r| r.peak_bytes).collect(),
-            busy,
-            makespan,
+            busy: t.busy,
+            makespan: t.makespan,
             timeline,
             wall: wall.elapsed().as_secs_f64(),
         })

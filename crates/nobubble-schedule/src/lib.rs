@@ -23,5 +23,5 @@ pub use cost::{CostModel, CostSpec, RankCost};
 pub use error::Error;
 pub use generate::{generate, Request, ScheduleKind};
 pub use schedule::Schedule;
-pub use sim::{simulate, Metrics, Simulation, Slot};
+pub use sim::{simulate, timing, Metrics, Simulation, Slot, Timing};
 pub use validate::{check_memory, check_structure, check_weight_order, validate};

@@ -231,33 +231,62 @@ fn deadlock_cycle(schedule: &Schedule, pos: &[usize]) -> Error {
     }
 }
 
-fn metrics(schedule: &Schedule, costs: &CostModel, timeline: &[Vec<Slot>]) -> Metrics {
+/// Busy time and span per rank, makespan, and the two bubble measures of a timeline given
+/// as each rank's passes in order: the one definition shared by the simulator and by the
+/// runtime's measured steps, so "measured" and "simulated" always mean the same thing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    /// Compute time per rank.
+    pub busy: Vec<f64>,
+    /// First start to last end, per rank.
+    pub span: Vec<f64>,
+    /// End of the last pass.
+    pub makespan: f64,
+    /// `1 − max(busy)/max(span)` (see [`Metrics::bubble_rate`]).
+    pub bubble_rate: f64,
+    /// `1 − Σ busy / (ranks · makespan)` (see [`Metrics::bubble_fraction`]).
+    pub bubble_fraction: f64,
+}
+
+/// [`Timing`] of `timeline`, reading each pass's `(start, end)` with `interval`.
+pub fn timing<T>(timeline: &[Vec<T>], interval: impl Fn(&T) -> (f64, f64)) -> Timing {
     let busy: Vec<f64> = timeline
         .iter()
-        .map(|t| t.iter().map(|s| s.end - s.start).sum())
+        .map(|t| t.iter().map(|x| interval(x).1 - interval(x).0).sum())
         .collect();
     let span: Vec<f64> = timeline
         .iter()
         .map(|t| match (t.first(), t.last()) {
-            (Some(a), Some(b)) => b.end - a.start,
+            (Some(a), Some(b)) => interval(b).1 - interval(a).0,
             _ => 0.0,
         })
         .collect();
-    let idle: Vec<f64> = span.iter().zip(&busy).map(|(s, b)| s - b).collect();
     let makespan = timeline
         .iter()
-        .filter_map(|t| t.last().map(|s| s.end))
+        .filter_map(|t| t.last().map(|x| interval(x).1))
         .fold(0.0, f64::max);
     let max_busy = busy.iter().copied().fold(0.0, f64::max);
     let max_span = span.iter().copied().fold(0.0, f64::max);
-    let ranks = schedule.ranks as f64;
+    let ranks = timeline.len() as f64;
     let clamp = |x: f64| if x.abs() < 1e-12 { 0.0 } else { x };
-    Metrics {
-        makespan,
-        bubble_rate: clamp(1.0 - max_busy / max_span),
-        bubble_fraction: clamp(1.0 - busy.iter().sum::<f64>() / (ranks * makespan)),
+    Timing {
+        bubble_rate: clamp(1.0 - max_busy / max_span.max(1e-12)),
+        bubble_fraction: clamp(1.0 - busy.iter().sum::<f64>() / (ranks * makespan).max(1e-12)),
         busy,
         span,
+        makespan,
+    }
+}
+
+fn metrics(schedule: &Schedule, costs: &CostModel, timeline: &[Vec<Slot>]) -> Metrics {
+    let t = timing(timeline, |s| (s.start, s.end));
+    let idle: Vec<f64> = t.span.iter().zip(&t.busy).map(|(s, b)| s - b).collect();
+    Metrics {
+        makespan: t.makespan,
+        bubble_rate: t.bubble_rate,
+        bubble_fraction: t.bubble_fraction,
+        busy: t.busy,
+        span: t.span,
         idle,
         peak_memory: peak_memory(schedule, costs),
         messages: schedule.messages(),

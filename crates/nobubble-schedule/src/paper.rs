@@ -201,8 +201,13 @@ impl PaperSetting {
 /// Our simulated bubble rate for `kind` on `setting`, with T_comm as a latency on every
 /// cross-rank dependency (see BENCHMARKS.md for why this is the model that matches).
 pub fn bubble_rate(setting: &PaperSetting, kind: ScheduleKind) -> Result<f64, Error> {
+    rate(setting, &Request::new(kind, setting.p, setting.m))
+}
+
+/// The simulated bubble rate of what `req` generates with `setting`'s costs.
+fn rate(setting: &PaperSetting, req: &Request) -> Result<f64, Error> {
     let spec = setting.costs();
-    let schedule = generate(&Request::new(kind, setting.p, setting.m), &spec)?;
+    let schedule = generate(req, &spec)?;
     let costs = CostModel::for_schedule(&spec, &schedule)?;
     Ok(simulate(&schedule, &costs)?.metrics.bubble_rate)
 }
@@ -228,12 +233,9 @@ pub fn bubble_rate_floor(setting: &PaperSetting, kind: ScheduleKind) -> Result<f
 /// `setting` under `x` × M_B: how faithful the baseline is, beside the published ZB-1p
 /// (x = p) and ZB-2p (x = 2p) columns.
 pub fn paper_scheduler_rate(setting: &PaperSetting, x: f64) -> Result<f64, Error> {
-    let spec = setting.costs();
     let req = Request {
         mem_limit: Some(x),
         ..Request::new(ScheduleKind::ZbPaper, setting.p, setting.m)
     };
-    let schedule = generate(&req, &spec)?;
-    let costs = CostModel::for_schedule(&spec, &schedule)?;
-    Ok(simulate(&schedule, &costs)?.metrics.bubble_rate)
+    rate(setting, &req)
 }

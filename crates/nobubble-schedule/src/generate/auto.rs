@@ -430,8 +430,12 @@ pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Resul
             break;
         }
     }
-    let (mut best, _) =
-        best.ok_or_else(|| Error::Input(format!("no schedule fits memory limit {x} × M_B")))?;
+    let (mut best, _) = best.ok_or_else(|| {
+        Error::Input(format!(
+            "no schedule fits memory limit {x} × M_B; raise --mem-limit (every rank must hold \
+             at least one microbatch's activations)"
+        ))
+    })?;
     best.name = name.to_string();
     Ok(best)
 }

@@ -258,7 +258,7 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     }
     let (mut best, _) = best.ok_or_else(|| {
         Error::Input(format!(
-            "no V schedule fits memory limit {x} × M_B; the minimum is 1"
+            "no V schedule fits memory limit {x} × M_B; the minimum is 1, use --mem-limit 1 or more"
         ))
     })?;
     best.name = name.to_string();

@@ -219,6 +219,7 @@ pub fn profile_stage(stage: &mut Stage, repeats: usize) -> Result<StageProfile> 
     let act = random(&[n, cfg.hidden], 12);
     let grad = random(&[n, cfg.hidden], 13);
     let saved: Vec<Tensor> = stage.params().iter().map(|p| p.grad.clone()).collect();
+    let tree = stage.grad_tree.take();
     let (mut tf, mut ti, mut tw) = (Vec::new(), Vec::new(), Vec::new());
     let (mut after_f, mut after_i) = (0, 0);
     for rep in 0..=repeats {
@@ -250,6 +251,7 @@ pub fn profile_stage(stage: &mut Stage, repeats: usize) -> Result<StageProfile> 
     for (p, g) in stage.params_mut().into_iter().zip(saved) {
         p.grad = g;
     }
+    stage.grad_tree = tree;
     Ok(StageProfile {
         stage: stage.index(),
         f_ms: median(tf),

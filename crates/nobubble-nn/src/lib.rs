@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod accumulate;
 pub mod backend;
 pub mod bench;
 pub mod config;

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::accumulate::TreeSum;
 use crate::backend::{Backend, CpuBackend};
 use crate::config::{block_counts, GptConfig, StageLayout};
 use crate::error::{MicrobatchId, NnError, Result};
@@ -71,6 +72,9 @@ pub struct Stage {
     backend: Arc<dyn Backend>,
     /// Microbatches between F and W, and whether their I has run.
     in_flight: BTreeMap<MicrobatchId, bool>,
+    /// The canonical summation of microbatch gradients ([`crate::accumulate`]); `None`:
+    /// every W accumulates straight into the gradients.
+    pub(crate) grad_tree: Option<TreeSum>,
 }
 
 impl std::fmt::Debug for Stage {
@@ -114,6 +118,7 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
             head: (index == p - 1).then(|| LmHead::new(c.hidden, c.vocab, c.ln_eps, seed)),
             backend: backend.clone(),
             in_flight: BTreeMap::new(),
+            grad_tree: None,
         });
         first_block += count;
     }
@@ -348,7 +353,44 @@ impl Stage {
             h.backward_weight(be.as_ref(), mb)?;
         }
         self.in_flight.remove(&mb);
+        if let Some(mut tree) = self.grad_tree.take() {
+            // This microbatch's gradient is a leaf of the tree; the gradients start from
+            // zero again for the next one, and receive the total after the last.
+            let leaf: Vec<Tensor> = self
+                .params_mut()
+                .into_iter()
+                .map(|p| {
+                    let zero = Tensor::zeros(p.grad.shape());
+                    std::mem::replace(&mut p.grad, zero)
+                })
+                .collect();
+            if let Some(total) = tree.push(leaf) {
+                for (p, g) in self.params_mut().into_iter().zip(total) {
+                    p.grad = g;
+                }
+            }
+            self.grad_tree = Some(tree);
+        }
         Ok(())
+    }
+
+    /// Sums the gradients of each run of `microbatches` W passes in the canonical halving
+    /// tree ([`crate::accumulate`]) instead of one after the other: what makes data-parallel
+    /// replicas reproduce a single replica's bits. The trainers and the runtime all set it.
+    pub fn set_microbatches(&mut self, microbatches: usize) {
+        self.grad_tree = Some(TreeSum::new(microbatches));
+    }
+
+    /// W passes of the current step still to come before the gradients hold the step's
+    /// total (0 when complete or without a tree).
+    pub fn weight_grads_to_go(&self) -> usize {
+        self.grad_tree.as_ref().map_or(0, |t| {
+            if t.seen() == 0 {
+                0
+            } else {
+                t.leaves() - t.seen()
+            }
+        })
     }
 
     /// Microbatches whose F ran but not yet their I, in increasing order.
@@ -398,8 +440,11 @@ impl Stage {
         p
     }
 
-    /// Clears all gradient accumulators.
+    /// Clears all gradient accumulators (and any partial tree sum).
     pub fn zero_grads(&mut self) {
+        if let Some(t) = &mut self.grad_tree {
+            t.reset();
+        }
         for p in self.params_mut() {
             p.zero_grad();
         }
@@ -430,6 +475,13 @@ impl Stage {
     /// Gradient accumulators are restored afterwards, so this is safe mid-training.
     pub fn measure_memory(&mut self) -> Result<StageMemory> {
         const PROBE: MicrobatchId = MicrobatchId::MAX;
+        let tree = self.grad_tree.take();
+        let r = self.measure_memory_untracked(PROBE);
+        self.grad_tree = tree;
+        r
+    }
+
+    fn measure_memory_untracked(&mut self, probe: MicrobatchId) -> Result<StageMemory> {
         let n = self.config.tokens_per_microbatch();
         let saved_grads: Vec<Tensor> = self.params().iter().map(|p| p.grad.clone()).collect();
         let tokens = vec![0u32; n];
@@ -438,13 +490,13 @@ impl Stage {
         } else {
             StageInput::Activations(Tensor::zeros(&[n, self.config.hidden]))
         };
-        self.forward(PROBE, input, Some(&tokens))?;
-        let after_f = self.layer_held_bytes(PROBE);
+        self.forward(probe, input, Some(&tokens))?;
+        let after_f = self.layer_held_bytes(probe);
         let grad = (!self.is_last()).then(|| Tensor::zeros(&[n, self.config.hidden]));
-        self.backward_input(PROBE, grad)?;
-        let after_i = self.layer_held_bytes(PROBE);
-        self.backward_weight(PROBE)?;
-        let after_w = self.layer_held_bytes(PROBE);
+        self.backward_input(probe, grad)?;
+        let after_i = self.layer_held_bytes(probe);
+        self.backward_weight(probe)?;
+        let after_w = self.layer_held_bytes(probe);
         for (p, g) in self.params_mut().into_iter().zip(saved_grads) {
             p.grad = g;
         }

@@ -462,6 +462,7 @@ fn a_pipelined_pass_order_reproduces_the_reference_bit_for_bit() {
     let mut stages = build_stages(&cfg, train.seed, &split).unwrap();
     for s in &mut stages {
         s.set_loss_grad_scale(1.0 / m as f32);
+        s.set_microbatches(m);
     }
     let mut optimizers: Vec<AdamW> = stages
         .iter()

@@ -119,6 +119,7 @@ impl ReferenceTrainer {
         for s in &mut stages {
             s.set_backend(backend.clone());
             s.set_loss_grad_scale(1.0 / train.microbatches as f32);
+            s.set_microbatches(train.microbatches);
         }
         let optimizers = stages
             .iter()

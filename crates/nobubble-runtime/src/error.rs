@@ -29,8 +29,8 @@ pub enum RuntimeError {
     Timeout {
         /// The waiting rank.
         rank: usize,
-        /// The action that needed the message.
-        action: Action,
+        /// The action that needed the message (`None`: a collective between passes).
+        action: Option<Action>,
         /// What it waited for, e.g. "the activation of stage 2, microbatch 5 from rank 1".
         waiting_for: String,
         /// Seconds waited.
@@ -76,7 +76,7 @@ impl fmt::Display for RuntimeError {
             } => write!(f, "rank {rank}: the worker panicked: {cause}"),
             RuntimeError::Timeout {
                 rank,
-                action,
+                action: Some(action),
                 waiting_for,
                 seconds,
                 ..
@@ -85,6 +85,13 @@ impl fmt::Display for RuntimeError {
                 "rank {rank}, stage {}, action {action}: waited {seconds:.1} s for {waiting_for}",
                 action.stage
             ),
+            RuntimeError::Timeout {
+                rank,
+                action: None,
+                waiting_for,
+                seconds,
+                ..
+            } => write!(f, "rank {rank}: waited {seconds:.1} s for {waiting_for}"),
             RuntimeError::Aborted { rank } => {
                 write!(f, "rank {rank} stopped because another rank failed")
             }
@@ -120,9 +127,17 @@ pub(crate) fn nearest_cause(errors: Vec<RuntimeError>) -> Option<RuntimeError> {
         .iter()
         .enumerate()
         .filter_map(|(i, e)| match e {
-            RuntimeError::Timeout { action, since, .. } => {
-                Some((i, action.microbatch, flow(action), *since))
-            }
+            RuntimeError::Timeout {
+                action: Some(action),
+                since,
+                ..
+            } => Some((i, action.microbatch, flow(action), *since)),
+            // A collective wait comes after every pass of its step: last in the data flow.
+            RuntimeError::Timeout {
+                action: None,
+                since,
+                ..
+            } => Some((i, usize::MAX, (2, 0), *since)),
             _ => None,
         })
         .collect();
@@ -148,7 +163,7 @@ mod blame_tests {
     fn timeout(rank: usize, action: Action, since: f64) -> RuntimeError {
         RuntimeError::Timeout {
             rank,
-            action,
+            action: Some(action),
             waiting_for: String::new(),
             seconds: 0.8,
             since,

@@ -10,15 +10,23 @@
 
 pub mod checkpoint;
 pub mod checkpoint_fs;
+pub mod collective;
 pub mod error;
+pub mod launch;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod optimizer_step;
 pub mod pipeline;
+pub mod rank;
 pub mod session;
+pub mod training;
 pub mod transport;
 pub mod worker;
 
 pub use checkpoint::{Checkpoint, CheckpointMeta, TrainingState};
 pub use error::RuntimeError;
 pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
+pub use rank::{check_world, Rank};
 pub use session::{median_pass_ms, Plan, Session, SessionOptions};
-pub use transport::{InProcess, Message, Payload, Transport};
-pub use worker::{Fault, MeasuredSlot};
+pub use transport::{InProcess, Message, Tag, Transport};
+pub use worker::{CommStats, Fault, MeasuredSlot, RankStep, StepSummary};

@@ -1,18 +1,17 @@
-//! The coordinator: builds the stages, starts one worker thread per rank, runs training
-//! steps under a schedule, and performs the synchronous optimizer step (global grad-norm
-//! summed in stage order, clip, AdamW) exactly as the reference trainer does — which is
-//! what makes pipelined training bit-identical to unpipelined training.
+//! The in-process runtime driven step by step: one thread per rank, each running the SPMD
+//! [`Rank`] program over channels. The driver only hands every thread the next step and
+//! collects what they measured — losses, clip factors and the optimizer step are decided by
+//! the ranks among themselves, exactly as in an MPI job. (Free-running training, where no
+//! thread waits for a driver between steps, is [`crate::launch`].)
 
-use crate::checkpoint::{self, StageState, TrainingState};
+use crate::checkpoint::TrainingState;
 use crate::error::{nearest_cause, RuntimeError};
+use crate::rank::Rank;
 use crate::transport::InProcess;
-use crate::worker::{Engine, Fault, MeasuredSlot, RankStep, Rollback, Verdict, Worker};
-use nobubble_nn::config::block_counts;
-use nobubble_nn::optim::{clip_scale, AdamW};
-use nobubble_nn::{build_stages, ByteCorpus, GptConfig, StageLayout, TrainConfig};
-use nobubble_schedule::{check_structure, check_weight_order, timing, Action, CostModel, Schedule};
+use crate::worker::{CommStats, Fault, MeasuredSlot, RankStep, Rollback, StepSummary};
+use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_schedule::{timing, CostModel, Schedule};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -30,6 +29,8 @@ pub enum Compute {
     Emulated {
         /// Per-stage pass costs, in milliseconds.
         costs: CostModel,
+        /// Emulated latency of collective traffic (gradient reduction, step statistics), ms.
+        collective_ms: f64,
     },
 }
 
@@ -51,6 +52,8 @@ pub struct RunConfig {
     /// Post-validated optimizer steps (optimistic step, later validation, rollback) instead
     /// of synchronous ones; `None` = synchronous.
     pub post_validate: Option<Rollback>,
+    /// Data-parallel replicas of the pipeline (1 = none): the world is ranks × replicas.
+    pub data_parallel: usize,
 }
 
 /// What one pipelined step did, measured.
@@ -82,41 +85,78 @@ pub struct StepRecord {
     pub peak_bytes: Vec<usize>,
     /// Wall time of the whole step, optimizer included.
     pub wall: f64,
+    /// Communication per rank during the step.
+    pub comm: Vec<CommStats>,
+}
+
+impl StepRecord {
+    /// A step's record from every rank's report (in rank order) and its summary: timelines
+    /// shifted so the step's first pass starts at 0.
+    pub fn assemble(summary: &StepSummary, reports: &[RankStep], wall: f64) -> StepRecord {
+        let origin = reports
+            .iter()
+            .filter_map(|r| r.timeline.first().map(|s| s.start))
+            .fold(f64::INFINITY, f64::min);
+        let origin = if origin.is_finite() { origin } else { 0.0 };
+        let timeline: Vec<Vec<MeasuredSlot>> = reports
+            .iter()
+            .map(|r| {
+                r.timeline
+                    .iter()
+                    .map(|s| MeasuredSlot {
+                        start: s.start - origin,
+                        end: s.end - origin,
+                        ..*s
+                    })
+                    .collect()
+            })
+            .collect();
+        let t = timing(&timeline, |s| (s.start, s.end));
+        StepRecord {
+            step: summary.step,
+            loss: summary.loss,
+            grad_norm: summary.norm_sq.sqrt(),
+            clip_scale: summary.scale.unwrap_or(0.0),
+            lr: summary.lr,
+            skipped: summary.scale.is_none(),
+            bubble_fraction: t.bubble_fraction,
+            bubble_rate: t.bubble_rate,
+            peak_bytes: reports.iter().map(|r| r.peak_bytes).collect(),
+            busy: t.busy,
+            makespan: t.makespan,
+            timeline,
+            wall,
+            comm: reports.iter().map(|r| r.comm).collect(),
+        }
+    }
 }
 
 enum Command {
     Step {
         step: u64,
-        order: Arc<Vec<Action>>,
-        epoch: Instant,
+        schedule: Arc<Schedule>,
         eval: bool,
-        lr: Option<f32>,
     },
-    Validate(Verdict),
-    Apply {
-        scale: Option<f32>,
-        lr: f32,
-    },
+    Settle,
     Params,
     Memory,
-    ExportState,
-    ImportState(Arc<TrainingState>),
+    Export(u64),
+    Import(Option<Arc<TrainingState>>),
     Stop,
 }
 
 enum Reply {
     Stepped(Result<RankStep, RuntimeError>),
-    Applied(Result<(), RuntimeError>),
-    Params(Vec<(usize, String, Vec<f32>)>),
-    Memory(Result<Vec<(usize, usize, usize)>, RuntimeError>),
-    Exported(Result<Vec<StageState>, RuntimeError>),
-    Imported(Result<BTreeSet<String>, RuntimeError>),
+    Settled(Result<Option<StepSummary>, RuntimeError>),
+    Params(Result<Vec<(usize, String, Vec<f32>)>, RuntimeError>),
+    Memory(Result<Vec<(usize, usize)>, RuntimeError>),
+    Exported(Result<Option<TrainingState>, RuntimeError>),
+    Imported(Result<u64, RuntimeError>),
 }
 
-/// A running pipeline: one worker thread per rank.
+/// A running in-process pipeline: one thread per rank (ranks × data-parallel replicas).
 pub struct Pipeline {
     config: RunConfig,
-    placement: Vec<usize>,
     commands: Vec<Sender<Command>>,
     replies: Receiver<(usize, Reply)>,
     handles: Vec<JoinHandle<()>>,
@@ -125,42 +165,42 @@ pub struct Pipeline {
     failed: bool,
 }
 
-/// What the runtime needs of any schedule it runs: valid structure, weight gradients
-/// accumulated in microbatch order (bit-identity), and the training's microbatch count.
-fn check_runnable(schedule: &Schedule, microbatches: usize) -> Result<(), RuntimeError> {
-    check_structure(schedule)
-        .and_then(|_| check_weight_order(schedule))
-        .map_err(|e| RuntimeError::Config(format!("cannot run this schedule: {e}")))?;
-    if schedule.microbatches != microbatches {
-        return Err(RuntimeError::Config(format!(
-            "the schedule has {} microbatches but training uses {}",
-            schedule.microbatches, microbatches
-        )));
-    }
-    Ok(())
-}
-
-/// Runs `f`, turning a panic into an error naming the rank, so the coordinator hears of it
-/// at once instead of waiting out its guard.
-fn guard<T>(rank: usize, f: impl FnOnce() -> Result<T, RuntimeError>) -> Result<T, RuntimeError> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        Err(RuntimeError::Panic {
-            rank,
-            action: None,
-            cause: panic_message(&p),
-        })
-    })
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
 }
 
+/// Runs `f` on `rank`, turning a panic into an error naming the rank and action, and, on a
+/// failure, stopping the other in-process ranks (after a grace period for a timeout, so ranks
+/// waiting on the same lost message reach their own deadlines and the report can name the
+/// wait nearest the cause).
+pub(crate) fn guarded<T>(
+    rank: &mut Rank,
+    abort: &AtomicBool,
+    f: impl FnOnce(&mut Rank) -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    let r = catch_unwind(AssertUnwindSafe(|| f(&mut *rank))).unwrap_or_else(|p| {
+        Err(RuntimeError::Panic {
+            rank: rank.rank(),
+            action: rank.current(),
+            cause: panic_message(&p),
+        })
+    });
+    if let Err(e) = &r {
+        if matches!(e, RuntimeError::Timeout { .. }) && !abort.load(Ordering::Relaxed) {
+            std::thread::sleep(TIMEOUT_GRACE.min(rank.worker.recv_timeout));
+        }
+        if !matches!(e, RuntimeError::Aborted { .. }) {
+            abort.store(true, Ordering::Relaxed);
+        }
+    }
+    r
+}
+
 impl Pipeline {
-    /// Builds the stages for `schedule`'s placement and starts the workers, training on
+    /// Builds the stages for `schedule`'s placement and starts the ranks, training on
     /// `corpus` (evaluation steps use the same text; see [`Pipeline::start_with_eval`]).
     pub fn start(
         config: RunConfig,
@@ -178,149 +218,60 @@ impl Pipeline {
         corpus: ByteCorpus,
         eval: ByteCorpus,
     ) -> Result<Pipeline, RuntimeError> {
-        check_runnable(schedule, config.train.microbatches)?;
-        let n = schedule.stages;
-        let ranks = schedule.ranks;
-        let mut engines: Vec<Engine> = Vec::with_capacity(ranks);
-        let mut latency = Duration::ZERO;
-        match &config.compute {
-            Compute::Real => {
-                let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
-                    RuntimeError::Config(format!(
-                        "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
-                        config.model.layers
-                    ))
-                })?;
-                let mut stages = build_stages(&config.model, config.train.seed, &counts)
-                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
-                let mut per_rank: Vec<BTreeMap<usize, _>> =
-                    (0..ranks).map(|_| BTreeMap::new()).collect();
-                for (s, mut st) in stages.drain(..).enumerate() {
-                    st.set_loss_grad_scale(1.0 / config.train.microbatches as f32);
-                    per_rank[schedule.placement[s]].insert(s, st);
-                }
-                for stages in per_rank {
-                    let optimizers = stages
-                        .iter()
-                        .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
-                        .collect();
-                    engines.push(Engine::Real { stages, optimizers });
-                }
-            }
-            Compute::Emulated { costs } => {
-                if costs.stages.len() != n {
-                    return Err(RuntimeError::Config(format!(
-                        "emulated costs cover {} stages, the schedule has {n}",
-                        costs.stages.len()
-                    )));
-                }
-                latency = Duration::from_secs_f64(costs.comm / 1000.0);
-                engines = (0..ranks)
-                    .map(|_| Engine::Emulated(costs.clone()))
-                    .collect();
-            }
-        }
-        Self::spawn(
-            config,
-            schedule,
-            engines,
-            latency,
-            Arc::new(corpus),
-            Arc::new(eval),
-        )
-    }
-
-    fn spawn(
-        config: RunConfig,
-        schedule: &Schedule,
-        engines: Vec<Engine>,
-        latency: Duration,
-        corpus: Arc<ByteCorpus>,
-        eval_corpus: Arc<ByteCorpus>,
-    ) -> Result<Pipeline, RuntimeError> {
-        let ranks = schedule.ranks;
-        let transports = InProcess::connect(ranks, latency);
+        let world = schedule.ranks * config.data_parallel.max(1);
+        let (corpus, eval) = (Arc::new(corpus), Arc::new(eval));
         let abort = Arc::new(AtomicBool::new(false));
+        let origin = Instant::now();
+        let mut ranks = Vec::with_capacity(world);
+        for t in InProcess::connect(world) {
+            ranks.push(Rank::new(
+                &config,
+                schedule,
+                Box::new(t),
+                corpus.clone(),
+                eval.clone(),
+                origin,
+                abort.clone(),
+            )?);
+        }
         let (reply_tx, replies) = channel();
-        let mut commands = Vec::with_capacity(ranks);
-        let mut handles = Vec::with_capacity(ranks);
-        for (rank, (engine, transport)) in engines.into_iter().zip(transports).enumerate() {
+        let mut commands = Vec::with_capacity(world);
+        let mut handles = Vec::with_capacity(world);
+        for mut rank in ranks {
             let (tx, rx) = channel::<Command>();
             commands.push(tx);
-            let mut worker = Worker {
-                rank,
-                placement: schedule.placement.clone(),
-                engine,
-                transport: Box::new(transport),
-                mailbox: HashMap::new(),
-                abort: abort.clone(),
-                recv_timeout: config.recv_timeout,
-                corpus: corpus.clone(),
-                eval_corpus: eval_corpus.clone(),
-                model: config.model.clone(),
-                data_seed: config.train.data_seed,
-                fault: config.fault.clone(),
-                current: None,
-                post_validate: config.post_validate,
-                optimistic: BTreeMap::new(),
-                optimistic_lr: 0.0,
-            };
             let reply_tx: Sender<(usize, Reply)> = reply_tx.clone();
+            let abort = abort.clone();
+            let id = rank.rank();
             let handle = std::thread::Builder::new()
-                .name(format!("rank-{rank}"))
+                .name(format!("rank-{id}"))
                 .spawn(move || {
                     while let Ok(cmd) = rx.recv() {
+                        let r = &mut rank;
                         let reply = match cmd {
                             Command::Step {
                                 step,
-                                order,
-                                epoch,
+                                schedule,
                                 eval,
-                                lr,
-                            } => {
-                                let r = catch_unwind(AssertUnwindSafe(|| {
-                                    worker.run_step(step, &order, epoch, eval, lr)
-                                }));
-                                let r = r.unwrap_or_else(|p| {
-                                    Err(RuntimeError::Panic {
-                                        rank,
-                                        action: worker.current.take(),
-                                        cause: panic_message(&p),
-                                    })
-                                });
-                                if let Err(e) = &r {
-                                    if matches!(e, RuntimeError::Timeout { .. })
-                                        && !worker.abort.load(Ordering::Relaxed)
-                                    {
-                                        // Let ranks waiting on the same missing message reach
-                                        // their own deadlines first, so the report can name
-                                        // the wait nearest the cause, not whichever thread the
-                                        // OS happened to run first.
-                                        std::thread::sleep(TIMEOUT_GRACE.min(worker.recv_timeout));
-                                    }
-                                    if !matches!(e, RuntimeError::Aborted { .. }) {
-                                        worker.abort.store(true, Ordering::Relaxed);
-                                    }
-                                }
-                                Reply::Stepped(r)
+                            } => Reply::Stepped(guarded(r, &abort, |r| {
+                                r.step(&schedule, step, eval)
+                            })),
+                            Command::Settle => Reply::Settled(guarded(r, &abort, Rank::settle)),
+                            Command::Params => {
+                                Reply::Params(guarded(r, &abort, Rank::local_params))
                             }
-                            Command::Apply { scale, lr } => {
-                                Reply::Applied(guard(rank, || worker.apply(scale, lr)))
+                            Command::Memory => {
+                                Reply::Memory(guarded(r, &abort, Rank::measure_memory))
                             }
-                            Command::Validate(v) => {
-                                Reply::Applied(guard(rank, || worker.validate(v)))
+                            Command::Export(step) => {
+                                Reply::Exported(guarded(r, &abort, |r| r.export_state(0, step)))
                             }
-                            Command::Params => Reply::Params(worker.params()),
-                            Command::Memory => Reply::Memory(worker.measure_memory()),
-                            Command::ExportState => {
-                                Reply::Exported(checkpoint::export_engine(&worker.engine))
-                            }
-                            Command::ImportState(state) => Reply::Imported(
-                                checkpoint::import_engine(&mut worker.engine, &state),
-                            ),
+                            Command::Import(state) => Reply::Imported(guarded(r, &abort, |r| {
+                                r.import_state(0, state.as_deref())
+                            })),
                             Command::Stop => break,
                         };
-                        if reply_tx.send((rank, reply)).is_err() {
+                        if reply_tx.send((id, reply)).is_err() {
                             break;
                         }
                     }
@@ -329,7 +280,6 @@ impl Pipeline {
             handles.push(handle);
         }
         Ok(Pipeline {
-            placement: schedule.placement.clone(),
             config,
             commands,
             replies,
@@ -350,85 +300,50 @@ impl Pipeline {
         self.config.train.lr_at(step)
     }
 
-    fn collect(&self, expect: usize) -> Result<Vec<(usize, Reply)>, RuntimeError> {
-        // Workers bound their own waits; this only guards against a dead thread.
-        let guard = self.config.recv_timeout * 2 + Duration::from_secs(30);
-        let mut out = Vec::with_capacity(expect);
-        while out.len() < expect {
-            match self.replies.recv_timeout(guard) {
-                Ok(r) => out.push(r),
-                Err(_) => {
-                    return Err(RuntimeError::Config(format!(
-                        "{} of {expect} ranks did not answer within {:.0} s",
-                        expect - out.len(),
-                        guard.as_secs_f64()
-                    )))
-                }
-            }
-        }
-        out.sort_by_key(|(r, _)| *r);
-        Ok(out)
-    }
-
-    /// Runs one training step under `schedule` (same placement as at start).
-    pub fn train_step(&mut self, schedule: &Schedule) -> Result<StepRecord, RuntimeError> {
-        self.run(schedule, false)
-    }
-
-    /// Mean loss on held-out microbatch set `index` (data seed as in training, step index
-    /// `index`), without changing the weights.
-    pub fn eval_step(&mut self, schedule: &Schedule, index: u64) -> Result<f32, RuntimeError> {
-        let saved = self.step;
-        self.step = index;
-        let r = self.run(schedule, true);
-        self.step = saved;
-        Ok(r?.loss)
-    }
-
-    fn run(&mut self, schedule: &Schedule, eval: bool) -> Result<StepRecord, RuntimeError> {
+    /// Sends `cmd` to every rank and collects the replies in rank order; the first error,
+    /// chosen as nearest the cause, fails the pipeline.
+    fn all<T>(
+        &mut self,
+        cmd: impl Fn() -> Command,
+        unpack: impl Fn(Reply) -> Option<Result<T, RuntimeError>>,
+    ) -> Result<Vec<T>, RuntimeError> {
         if self.failed {
             return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
         }
-        if schedule.placement != self.placement {
-            return Err(RuntimeError::Config(
-                "a new schedule must keep the stage placement the pipeline was started with".into(),
-            ));
-        }
-        check_runnable(schedule, self.config.train.microbatches)?;
-        let wall = Instant::now();
-        let step = self.step;
-        let epoch = Instant::now();
-        let post_validate = self.config.post_validate.is_some()
-            && !eval
-            && matches!(self.config.compute, Compute::Real);
-        let optimistic_lr = post_validate.then(|| self.lr_at(step));
         for (r, tx) in self.commands.iter().enumerate() {
-            let order = Arc::new(schedule.orders[r].clone());
-            tx.send(Command::Step {
-                step,
-                order,
-                epoch,
-                eval,
-                lr: optimistic_lr,
-            })
-            .map_err(|_| RuntimeError::Panic {
+            tx.send(cmd()).map_err(|_| RuntimeError::Panic {
                 rank: r,
                 action: None,
                 cause: "worker thread is gone".into(),
             })?;
         }
-        let replies = self.collect(self.commands.len())?;
-        let mut results = Vec::with_capacity(replies.len());
-        let mut errors: Vec<RuntimeError> = Vec::new();
-        for (_, reply) in replies {
-            match reply {
-                Reply::Stepped(Ok(r)) => results.push(r),
-                Reply::Stepped(Err(e)) => errors.push(e),
-                _ => {
-                    return Err(RuntimeError::Config(
-                        "internal: unexpected worker reply".into(),
-                    ))
+        // Ranks bound their own waits; this only guards against a dead thread.
+        let guard = self.config.recv_timeout * 2 + Duration::from_secs(30);
+        let n = self.commands.len();
+        let mut got: Vec<(usize, Reply)> = Vec::with_capacity(n);
+        while got.len() < n {
+            match self.replies.recv_timeout(guard) {
+                Ok(r) => got.push(r),
+                Err(_) => {
+                    self.failed = true;
+                    return Err(RuntimeError::Config(format!(
+                        "{} of {n} ranks did not answer within {:.0} s",
+                        n - got.len(),
+                        guard.as_secs_f64()
+                    )));
                 }
+            }
+        }
+        got.sort_by_key(|(r, _)| *r);
+        let mut out = Vec::with_capacity(n);
+        let mut errors = Vec::new();
+        for (_, reply) in got {
+            match unpack(reply) {
+                Some(Ok(v)) => out.push(v),
+                Some(Err(e)) => errors.push(e),
+                None => errors.push(RuntimeError::Config(
+                    "internal: unexpected worker reply".into(),
+                )),
             }
         }
         if let Some(e) = nearest_cause(errors) {
@@ -436,120 +351,114 @@ impl Pipeline {
             self.abort.store(true, Ordering::Relaxed);
             return Err(e);
         }
-        // Loss: microbatch order; norm: stage order — as the reference trainer.
-        let mut losses: Vec<(usize, f32)> = results
-            .iter()
-            .flat_map(|r| r.losses.iter().copied())
-            .collect();
-        losses.sort_by_key(|(j, _)| *j);
-        let m = self.config.train.microbatches;
-        let loss = (losses.iter().map(|&(_, l)| l as f64).sum::<f64>() / m as f64) as f32;
-        let mut norms: Vec<(usize, f64)> = results
-            .iter()
-            .flat_map(|r| r.norm_sq.iter().copied())
-            .collect();
-        norms.sort_by_key(|(s, _)| *s);
-        let norm_sq: f64 = norms.iter().map(|&(_, n)| n).sum();
-        let lr = self.lr_at(step);
-        let scale = match self.config.compute {
-            _ if eval => None,
-            Compute::Real => clip_scale(norm_sq, self.config.train.max_grad_norm).ok(),
-            Compute::Emulated { .. } => Some(1.0),
+        Ok(out)
+    }
+
+    /// Runs one training step under `schedule` (same placement as at start). With
+    /// post-validation the driver then waits for the verdict (every thread settles), so the
+    /// record is complete; free-running ranks ([`crate::launch`]) settle at the next step.
+    pub fn train_step(&mut self, schedule: &Schedule) -> Result<StepRecord, RuntimeError> {
+        self.run(schedule, false)
+    }
+
+    /// Mean loss on held-out microbatch set `index` (data seed as in training, step index
+    /// `index`), without changing the weights.
+    pub fn eval_step(&mut self, schedule: &Schedule, index: u64) -> Result<f32, RuntimeError> {
+        Ok(self.run_at(schedule, index, true)?.loss)
+    }
+
+    fn run(&mut self, schedule: &Schedule, eval: bool) -> Result<StepRecord, RuntimeError> {
+        let r = self.run_at(schedule, self.step, eval)?;
+        self.step += 1;
+        Ok(r)
+    }
+
+    fn run_at(
+        &mut self,
+        schedule: &Schedule,
+        step: u64,
+        eval: bool,
+    ) -> Result<StepRecord, RuntimeError> {
+        let wall = Instant::now();
+        let shared = Arc::new(schedule.clone());
+        let reports = self.all(
+            || Command::Step {
+                step,
+                schedule: shared.clone(),
+                eval,
+            },
+            |r| match r {
+                Reply::Stepped(r) => Some(r),
+                _ => None,
+            },
+        )?;
+        let summary = match reports[0].summary {
+            Some(s) => s,
+            None => self
+                .all(
+                    || Command::Settle,
+                    |r| match r {
+                        Reply::Settled(r) => Some(r),
+                        _ => None,
+                    },
+                )?
+                .remove(0)
+                .ok_or_else(|| RuntimeError::Config("internal: nothing to settle".into()))?,
         };
-        for tx in &self.commands {
-            let cmd = if post_validate {
-                // The ranks already stepped optimistically; the full reduction decides.
-                Command::Validate(match scale {
-                    None => Verdict::Skip,
-                    Some(x) if x < 1.0 => Verdict::Redo(x),
-                    Some(_) => Verdict::Keep,
-                })
-            } else {
-                Command::Apply { scale, lr }
-            };
-            let _ = tx.send(cmd);
-        }
-        for (rank, reply) in self.collect(self.commands.len())? {
-            if let Reply::Applied(Err(e)) = reply {
-                self.failed = true;
-                return Err(RuntimeError::Config(format!(
-                    "rank {rank}: optimizer step failed: {e}"
-                )));
-            }
-        }
-        if !eval {
-            self.step += 1;
-        }
-        let timeline: Vec<Vec<MeasuredSlot>> = results.iter().map(|r| r.timeline.clone()).collect();
-        let t = timing(&timeline, |s| (s.start, s.end));
-        Ok(StepRecord {
-            step,
-            loss,
-            grad_norm: norm_sq.sqrt(),
-            clip_scale: scale.unwrap_or(0.0),
-            lr,
-            skipped: scale.is_none(),
-            bubble_fraction: t.bubble_fraction,
-            bubble_rate: t.bubble_rate,
-            peak_bytes: results.iter().map(|r| r.peak_bytes).collect(),
-            busy: t.busy,
-            makespan: t.makespan,
-            timeline,
-            wall: wall.elapsed().as_secs_f64(),
-        })
+        Ok(StepRecord::assemble(
+            &summary,
+            &reports,
+            wall.elapsed().as_secs_f64(),
+        ))
     }
 
     /// Measured M_B and M_W (bytes) of every stage, in stage order: `(after F, after I)`.
     /// Empty in emulated mode.
-    pub fn measure_memory(&self) -> Result<Vec<(usize, usize)>, RuntimeError> {
-        for tx in &self.commands {
-            let _ = tx.send(Command::Memory);
-        }
-        let mut all = Vec::new();
-        for (_, reply) in self.collect(self.commands.len())? {
-            if let Reply::Memory(m) = reply {
-                all.extend(m?);
-            }
-        }
-        all.sort_by_key(|(s, _, _)| *s);
-        Ok(all.into_iter().map(|(_, f, i)| (f, i)).collect())
+    pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize)>, RuntimeError> {
+        Ok(self
+            .all(
+                || Command::Memory,
+                |r| match r {
+                    Reply::Memory(m) => Some(m),
+                    _ => None,
+                },
+            )?
+            .remove(0))
     }
 
-    /// All parameters, in stage order then each stage's own order: (name, values).
-    pub fn params(&self) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
-        for tx in &self.commands {
-            let _ = tx.send(Command::Params);
-        }
-        let mut all: Vec<(usize, String, Vec<f32>)> = Vec::new();
-        for (_, reply) in self.collect(self.commands.len())? {
-            if let Reply::Params(p) = reply {
-                all.extend(p);
-            }
-        }
+    /// All parameters of replica 0, in stage order then each stage's own order:
+    /// (name, values).
+    pub fn params(&mut self) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+        let ranks = self.commands.len() / self.config.data_parallel.max(1);
+        let mut all: Vec<(usize, String, Vec<f32>)> = self
+            .all(
+                || Command::Params,
+                |r| match r {
+                    Reply::Params(p) => Some(p),
+                    _ => None,
+                },
+            )?
+            .into_iter()
+            .take(ranks)
+            .flatten()
+            .collect();
         all.sort_by_key(|(s, _, _)| *s);
         Ok(all.into_iter().map(|(_, n, v)| (n, v)).collect())
     }
-}
 
-impl Pipeline {
     /// Weights, AdamW state and step counter of every stage, by global parameter name
     /// (for checkpoints). Call between steps.
-    pub fn export_state(&self) -> Result<TrainingState, RuntimeError> {
-        for tx in &self.commands {
-            let _ = tx.send(Command::ExportState);
-        }
-        let mut parts = Vec::new();
-        for (_, reply) in self.collect(self.commands.len())? {
-            match reply {
-                Reply::Exported(p) => parts.extend(p?),
-                _ => {
-                    return Err(RuntimeError::Config(
-                        "internal: unexpected worker reply".into(),
-                    ))
-                }
-            }
-        }
-        checkpoint::assemble(self.step, parts)
+    pub fn export_state(&mut self) -> Result<TrainingState, RuntimeError> {
+        let step = self.step;
+        self.all(
+            || Command::Export(step),
+            |r| match r {
+                Reply::Exported(s) => Some(s),
+                _ => None,
+            },
+        )?
+        .remove(0)
+        .ok_or_else(|| RuntimeError::Config("internal: rank 0 exported nothing".into()))
     }
 
     /// Loads weights and AdamW state by parameter name into every stage (whatever split
@@ -559,29 +468,13 @@ impl Pipeline {
     pub fn import_state(&mut self, state: TrainingState) -> Result<(), RuntimeError> {
         let step = state.step;
         let shared = Arc::new(state);
-        for tx in &self.commands {
-            let _ = tx.send(Command::ImportState(shared.clone()));
-        }
-        let mut loaded = BTreeSet::new();
-        let mut error = None;
-        for (_, reply) in self.collect(self.commands.len())? {
-            match reply {
-                Reply::Imported(Ok(names)) => loaded.extend(names),
-                Reply::Imported(Err(e)) => error = error.or(Some(e)),
-                _ => {
-                    error = error.or(Some(RuntimeError::Config(
-                        "internal: unexpected worker reply".into(),
-                    )))
-                }
-            }
-        }
-        if error.is_none() && loaded.len() != shared.params.len() {
-            error = Some(checkpoint::extra_params(&shared.params, &loaded));
-        }
-        if let Some(e) = error {
-            self.failed = true;
-            return Err(e);
-        }
+        self.all(
+            || Command::Import(Some(shared.clone())),
+            |r| match r {
+                Reply::Imported(s) => Some(s),
+                _ => None,
+            },
+        )?;
         self.step = step;
         Ok(())
     }

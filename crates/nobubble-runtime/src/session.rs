@@ -1,14 +1,22 @@
-//! A training run from a schedule *name*: plan, start the pipeline, measure memory and
-//! pass times, re-plan automatic schedules on the measurements, step, evaluate. The
-//! `nobubble train` command is a thin loop over this.
+//! A training run from a schedule *name*, on one rank of the SPMD program: plan, build the
+//! rank, measure memory and pass times, re-plan automatic schedules on the measurements, step,
+//! evaluate. Every rank plans alike — the planner is deterministic and its inputs (measured
+//! memory and pass times) are all-gathered — so all ranks always run the same schedule.
+//! [`crate::training`] is the loop over this.
 
 use crate::error::RuntimeError;
-use crate::pipeline::{Compute, Pipeline, RunConfig, StepRecord};
+use crate::pipeline::{Compute, RunConfig, StepRecord};
+use crate::rank::Rank;
+use crate::transport::Transport;
+use crate::worker::RankStep;
 use nobubble_nn::ByteCorpus;
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
     generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule, ScheduleKind,
 };
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -26,6 +34,8 @@ pub struct SessionOptions {
     /// Emulated compute: pass times per rank share in milliseconds and link latency
     /// (`run.compute` is then derived from the plan). `None`: real compute.
     pub emulated: Option<CostSpec>,
+    /// Emulated latency of collective traffic (gradient reduction, step statistics), ms.
+    pub collective_ms: f64,
 }
 
 /// Why and how the schedule was last planned.
@@ -45,15 +55,17 @@ pub struct Plan {
     pub source: &'static str,
 }
 
-/// A running training session.
+/// A running training session on one rank.
 pub struct Session {
-    /// The pipeline.
-    pub pipeline: Pipeline,
+    /// This rank.
+    pub rank: Rank,
     /// The current plan.
     pub plan: Plan,
     options: SessionOptions,
     /// Measured (M_B, M_W) bytes per stage (real compute).
     pub stage_bytes: Vec<(usize, usize)>,
+    /// The next step to run.
+    pub step: u64,
 }
 
 fn plan_with(
@@ -85,10 +97,14 @@ impl Session {
     /// Plans with provisional costs, starts the workers, measures memory and, for real
     /// compute, re-plans with the measured bytes under the memory limit (failing before any
     /// training if the schedule cannot fit).
+    /// A collective: every rank of the job calls it.
     pub fn start(
         opts: SessionOptions,
-        corpus: ByteCorpus,
-        eval: ByteCorpus,
+        transport: Box<dyn Transport>,
+        corpus: Arc<ByteCorpus>,
+        eval: Arc<ByteCorpus>,
+        origin: Instant,
+        abort: Arc<AtomicBool>,
     ) -> Result<Session, RuntimeError> {
         let provisional = opts
             .emulated
@@ -106,17 +122,27 @@ impl Session {
         opts.run.compute = match opts.emulated {
             Some(_) => Compute::Emulated {
                 costs: plan.costs.clone(),
+                collective_ms: opts.collective_ms,
             },
             None => Compute::Real,
         };
-        let pipeline = Pipeline::start_with_eval(opts.run.clone(), &plan.schedule, corpus, eval)?;
-        let stage_bytes = pipeline.measure_memory()?;
+        let mut rank = Rank::new(
+            &opts.run,
+            &plan.schedule,
+            transport,
+            corpus,
+            eval,
+            origin,
+            abort,
+        )?;
+        let stage_bytes = rank.measure_memory()?;
         let real = opts.emulated.is_none();
         let mut session = Session {
-            pipeline,
+            rank,
             plan: plan.clone(),
             options: opts,
             stage_bytes,
+            step: 0,
         };
         if real {
             // Unit times until we have measured some; real bytes from now on.
@@ -197,42 +223,107 @@ impl Session {
         Ok(plan)
     }
 
-    /// Re-plans an automatic schedule on the median pass times measured in `records`
-    /// (milliseconds), keeping the measured memory. Returns the new plan, or `None` for a
-    /// fixed schedule (nothing to re-plan).
+    /// Re-plans an automatic schedule on the median pass times this rank measured in
+    /// `steps` (milliseconds), all-gathered with the other ranks' (a collective), keeping the
+    /// measured memory and using the measured mean message latency as the link cost. Returns
+    /// the new plan, or `None` for a fixed schedule (nothing to re-plan).
     pub fn replan_on_measurements(
         &mut self,
-        records: &[StepRecord],
+        steps: &[RankStep],
     ) -> Result<Option<Plan>, RuntimeError> {
-        if !self.options.kind.uses_costs() || records.is_empty() || self.options.emulated.is_some()
-        {
+        if !self.options.kind.uses_costs() || steps.is_empty() || self.options.emulated.is_some() {
             return Ok(None);
         }
-        let times: Vec<(f64, f64, f64)> = median_pass_ms(records, self.plan.schedule.stages)
+        let n = self.plan.schedule.stages;
+        let mine = local_medians(steps, n);
+        let comm: (f64, u64) = steps.iter().fold((0.0, 0), |(s, c), r| {
+            (s + r.comm.latency_sum, c + r.comm.latency_count)
+        });
+        let bytes = serde_json::to_vec(&(mine, comm)).expect("serializes");
+        let mut medians: Vec<[Option<f64>; 4]> = vec![[None; 4]; n];
+        let (mut lat_sum, mut lat_count) = (0.0, 0u64);
+        for part in self.rank.all_gather(bytes)? {
+            #[allow(clippy::type_complexity)]
+            let (theirs, (s, c)): (Vec<(usize, [Option<f64>; 4])>, (f64, u64)) =
+                serde_json::from_slice(&part)
+                    .map_err(|e| RuntimeError::Config(format!("damaged pass times: {e}")))?;
+            for (stage, m) in theirs {
+                if stage < n && medians[stage] == [None; 4] {
+                    medians[stage] = m;
+                }
+            }
+            lat_sum += s;
+            lat_count += c;
+        }
+        let latency_ms = if lat_count == 0 {
+            0.0
+        } else {
+            1e3 * lat_sum / lat_count as f64
+        };
+        let times: Vec<(f64, f64, f64)> = medians
             .into_iter()
             .map(|[f, i, w, _]| {
                 let t = |x: Option<f64>| x.map_or(1.0, |v| v.max(1e-6));
                 (t(f), t(i), t(w))
             })
             .collect();
-        let plan = self.replan_with(&times, 0.0, "measured pass times and memory")?;
+        let plan = self.replan_with(
+            &times,
+            latency_ms,
+            "measured pass times, message latency and memory",
+        )?;
         self.plan = plan.clone();
         Ok(Some(plan))
     }
 
-    /// One training step under the current plan.
-    pub fn step(&mut self) -> Result<StepRecord, RuntimeError> {
-        self.pipeline.train_step(&self.plan.schedule)
+    /// One training step under the current plan (a collective).
+    pub fn step(&mut self) -> Result<RankStep, RuntimeError> {
+        let r = self.rank.step(&self.plan.schedule, self.step, false)?;
+        self.step += 1;
+        Ok(r)
     }
 
-    /// Mean loss over `sets` held-out sets of microbatches.
+    /// Mean loss over `sets` held-out sets of microbatches (a collective).
     pub fn validation_loss(&mut self, sets: u64) -> Result<f32, RuntimeError> {
         let mut total = 0.0f64;
         for k in 0..sets.max(1) {
-            total += self.pipeline.eval_step(&self.plan.schedule, k)? as f64;
+            let r = self.rank.step(&self.plan.schedule, k, true)?;
+            total += r.summary.map_or(f32::NAN, |s| s.loss) as f64;
         }
         Ok((total / sets.max(1) as f64) as f32)
     }
+}
+
+/// The median time (ms) of each pass kind on each stage this rank ran in `steps`:
+/// (stage, [F, I, W, B]).
+pub fn local_medians(steps: &[RankStep], stages: usize) -> Vec<(usize, [Option<f64>; 4])> {
+    let mut samples: Vec<[Vec<f64>; 4]> = (0..stages).map(|_| Default::default()).collect();
+    for rec in steps {
+        for slot in &rec.timeline {
+            samples[slot.action.stage][kind_index(slot.action.kind)]
+                .push((slot.end - slot.start) * 1e3);
+        }
+    }
+    samples
+        .into_iter()
+        .enumerate()
+        .filter(|(_, k)| k.iter().any(|v| !v.is_empty()))
+        .map(|(s, kinds)| (s, kinds.map(median)))
+        .collect()
+}
+
+fn kind_index(k: Kind) -> usize {
+    match k {
+        Kind::F => 0,
+        Kind::I => 1,
+        Kind::W => 2,
+        Kind::B => 3,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// The median measured time (ms) of each pass kind on each stage over `records`, as
@@ -242,24 +333,11 @@ pub fn median_pass_ms(records: &[StepRecord], stages: usize) -> Vec<[Option<f64>
     let mut samples: Vec<[Vec<f64>; 4]> = (0..stages).map(|_| Default::default()).collect();
     for rec in records {
         for slot in rec.timeline.iter().flatten() {
-            let k = match slot.action.kind {
-                Kind::F => 0,
-                Kind::I => 1,
-                Kind::W => 2,
-                Kind::B => 3,
-            };
-            samples[slot.action.stage][k].push((slot.end - slot.start) * 1e3);
+            samples[slot.action.stage][kind_index(slot.action.kind)]
+                .push((slot.end - slot.start) * 1e3);
         }
     }
-    samples
-        .into_iter()
-        .map(|kinds| {
-            kinds.map(|mut v| {
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).copied()
-            })
-        })
-        .collect()
+    samples.into_iter().map(|kinds| kinds.map(median)).collect()
 }
 
 /// Bytes as B, KiB, MiB or GiB with one decimal, for messages.

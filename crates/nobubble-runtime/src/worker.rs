@@ -1,22 +1,32 @@
-//! One pipeline rank: executes its list of actions for a step on real stages (or sleeps
-//! for their cost, in emulated mode), exchanging tensors through its [`Transport`].
+//! One rank of the SPMD executor: every rank — a thread of one process or a process of an MPI
+//! job — runs this same program. A step is: run the rank's actions on real stages (or sleep
+//! for their cost, emulated), exchanging tensors through its [`Transport`]; reduce each
+//! stage's gradients over the data-parallel replicas after that stage's last W; all-gather
+//! the losses, partial gradient norms and non-finite flags; step the optimizer — synchronously
+//! after the all-gather, or optimistically at once with the verdict applied at the start of
+//! the next step (post-validation, [`crate::optimizer_step`]).
 //!
-//! Receives wait in short slices so a failure elsewhere (the shared abort flag) or a
-//! deadline stops the wait; time spent waiting is recorded as idle. Sends are enqueued and
-//! never wait, so W can fill the gap behind an input gradient that has just left.
+//! Nothing is decided by a coordinator: every rank computes the same loss, norm and clip
+//! factor from the same all-gathered numbers summed in the same fixed order.
+//!
+//! Receives wait in short slices so a failure elsewhere (the abort flag, for threads) or a
+//! deadline stops the wait; time spent waiting is recorded as idle. Sends never wait, so W
+//! can fill the gap behind an input gradient that has just left.
 
 use crate::error::RuntimeError;
-use crate::transport::{Message, Payload, Transport};
+use crate::transport::{Key, Message, Tag, Transport};
 use nobubble_nn::optim::{AdamW, AdamWSnapshot};
-use nobubble_nn::{ByteCorpus, GptConfig, Stage, StageInput, StageOutput, Tensor};
+use nobubble_nn::{ByteCorpus, GptConfig, Stage, StageInput, StageOutput, Tensor, TrainConfig};
 use nobubble_schedule::{Action, CostModel, Kind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// One action as it ran: times in seconds since the step's common epoch.
+pub use crate::optimizer_step::{Rollback, StepSummary, Verdict};
+
+/// One action as it ran: times in seconds since the run's common origin.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MeasuredSlot {
     /// What ran.
@@ -29,48 +39,83 @@ pub struct MeasuredSlot {
     pub waited: f64,
 }
 
+/// Messages and bytes this rank sent and received, and how long it spent sending and waiting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CommStats {
+    /// Messages sent.
+    pub sent: u64,
+    /// Bytes sent (wire size).
+    pub sent_bytes: u64,
+    /// Seconds spent inside send calls (serializing and posting).
+    pub send_seconds: f64,
+    /// Messages received.
+    pub received: u64,
+    /// Bytes received.
+    pub received_bytes: u64,
+    /// Seconds spent waiting for messages (pipeline and collectives).
+    pub wait_seconds: f64,
+    /// Seconds of that spent in the data-parallel gradient reduction.
+    pub reduce_seconds: f64,
+    /// Sum of the pipeline messages' measured latency (receipt − send), seconds.
+    pub latency_sum: f64,
+    /// Pipeline messages whose latency was measured.
+    pub latency_count: u64,
+}
+
+impl CommStats {
+    /// `self − earlier`, field by field.
+    pub fn since(&self, earlier: &CommStats) -> CommStats {
+        CommStats {
+            sent: self.sent - earlier.sent,
+            sent_bytes: self.sent_bytes - earlier.sent_bytes,
+            send_seconds: self.send_seconds - earlier.send_seconds,
+            received: self.received - earlier.received,
+            received_bytes: self.received_bytes - earlier.received_bytes,
+            wait_seconds: self.wait_seconds - earlier.wait_seconds,
+            reduce_seconds: self.reduce_seconds - earlier.reduce_seconds,
+            latency_sum: self.latency_sum - earlier.latency_sum,
+            latency_count: self.latency_count - earlier.latency_count,
+        }
+    }
+
+    /// Mean measured latency of a pipeline message, in milliseconds (0 without any).
+    pub fn mean_latency_ms(&self) -> f64 {
+        if self.latency_count == 0 {
+            0.0
+        } else {
+            1e3 * self.latency_sum / self.latency_count as f64
+        }
+    }
+}
+
 /// What a rank reports after a step.
 #[derive(Clone, Debug)]
-pub(crate) struct RankStep {
-    /// Loss of each microbatch whose last stage is here.
+pub struct RankStep {
+    /// Loss of each microbatch whose last stage is here, by *global* microbatch index.
     pub losses: Vec<(usize, f32)>,
-    /// Partial squared gradient norm of each stage here.
-    pub norm_sq: Vec<(usize, f64)>,
     /// The rank's measured actions.
     pub timeline: Vec<MeasuredSlot>,
     /// Peak activation bytes held by the rank's stages during the step.
     pub peak_bytes: usize,
+    /// This step's outcome, when known at its end (synchronous and evaluation steps).
+    pub summary: Option<StepSummary>,
+    /// Post-validation: the previous step's outcome, settled at the start of this one.
+    pub settled: Option<StepSummary>,
+    /// Communication during the step.
+    pub comm: CommStats,
 }
 
 /// Faults a test can inject to check that the run stops cleanly.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fault {
-    /// Panic when about to run this action (on the rank holding its stage).
+    /// Panic when about to run this action (on the rank holding its stage, in replica 0).
     PanicAt(Action),
-    /// Drop the message the sender of this action's input would send.
+    /// Drop the message the sender of this action's input would send (replica 0).
     LoseInputOf(Action),
     /// Put a NaN into stage 0's first gradient at this step (tests post-validation paths).
     NanGradAt(u64),
-}
-
-/// How an optimistic (post-validated) optimizer step is undone when validation rejects it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rollback {
-    /// Keep a copy of weights and optimizer state before the step: exact.
-    Copy,
-    /// Invert the AdamW update from the gradients still held: no copy, exact up to rounding.
-    Analytic,
-}
-
-/// The validation verdict on an optimistic step, from the full gradient-norm reduction.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Verdict {
-    /// Finite and no clipping needed: the optimistic step stands.
-    Keep,
-    /// Clipping was needed: undo, step again with this gradient scale.
-    Redo(f32),
-    /// Non-finite gradients somewhere: undo and skip the step.
-    Skip,
+    /// End the process at once when about to run this action (replica 0): a rank that dies.
+    ExitAt(Action),
 }
 
 /// Where the compute comes from.
@@ -84,19 +129,56 @@ pub(crate) enum Engine {
     Emulated(CostModel),
 }
 
+/// How the world's ranks are arranged: `replicas` pipelines of `pipeline_ranks` ranks each;
+/// global rank = replica · pipeline_ranks + pipeline rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    /// Stage → pipeline rank (the schedule's placement).
+    pub placement: Vec<usize>,
+    /// Ranks of one pipeline.
+    pub pipeline_ranks: usize,
+    /// Data-parallel replicas.
+    pub replicas: usize,
+    /// Microbatches per replica per step.
+    pub microbatches: usize,
+}
+
+impl Layout {
+    /// The global rank holding `stage` in `replica`.
+    pub fn rank_of(&self, replica: usize, stage: usize) -> usize {
+        replica * self.pipeline_ranks + self.placement[stage]
+    }
+
+    /// Ranks in the world.
+    pub fn world(&self) -> usize {
+        self.replicas * self.pipeline_ranks
+    }
+}
+
+/// Emulated latencies (zero for real runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Added to activations and gradients between stages.
+    pub pipeline: Duration,
+    /// Added to collective traffic: gradient reduction, step statistics (an all-reduce's
+    /// latency).
+    pub collective: Duration,
+}
+
 pub(crate) struct Worker {
     pub rank: usize,
-    pub placement: Vec<usize>,
+    pub replica: usize,
+    pub layout: Layout,
     pub engine: Engine,
     pub transport: Box<dyn Transport>,
-    pub mailbox: HashMap<(Payload, usize, usize), Message>,
+    pub mailbox: HashMap<Key, Message>,
     pub abort: Arc<AtomicBool>,
     pub recv_timeout: Duration,
     pub corpus: Arc<ByteCorpus>,
     /// Held-out text for evaluation steps.
     pub eval_corpus: Arc<ByteCorpus>,
     pub model: GptConfig,
-    pub data_seed: u64,
+    pub train: TrainConfig,
     pub fault: Option<Fault>,
     /// The action being run, so a panic can be reported with it.
     pub current: Option<Action>,
@@ -105,8 +187,14 @@ pub(crate) struct Worker {
     /// Per stage here: the snapshot taken before the optimistic step (copy mode) and
     /// whether the stage stepped.
     pub optimistic: BTreeMap<usize, (Option<AdamWSnapshot>, bool)>,
-    /// Learning rate of the optimistic step (a redo must use it, not the restored one).
-    pub optimistic_lr: f32,
+    /// The post-validated step whose verdict is still to come: (step, learning rate).
+    pub pending: Option<(u64, f32)>,
+    /// The clock all timelines and send times use.
+    pub origin: Instant,
+    pub latency: Latency,
+    pub comm: CommStats,
+    /// Collective rounds so far (every rank counts the same rounds: SPMD).
+    pub round: u64,
 }
 
 /// How long a receive polls before it blocks.
@@ -114,70 +202,107 @@ const SPIN: Duration = Duration::from_micros(1000);
 
 impl Worker {
     fn stages_total(&self) -> usize {
-        self.placement.len()
+        self.layout.placement.len()
     }
 
-    /// Waits for a message, checking the abort flag and the deadline every 20 ms.
-    fn wait(
+    /// Seconds since the common origin.
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    fn latency_of(&self, tag: Tag) -> f64 {
+        if tag.is_pipeline() {
+            self.latency.pipeline.as_secs_f64()
+        } else {
+            self.latency.collective.as_secs_f64()
+        }
+    }
+
+    /// Sends `msg` (already addressed) to `to`, or into the own mailbox.
+    pub fn post(&mut self, to: usize, mut msg: Message) -> Result<(), String> {
+        msg.from = self.rank;
+        msg.sent_at = self.now();
+        if to == self.rank {
+            self.mailbox.insert(msg.key(), msg);
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        self.comm.sent += 1;
+        self.comm.sent_bytes += msg.wire_len() as u64;
+        let r = self.transport.send(to, msg);
+        self.comm.send_seconds += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    /// Waits for the message with `key`, checking the abort flag and the deadline; the
+    /// wait counts as idle time. `what` describes it for the timeout message.
+    pub fn wait_for(
         &mut self,
-        payload: Payload,
-        stage: usize,
-        mb: usize,
-        action: Action,
-        epoch: Instant,
-    ) -> Result<Tensor, RuntimeError> {
-        let key = (payload, stage, mb);
+        key: Key,
+        action: Option<Action>,
+        what: &dyn Fn() -> String,
+    ) -> Result<Message, RuntimeError> {
         let started = Instant::now();
-        let since = started.saturating_duration_since(epoch).as_secs_f64();
+        let since = self.now();
         let deadline = started + self.recv_timeout;
+        let r = self.wait_inner(key, action, what, started, since, deadline);
+        self.comm.wait_seconds += started.elapsed().as_secs_f64();
+        r
+    }
+
+    fn wait_inner(
+        &mut self,
+        key: Key,
+        action: Option<Action>,
+        what: &dyn Fn() -> String,
+        started: Instant,
+        since: f64,
+        deadline: Instant,
+    ) -> Result<Message, RuntimeError> {
         loop {
             let now = Instant::now();
-            let delayed_until = match self.mailbox.get(&key).map(|m| m.ready_at) {
-                Some(Some(t)) if t > now => Some(t),
-                Some(_) => return Ok(self.mailbox.remove(&key).expect("present").tensor),
+            let held_back = match self.mailbox.get(&key) {
+                Some(m) => {
+                    let ready = m.sent_at + self.latency_of(key.0);
+                    let wait = ready - self.now();
+                    if wait <= 0.0 {
+                        return Ok(self.mailbox.remove(&key).expect("present"));
+                    }
+                    Some(Duration::from_secs_f64(wait))
+                }
                 None => None,
             };
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             if now >= deadline {
-                if delayed_until.is_some() {
-                    return Err(RuntimeError::Timeout {
-                        rank: self.rank,
-                        action,
-                        waiting_for: format!(
-                            "the message for stage {stage}, microbatch {mb}, which arrived but is held back \
-                             by the emulated link latency: --comm is longer than --recv-timeout"
-                        ),
-                        seconds: started.elapsed().as_secs_f64(),
-                        since,
-                    });
-                }
-                let (what, from) = match payload {
-                    Payload::Activation => ("activation", stage - 1),
-                    Payload::Gradient => ("output gradient", stage + 1),
+                let waiting_for = match held_back {
+                    Some(_) => format!(
+                        "{}, which arrived but is held back by the emulated latency: --comm or \
+                         --collective-latency is longer than --recv-timeout",
+                        what()
+                    ),
+                    None => format!(
+                        "{}; that rank failed, died, hung, or the message was lost (raise \
+                         --recv-timeout if passes are really this slow)",
+                        what()
+                    ),
                 };
                 return Err(RuntimeError::Timeout {
                     rank: self.rank,
                     action,
-                    waiting_for: format!(
-                        "the {what} of stage {stage}, microbatch {mb}, from stage {from} on rank {}; \
-                         the sender failed, hung, or the message was lost (raise --recv-timeout if \
-                         passes are really this slow)",
-                        self.placement[from]
-                    ),
+                    waiting_for,
                     seconds: started.elapsed().as_secs_f64(),
                     since,
                 });
             }
-            if let Some(t) = delayed_until {
-                // Arrived but still "on the wire" (emulated latency): wait for it, but
-                // never past the deadline or an abort.
-                std::thread::sleep((t - now).min(deadline - now).min(Duration::from_millis(20)));
+            if let Some(d) = held_back {
+                // Arrived but still "on the wire" (emulated latency).
+                std::thread::sleep(d.min(deadline - now).min(Duration::from_millis(20)));
                 continue;
             }
-            // Poll briefly before blocking: a message that is about to arrive is picked
-            // up without paying a thread wake-up on the critical path.
+            // Poll briefly before blocking: a message that is about to arrive is picked up
+            // without paying a thread wake-up on the critical path.
             let slice = if now - started < SPIN {
                 std::thread::yield_now();
                 Duration::ZERO
@@ -186,102 +311,142 @@ impl Worker {
             };
             match self.transport.recv_timeout(slice) {
                 Ok(Some(m)) => {
-                    self.mailbox.insert((m.payload, m.stage, m.microbatch), m);
+                    self.comm.received += 1;
+                    self.comm.received_bytes += m.wire_len() as u64;
+                    if m.tag.is_pipeline() && m.key() == key && since <= m.sent_at {
+                        // Waited for it since before it was sent: receipt − send is the
+                        // link's latency (the same clock on one machine).
+                        self.comm.latency_sum += (self.now() - m.sent_at).max(0.0);
+                        self.comm.latency_count += 1;
+                    }
+                    self.mailbox.insert(m.key(), m);
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    return Err(RuntimeError::Pass {
-                        rank: self.rank,
-                        action,
-                        cause: format!("transport failed: {e}"),
+                    return Err(match action {
+                        Some(action) => RuntimeError::Pass {
+                            rank: self.rank,
+                            action,
+                            cause: format!("transport failed: {e}"),
+                        },
+                        None => RuntimeError::Config(format!(
+                            "rank {}: transport failed: {e}",
+                            self.rank
+                        )),
                     })
                 }
             }
         }
     }
 
-    /// Delivers to the rank holding `stage` (this one: straight into the mailbox).
+    /// Waits for the pipeline input of `action` (an activation or an output gradient).
+    fn wait_input(&mut self, tag: Tag, action: Action) -> Result<Tensor, RuntimeError> {
+        let (s, j) = (action.stage, action.microbatch);
+        let from_stage = if tag == Tag::Activation { s - 1 } else { s + 1 };
+        let from = self.layout.rank_of(self.replica, from_stage);
+        let what = move || {
+            let kind = if tag == Tag::Activation {
+                "activation"
+            } else {
+                "output gradient"
+            };
+            format!(
+                "the {kind} of stage {s}, microbatch {j}, from stage {from_stage} on rank {from}"
+            )
+        };
+        let m = self.wait_for((tag, s, j as u64, from), Some(action), &what)?;
+        Tensor::from_vec(&m.shape, m.data).map_err(|e| RuntimeError::Pass {
+            rank: self.rank,
+            action,
+            cause: format!("a damaged message: {e}"),
+        })
+    }
+
+    /// Sends a pass's output to the rank holding `stage` (this one: straight into the mailbox).
     fn deliver(
         &mut self,
-        payload: Payload,
+        tag: Tag,
         stage: usize,
         mb: usize,
         tensor: Tensor,
         action: Action,
     ) -> Result<(), RuntimeError> {
-        let lost = matches!(&self.fault, Some(Fault::LoseInputOf(a))
+        let lost = self.replica == 0
+            && matches!(&self.fault, Some(Fault::LoseInputOf(a))
             if a.stage == stage && a.microbatch == mb
-               && (a.kind == Kind::F) == (payload == Payload::Activation));
+               && (a.kind == Kind::F) == (tag == Tag::Activation));
         if lost {
             return Ok(());
         }
         let msg = Message {
-            payload,
+            tag,
+            from: self.rank,
             stage,
-            microbatch: mb,
-            tensor,
-            ready_at: None,
+            index: mb as u64,
+            shape: tensor.shape().to_vec(),
+            data: tensor.into_vec(),
+            bytes: Vec::new(),
+            sent_at: 0.0,
         };
-        let to = self.placement[stage];
-        if to == self.rank {
-            self.mailbox.insert((payload, stage, mb), msg);
-            Ok(())
-        } else {
-            self.transport
-                .send(to, msg)
-                .map_err(|cause| RuntimeError::Pass {
-                    rank: self.rank,
-                    action,
-                    cause,
-                })
-        }
+        let to = self.layout.rank_of(self.replica, stage);
+        self.post(to, msg).map_err(|cause| RuntimeError::Pass {
+            rank: self.rank,
+            action,
+            cause,
+        })
     }
 
-    /// Runs this rank's actions for `step`, all times relative to `epoch`.
-    /// With `eval`, data comes from the held-out corpus (the caller then discards the
-    /// gradients instead of stepping).
-    pub fn run_step(
+    /// Runs this rank's actions for `step`. With `eval`, data comes from the held-out corpus
+    /// and gradients are discarded afterwards. Returns (losses by global microbatch, timeline,
+    /// peak activation bytes).
+    #[allow(clippy::type_complexity)]
+    fn run_actions(
         &mut self,
         step: u64,
         order: &[Action],
-        epoch: Instant,
         eval: bool,
-        lr: Option<f32>,
-    ) -> Result<RankStep, RuntimeError> {
-        let mut out = RankStep {
-            losses: Vec::new(),
-            norm_sq: Vec::new(),
-            timeline: Vec::with_capacity(order.len()),
-            peak_bytes: 0,
-        };
+    ) -> Result<(Vec<(usize, f32)>, Vec<MeasuredSlot>, usize), RuntimeError> {
+        let mut losses = Vec::new();
+        let mut timeline = Vec::with_capacity(order.len());
+        let mut peak = 0usize;
         let mut held: HashMap<(usize, usize), usize> = HashMap::new();
         let mut total_held = 0usize;
+        let mut weight_passes: BTreeMap<usize, usize> = BTreeMap::new();
         let last = self.stages_total() - 1;
+        let m = self.layout.microbatches;
         for &a in order {
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             self.current = Some(a);
-            if self.fault.as_ref() == Some(&Fault::PanicAt(a)) {
-                panic!("injected fault at {a}");
+            if self.replica == 0 {
+                match &self.fault {
+                    Some(Fault::PanicAt(f)) if *f == a => panic!("injected fault at {a}"),
+                    Some(Fault::ExitAt(f)) if *f == a => {
+                        eprintln!(
+                            "rank {}: injected fault: the process exits at {a}",
+                            self.rank
+                        );
+                        std::process::exit(3);
+                    }
+                    _ => {}
+                }
             }
             let (s, j) = (a.stage, a.microbatch);
-            let t_ready = Instant::now();
+            let t_ready = self.now();
             // Inputs first (waiting is idle time), then compute.
             let input = match a.kind {
-                Kind::F if s > 0 => Some(self.wait(Payload::Activation, s, j, a, epoch)?),
-                Kind::I | Kind::B if s < last => {
-                    Some(self.wait(Payload::Gradient, s, j, a, epoch)?)
-                }
+                Kind::F if s > 0 => Some(self.wait_input(Tag::Activation, a)?),
+                Kind::I | Kind::B if s < last => Some(self.wait_input(Tag::Gradient, a)?),
                 _ => None,
             };
-            let start = Instant::now();
+            let start = self.now();
             let err = |cause: String| RuntimeError::Pass {
                 rank: self.rank,
                 action: a,
                 cause,
             };
-            let mut send: Option<(Payload, usize, Tensor)> = None;
+            let mut send: Option<(Tag, usize, Tensor)> = None;
             match &mut self.engine {
                 Engine::Emulated(costs) => {
                     let ms = costs.time(s, a.kind);
@@ -290,10 +455,10 @@ impl Worker {
                     }
                     match a.kind {
                         Kind::F if s < last => {
-                            send = Some((Payload::Activation, s + 1, Tensor::zeros(&[0])))
+                            send = Some((Tag::Activation, s + 1, Tensor::zeros(&[0])))
                         }
                         Kind::I | Kind::B if s > 0 => {
-                            send = Some((Payload::Gradient, s - 1, Tensor::zeros(&[0])))
+                            send = Some((Tag::Gradient, s - 1, Tensor::zeros(&[0])))
                         }
                         _ => {}
                     }
@@ -302,10 +467,10 @@ impl Worker {
                     let stage = stages
                         .get_mut(&s)
                         .ok_or_else(|| err(format!("stage {s} is not on this rank")))?;
+                    let global_j = self.replica * m + j;
                     match a.kind {
                         Kind::F => {
-                            let need_data = s == 0 || s == last;
-                            let data = if need_data {
+                            let data = if s == 0 || s == last {
                                 let corpus = if eval {
                                     &self.eval_corpus
                                 } else {
@@ -314,9 +479,9 @@ impl Worker {
                                 Some(
                                     corpus
                                         .microbatch(
-                                            self.data_seed,
+                                            self.train.data_seed,
                                             step,
-                                            j,
+                                            global_j,
                                             self.model.microbatch_size,
                                             self.model.seq_len,
                                         )
@@ -337,9 +502,9 @@ impl Worker {
                                 .forward(j, stage_in, targets)
                                 .map_err(|e| err(e.to_string()))?
                             {
-                                StageOutput::Loss(l) => out.losses.push((j, l)),
+                                StageOutput::Loss(l) => losses.push((global_j, l)),
                                 StageOutput::Activations(t) => {
-                                    send = Some((Payload::Activation, s + 1, t))
+                                    send = Some((Tag::Activation, s + 1, t))
                                 }
                             }
                         }
@@ -348,10 +513,13 @@ impl Worker {
                                 .backward_input(j, input)
                                 .map_err(|e| err(e.to_string()))?;
                             if let Some(mut g) = g {
-                                if self.fault == Some(Fault::NanGradAt(step)) && s == 1 && j == 0 {
+                                if self.fault == Some(Fault::NanGradAt(step))
+                                    && s == 1
+                                    && global_j == 0
+                                {
                                     g.data_mut()[0] = f32::NAN;
                                 }
-                                send = Some((Payload::Gradient, s - 1, g));
+                                send = Some((Tag::Gradient, s - 1, g));
                             }
                             if a.kind == Kind::B {
                                 stage.backward_weight(j).map_err(|e| err(e.to_string()))?;
@@ -362,103 +530,68 @@ impl Worker {
                     let now_held = stage.held_bytes(j);
                     let before = held.insert((s, j), now_held).unwrap_or(0);
                     total_held = total_held + now_held - before;
-                    out.peak_bytes = out.peak_bytes.max(total_held);
+                    peak = peak.max(total_held);
                 }
             }
-            let end = Instant::now();
-            if let Some((payload, to_stage, t)) = send {
-                self.deliver(payload, to_stage, j, t, a)?;
+            let end = self.now();
+            if let Some((tag, to_stage, t)) = send {
+                self.deliver(tag, to_stage, j, t, a)?;
             }
-            out.timeline.push(MeasuredSlot {
+            if matches!(a.kind, Kind::W | Kind::B) {
+                let done = weight_passes.entry(s).or_insert(0);
+                *done += 1;
+                if *done == m && !eval {
+                    // The stage's gradient is complete: start its data-parallel reduction
+                    // now, overlapped with the rank's remaining passes.
+                    self.share_gradient(step, s)?;
+                }
+            }
+            timeline.push(MeasuredSlot {
                 action: a,
-                start: (start - epoch).as_secs_f64(),
-                end: (end - epoch).as_secs_f64(),
-                waited: (start - t_ready).as_secs_f64(),
+                start,
+                end,
+                waited: start - t_ready,
             });
         }
         self.current = None;
-        if let Engine::Real { stages, .. } = &self.engine {
-            out.norm_sq = stages
-                .iter()
-                .map(|(&s, st)| (s, nobubble_nn::optim::grad_norm_sq(&st.params())))
-                .collect();
-        }
-        if let (Some(mode), Some(lr)) = (self.post_validate, lr) {
-            self.optimistic_step(mode, lr, &out.norm_sq)?;
-        }
-        Ok(out)
+        Ok((losses, timeline, peak))
     }
 
-    /// Post-validation: step at once with what this rank knows (its own partial norms;
-    /// unclipped), keeping what a rollback needs. The verdict comes later ([`Worker::validate`]).
-    fn optimistic_step(
+    /// Runs one training (or evaluation) step of the SPMD program: actions, gradient
+    /// reduction, statistics, optimizer. See the module documentation.
+    pub fn step(
         &mut self,
-        mode: Rollback,
-        lr: f32,
-        norms: &[(usize, f64)],
-    ) -> Result<(), RuntimeError> {
-        self.optimistic.clear();
-        self.optimistic_lr = lr;
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
-            for (s, stage) in stages.iter_mut() {
-                let opt = optimizers.get_mut(s).expect("one optimizer per stage");
-                let finite = norms.iter().any(|&(k, n)| k == *s && n.is_finite());
-                let snapshot =
-                    (mode == Rollback::Copy && finite).then(|| opt.snapshot(&stage.params()));
-                if finite {
-                    opt.config.lr = lr;
-                    opt.step(&mut stage.params_mut(), 1.0)
-                        .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
-                }
-                self.optimistic.insert(*s, (snapshot, finite));
-            }
-        }
-        Ok(())
+        step: u64,
+        order: &[Action],
+        eval: bool,
+    ) -> Result<RankStep, RuntimeError> {
+        let before = self.comm;
+        let settled = self.settle()?;
+        let (losses, timeline, peak_bytes) = self.run_actions(step, order, eval)?;
+        let summary = if eval {
+            let s = self.exchange_stats(step, true, &losses, false)?;
+            self.zero_grads();
+            Some(s)
+        } else {
+            self.finish_reduction(step)?;
+            self.optimizer_step(step, &losses)?
+        };
+        Ok(RankStep {
+            losses,
+            timeline,
+            peak_bytes,
+            summary,
+            settled,
+            comm: self.comm.since(&before),
+        })
     }
 
-    /// Applies the validation verdict to the optimistic step, then zeroes the gradients.
-    pub fn validate(&mut self, verdict: Verdict) -> Result<(), RuntimeError> {
-        let mode = self.post_validate.unwrap_or(Rollback::Copy);
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
-            for (s, stage) in stages.iter_mut() {
-                let opt = optimizers.get_mut(s).expect("one optimizer per stage");
-                let (snapshot, stepped) = self.optimistic.remove(s).unwrap_or((None, false));
-                let fail = |e: nobubble_nn::NnError| {
-                    RuntimeError::Config(format!("stage {s}: rollback failed: {e}"))
-                };
-                if verdict != Verdict::Keep && stepped {
-                    match (mode, &snapshot) {
-                        (Rollback::Copy, Some(snap)) => {
-                            opt.restore(snap, &mut stage.params_mut()).map_err(fail)?
-                        }
-                        _ => opt.rollback(&mut stage.params_mut()).map_err(fail)?,
-                    }
-                }
-                if let Verdict::Redo(scale) = verdict {
-                    opt.config.lr = self.optimistic_lr;
-                    opt.step(&mut stage.params_mut(), scale).map_err(fail)?;
-                }
-                stage.zero_grads();
+    pub(crate) fn zero_grads(&mut self) {
+        if let Engine::Real { stages, .. } = &mut self.engine {
+            for st in stages.values_mut() {
+                st.zero_grads();
             }
         }
-        Ok(())
-    }
-
-    /// The synchronous optimizer step: AdamW with the global clip factor (or skip on a
-    /// non-finite norm), then zero the gradients.
-    pub fn apply(&mut self, scale: Option<f32>, lr: f32) -> Result<(), RuntimeError> {
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
-            for (s, stage) in stages.iter_mut() {
-                if let Some(scale) = scale {
-                    let opt = optimizers.get_mut(s).expect("one optimizer per stage");
-                    opt.config.lr = lr;
-                    opt.step(&mut stage.params_mut(), scale)
-                        .map_err(|e| RuntimeError::Config(e.to_string()))?;
-                }
-                stage.zero_grads();
-            }
-        }
-        Ok(())
     }
 
     /// M_B and M_W in bytes of each stage here, measured by the engine on a probe

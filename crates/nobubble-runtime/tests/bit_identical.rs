@@ -33,6 +33,7 @@ fn run_config(model: GptConfig, m: usize) -> RunConfig {
         recv_timeout: Duration::from_secs(30),
         fault: None,
         post_validate: None,
+        data_parallel: 1,
     }
 }
 

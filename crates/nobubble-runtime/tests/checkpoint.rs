@@ -47,6 +47,7 @@ fn start_with(
         recv_timeout: Duration::from_secs(30),
         fault: None,
         post_validate,
+        data_parallel: 1,
     };
     (
         Pipeline::start(config, &schedule, corpus()).unwrap(),
@@ -58,7 +59,7 @@ fn start(kind: ScheduleKind, ranks: usize, model: GptConfig) -> (Pipeline, Sched
     start_with(kind, ranks, model, None)
 }
 
-fn bits(p: &Pipeline) -> Vec<(String, Vec<u32>)> {
+fn bits(p: &mut Pipeline) -> Vec<(String, Vec<u32>)> {
     p.params()
         .unwrap()
         .into_iter()
@@ -93,7 +94,7 @@ fn resume_continues_bit_for_bit() {
     let want: Vec<u32> = (0..total)
         .map(|_| full.train_step(&s).unwrap().loss.to_bits())
         .collect();
-    let want_weights = bits(&full);
+    let want_weights = bits(&mut full);
 
     let (mut first, s) = start(ScheduleKind::ZbH1, 2, model());
     for _ in 0..k {
@@ -130,7 +131,7 @@ fn resume_continues_bit_for_bit() {
             kind.name()
         );
         assert!(
-            bits(&resumed) == want_weights,
+            bits(&mut resumed) == want_weights,
             "{}: final weights differ",
             kind.name()
         );
@@ -301,6 +302,7 @@ fn a_skipped_post_validated_step_can_be_saved_and_resumed() {
         recv_timeout: Duration::from_secs(30),
         fault,
         post_validate: Some(Rollback::Analytic),
+        data_parallel: 1,
     };
     let fault = Some(nobubble_runtime::Fault::NanGradAt(1));
     let mut p = Pipeline::start(config(fault), &schedule, corpus()).unwrap();
@@ -319,5 +321,5 @@ fn a_skipped_post_validated_step_can_be_saved_and_resumed() {
         );
         assert_eq!(a.loss.to_bits(), b.loss.to_bits());
     }
-    assert!(bits(&p) == bits(&resumed));
+    assert!(bits(&mut p) == bits(&mut resumed));
 }

@@ -24,6 +24,7 @@ fn config(m: usize, fault: Option<Fault>, timeout: Duration) -> RunConfig {
         recv_timeout: timeout,
         fault,
         post_validate: None,
+        data_parallel: 1,
     }
 }
 

@@ -38,6 +38,7 @@ fn run(post: Option<Rollback>, max_norm: f32, fault: Option<Fault>) -> Run {
         recv_timeout: Duration::from_secs(30),
         fault,
         post_validate: post,
+        data_parallel: 1,
     };
     let mut p = Pipeline::start(
         config,

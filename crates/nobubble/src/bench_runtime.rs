@@ -3,8 +3,10 @@
 
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
-use nobubble_runtime::{median_pass_ms, Compute, RunConfig, Session, SessionOptions, StepRecord};
+use nobubble_runtime::training::{self, TrainJob, TrainReport};
+use nobubble_runtime::{launch, median_pass_ms, Compute, RunConfig, SessionOptions, StepRecord};
 use nobubble_schedule::{simulate, CostModel, CostSpec, RankCost, ScheduleKind};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Arguments of `bench runtime`.
@@ -35,38 +37,58 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn session(
+/// Trains `steps` steps on threads and returns rank 0's report (re-planning automatic
+/// schedules after two steps for real compute).
+fn train(
     kind: ScheduleKind,
     p: usize,
     m: usize,
     model: GptConfig,
     emulated: Option<CostSpec>,
-) -> Result<Session, String> {
-    let opts = SessionOptions {
-        run: RunConfig {
-            model,
-            train: TrainConfig {
-                microbatches: m,
-                optimizer: AdamWConfig {
-                    lr: 1e-3,
-                    ..AdamWConfig::default()
+    steps: u64,
+) -> Result<TrainReport, String> {
+    let real = emulated.is_none();
+    let job = TrainJob {
+        session: SessionOptions {
+            run: RunConfig {
+                model,
+                train: TrainConfig {
+                    microbatches: m,
+                    optimizer: AdamWConfig {
+                        lr: 1e-3,
+                        ..AdamWConfig::default()
+                    },
+                    ..TrainConfig::default()
                 },
-                ..TrainConfig::default()
+                layout: StageLayout::Even,
+                compute: Compute::Real,
+                recv_timeout: Duration::from_secs(60),
+                fault: None,
+                post_validate: None,
+                data_parallel: 1,
             },
-            layout: StageLayout::Even,
-            compute: Compute::Real,
-            recv_timeout: Duration::from_secs(60),
-            fault: None,
-            post_validate: None,
+            kind,
+            ranks: p,
+            chunks: 2,
+            mem_limit: None,
+            emulated,
+            collective_ms: 0.0,
         },
-        kind,
-        ranks: p,
-        chunks: 2,
-        mem_limit: None,
-        emulated,
+        steps,
+        replan_after: if real { 2 } else { 0 },
+        eval_sets: 0,
+        save: None,
+        save_every: 0,
+        resume: None,
+        corpus: Arc::new(ByteCorpus::builtin()),
+        eval: Arc::new(ByteCorpus::builtin()),
     };
-    let text = ByteCorpus::builtin();
-    Session::start(opts, text.clone(), text).map_err(|e| e.to_string())
+    launch::threads(p, |ctx| training::run(&job, ctx, None))
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or_else(|| "internal: rank 0 made no report".into())
 }
 
 /// Median pass times (ms) of the measured steps, per stage.
@@ -121,16 +143,9 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
                 },
                 0.0,
             );
-            let mut s = session(kind, p, m, GptConfig::micro(), Some(spec))?;
-            let mut spans = Vec::new();
-            for k in 0..steps {
-                let rec = s.step().map_err(|e| e.to_string())?;
-                if k > 0 {
-                    spans.push(rec.makespan * 1e3);
-                }
-            }
-            let measured = median(spans);
-            let simulated = s.plan.simulated_makespan;
+            let r = train(kind, p, m, GptConfig::micro(), Some(spec), steps)?;
+            let measured = median(r.tail.iter().map(|x| x.makespan * 1e3).collect());
+            let simulated = r.plan.simulated_makespan;
             println!(
                 "{:<10} {p:>4} {m:>5} {measured:>13.2} {simulated:>14.2} {:>+7.2}%",
                 kind.name(),
@@ -151,20 +166,12 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
             .copied()
             .filter(|k| *k != ScheduleKind::OneFOneB),
     ) {
-        let mut s = session(kind, p, m, model.clone(), None)?;
-        let mut recs = Vec::new();
-        for k in 0..a.real_steps.max(4) {
-            let rec = s.step().map_err(|e| e.to_string())?;
-            if k == 1 {
-                s.replan_on_measurements(&recs).map_err(|e| e.to_string())?;
-            }
-            recs.push(rec);
-        }
-        let tail = recs[2..].to_vec();
+        let r = train(kind, p, m, model.clone(), None, a.real_steps.max(4))?;
+        let tail = r.tail.clone();
         let measured = median(tail.iter().map(|r| r.makespan * 1e3).collect());
         let tokens = (m * model.microbatch_size * model.seq_len) as f64;
         let tps = tokens / median(tail.iter().map(|r| r.wall).collect());
-        results.push((kind, measured, tps, s.plan.schedule.clone(), tail));
+        results.push((kind, measured, tps, r.plan.schedule.clone(), tail));
     }
     // Simulator's prediction from profiled costs: the split passes measured under a
     // zero-bubble schedule (1F1B fuses I and W, so its own profile cannot split them).

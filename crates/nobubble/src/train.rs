@@ -1,14 +1,20 @@
-//! `nobubble train`: train a GPT on text under any schedule, one worker thread per rank.
+//! `nobubble train`: train a GPT on text under any schedule. Parses and checks the flags,
+//! starts the ranks — threads of this process, or this process as one rank of an MPI job
+//! (`mpirun -np N nobubble train …`) — runs [`nobubble_runtime::training::run`] on each, and
+//! prints rank 0's progress and report.
 
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_runtime::launch::{self, RankContext};
+use nobubble_runtime::training::{self, mib, Observer, TrainJob, TrainReport};
 use nobubble_runtime::worker::Rollback;
-use nobubble_runtime::{median_pass_ms, Compute, RunConfig, Session, SessionOptions, StepRecord};
-use nobubble_schedule::{CostModel, CostSpec, RankCost, ScheduleKind};
+use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions, StepRecord};
+use nobubble_schedule::{CostSpec, RankCost, ScheduleKind};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Arguments of `train`.
 #[derive(Args, Debug)]
@@ -16,9 +22,13 @@ pub struct TrainArgs {
     /// Schedule (see `nobubble plan --help`); automatic ones are re-planned on measured costs.
     #[arg(long, short = 's', default_value = "zb-auto")]
     pub schedule: String,
-    /// Pipeline ranks (one worker thread each).
+    /// Pipeline ranks (a thread each, or a process each under mpirun).
     #[arg(long, short = 'p', default_value_t = 2)]
     pub stages: usize,
+    /// Data-parallel replicas of the pipeline: the job has stages × data-parallel ranks, and
+    /// each step takes data-parallel × microbatches microbatches.
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel: usize,
     /// Microbatches per step.
     #[arg(long, short = 'm', default_value_t = 8)]
     pub microbatches: usize,
@@ -71,8 +81,12 @@ pub struct TrainArgs {
     #[arg(long, default_value = "2,2,2")]
     pub cost: String,
     /// Emulated link latency in milliseconds.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub comm: f64,
+    /// Emulated latency of collective traffic (gradient all-reduce, the step's norm and loss
+    /// reduction) in milliseconds.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub collective_latency: f64,
     /// Seconds a rank may wait for a message before the run fails.
     #[arg(long, default_value_t = 60.0)]
     pub recv_timeout: f64,
@@ -181,20 +195,22 @@ fn corpora(a: &TrainArgs, m: &GptConfig) -> Result<(ByteCorpus, ByteCorpus), Str
     Ok((train, eval))
 }
 
-fn mib(b: f64) -> String {
-    format!("{:.2} MiB", b / 1048576.0)
-}
-
-/// Runs `train`.
-pub fn run(a: &TrainArgs) -> Result<(), String> {
+/// The job the flags describe, checked before anything starts.
+fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     let kind = ScheduleKind::from_name(&a.schedule).map_err(|e| e.to_string())?;
-    if a.stages == 0 || a.microbatches == 0 || a.steps == 0 {
-        return Err("--stages, --microbatches and --steps must be at least 1".into());
+    if a.stages == 0 || a.microbatches == 0 || a.steps == 0 || a.data_parallel == 0 {
+        return Err(
+            "--stages, --data-parallel, --microbatches and --steps must be at least 1".into(),
+        );
+    }
+    if a.stages * a.data_parallel > 4096 {
+        return Err(format!(
+            "--stages {} × --data-parallel {} is more ranks than this runtime supports (4096)",
+            a.stages, a.data_parallel
+        ));
     }
     let model = model_config(a)?;
     let (corpus, eval) = corpora(a, &model)?;
-    // Kept for the checkpoint's data fingerprint (`Session::start` takes the corpus).
-    let train_text = (a.save.is_some() || a.resume.is_some()).then(|| corpus.clone());
     let emulated = match a.compute.as_str() {
         "emulated" => {
             let t: Vec<f64> = a
@@ -212,12 +228,6 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
                         .into(),
                 );
             }
-            if !(a.comm.is_finite() && (0.0..=1e6).contains(&a.comm)) {
-                return Err(format!(
-                    "--comm must be between 0 and 1e6 milliseconds, got {}",
-                    a.comm
-                ));
-            }
             Some(CostSpec::uniform(
                 RankCost {
                     f: t[0],
@@ -231,6 +241,21 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    for (flag, v) in [
+        ("--comm", a.comm),
+        ("--collective-latency", a.collective_latency),
+    ] {
+        if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
+            return Err(format!(
+                "{flag} must be between 0 and 1e6 milliseconds, got {v}"
+            ));
+        }
+        if v > 0.0 && emulated.is_none() {
+            return Err(format!(
+                "{flag} emulates a link's latency and needs --compute emulated; real runs measure theirs"
+            ));
+        }
+    }
     if emulated.is_some() && (a.save.is_some() || a.resume.is_some()) {
         return Err(
             "--save and --resume need real compute: emulated passes have no weights".into(),
@@ -289,31 +314,224 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
         threads: 1,
     };
-    let train_config = train.clone();
-    let opts = SessionOptions {
-        run: RunConfig {
-            model: model.clone(),
-            train,
-            layout: StageLayout::Even,
-            compute: Compute::Real,
-            recv_timeout: Duration::from_secs_f64(a.recv_timeout),
-            fault: None,
-            post_validate: match a.post_validate.as_deref() {
-                None => None,
-                Some("copy") => Some(Rollback::Copy),
-                Some(_) => Some(Rollback::Analytic),
+    Ok(TrainJob {
+        session: SessionOptions {
+            run: RunConfig {
+                model,
+                train,
+                layout: StageLayout::Even,
+                compute: Compute::Real,
+                recv_timeout: Duration::from_secs_f64(a.recv_timeout),
+                fault: None,
+                post_validate: match a.post_validate.as_deref() {
+                    None => None,
+                    Some("copy") => Some(Rollback::Copy),
+                    Some(_) => Some(Rollback::Analytic),
+                },
+                data_parallel: a.data_parallel,
             },
+            kind,
+            ranks: a.stages,
+            chunks: a.chunks,
+            mem_limit,
+            emulated,
+            collective_ms: a.collective_latency,
         },
-        kind,
-        ranks: a.stages,
-        chunks: a.chunks,
-        mem_limit,
-        emulated: emulated.clone(),
+        steps: a.steps,
+        replan_after: a.replan_after,
+        eval_sets: a.eval_sets,
+        save: a.save.clone(),
+        save_every: a.save_every,
+        resume: a.resume.clone(),
+        corpus: Arc::new(corpus),
+        eval: Arc::new(eval),
+    })
+}
+
+/// Rank 0's view of the run: progress lines, the JSON log, the trace.
+struct Printer {
+    steps: u64,
+    tokens_per_step: f64,
+    tty: bool,
+    log: Option<std::io::BufWriter<std::fs::File>>,
+    trace: bool,
+    trace_events: Vec<serde_json::Value>,
+    trace_offset: f64,
+    at_line_start: bool,
+}
+
+impl Printer {
+    fn new(a: &TrainArgs, job: &TrainJob) -> Result<Printer, String> {
+        let m = &job.session.run.model;
+        Ok(Printer {
+            steps: a.steps,
+            tokens_per_step: (a.microbatches * a.data_parallel * m.microbatch_size * m.seq_len)
+                as f64,
+            tty: std::io::stderr().is_terminal(),
+            log: match &a.log {
+                Some(p) => Some(std::io::BufWriter::new(
+                    std::fs::File::create(p)
+                        .map_err(|e| format!("cannot create --log {}: {e}", p.display()))?,
+                )),
+                None => None,
+            },
+            trace: a.trace.is_some(),
+            trace_events: Vec::new(),
+            trace_offset: 0.0,
+            at_line_start: true,
+        })
+    }
+
+    fn end_line(&mut self) {
+        if !self.at_line_start {
+            eprintln!();
+            self.at_line_start = true;
+        }
+    }
+}
+
+impl Observer for Printer {
+    fn note(&mut self, text: &str) {
+        self.end_line();
+        eprintln!("{text}");
+    }
+
+    fn step(&mut self, rec: &StepRecord, schedule: &str) -> Result<(), String> {
+        let tps = self.tokens_per_step / rec.wall;
+        let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
+        if let Some(w) = self.log.as_mut() {
+            let line = json!({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
+                "skipped": rec.skipped, "clip_scale": rec.clip_scale, "tokens_per_s": tps, "step_seconds": rec.wall,
+                "span_seconds": rec.makespan, "bubble_fraction": rec.bubble_fraction,
+                "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,
+                "sent_bytes": rec.comm.iter().map(|c| c.sent_bytes).collect::<Vec<_>>(),
+                "wait_seconds": rec.comm.iter().map(|c| c.wait_seconds).collect::<Vec<_>>(),
+                "reduce_seconds": rec.comm.iter().map(|c| c.reduce_seconds).collect::<Vec<_>>()});
+            writeln!(w, "{line}").map_err(|e| format!("cannot write --log: {e}"))?;
+        }
+        if self.trace {
+            for (rank, slots) in rec.timeline.iter().enumerate() {
+                for s in slots {
+                    self.trace_events.push(json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
+                        "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
+                        "ts": (self.trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
+                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}));
+                }
+            }
+            self.trace_offset += rec.wall.max(rec.makespan);
+        }
+        let step = rec.step;
+        let line = format!(
+            "step {:>4}/{}  loss {:.4}  {:>8.0} tok/s  bubble {:>5.1}%  peak act {}",
+            step + 1,
+            self.steps,
+            rec.loss,
+            tps,
+            100.0 * rec.bubble_fraction,
+            mib(peak as f64)
+        );
+        if self.tty {
+            eprint!("\r{line}   ");
+            self.at_line_start = false;
+        } else if step.is_multiple_of(10) || step + 1 == self.steps {
+            eprintln!("{line}");
+        }
+        Ok(())
+    }
+}
+
+/// Runs `train`.
+pub fn run(a: &TrainArgs) -> Result<(), String> {
+    let launched = launch::launched_world_size();
+    let job = job(a)?;
+    match launched {
+        Some(n) => run_mpi(a, &job, n),
+        None => {
+            header(a, &job, "threads");
+            let world = a.stages * a.data_parallel;
+            let results = launch::threads(world, |ctx: RankContext| {
+                if ctx.transport.rank() == 0 {
+                    let mut printer = Printer::new(a, &job).map_err(RuntimeError::Config)?;
+                    let report = training::run(&job, ctx, Some(&mut printer))?;
+                    printer.end_line();
+                    Ok(report.map(|r| (r, printer)))
+                } else {
+                    training::run(&job, ctx, None).map(|_| None)
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            let (report, printer) = results
+                .into_iter()
+                .flatten()
+                .next()
+                .ok_or("internal: rank 0 made no report")?;
+            finish(a, &report, printer)
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String> {
+    let ctx = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
+    let rank = ctx.transport.rank();
+    let size = ctx.transport.size();
+    debug_assert!(launched == size || launched > 0);
+    let fail = |msg: String| -> ! {
+        eprintln!("error: rank {rank}: {msg}");
+        nobubble_runtime::mpi::abort_world(1)
     };
-    let real = emulated.is_none();
+    if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
+        // Every rank says it: each may be read in its own log.
+        eprintln!("error: rank {rank}: {e}");
+        std::process::exit(1);
+    }
+    if rank == 0 {
+        header(a, job, &ctx.transport.describe());
+        let mut printer = Printer::new(a, job).unwrap_or_else(|e| fail(e));
+        match training::run(job, ctx, Some(&mut printer)) {
+            Ok(Some(report)) => {
+                printer.end_line();
+                finish(a, &report, printer).unwrap_or_else(|e| fail(e));
+                Ok(())
+            }
+            Ok(None) => fail("internal: rank 0 made no report".into()),
+            Err(e) => fail(e.to_string()),
+        }
+    } else {
+        match training::run(job, ctx, None) {
+            Ok(_) => Ok(()),
+            Err(e) => fail(e.to_string()),
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &TrainArgs, _: &TrainJob, launched: usize) -> Result<(), String> {
+    if launched <= 1 {
+        return Err(
+            "this nobubble was built without MPI, but an MPI or Slurm launcher started \
+             it; run it directly (ranks become threads) or rebuild with `cargo build --release \
+             --features mpi`"
+                .into(),
+        );
+    }
+    Err(format!(
+        "this nobubble was built without MPI, but an MPI or Slurm launcher started it as one of \
+         {launched} processes; rebuild with `cargo build --release --features mpi` (needs \
+         libopenmpi-dev and libclang-dev), or run it directly without mpirun (ranks become threads)"
+    ))
+}
+
+fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
+    let model = &job.session.run.model;
+    let dp = if a.data_parallel > 1 {
+        format!(" × {} data-parallel replicas", a.data_parallel)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "nobubble train: {} on {} ranks, {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
-        kind.name(),
+        "nobubble train: {} on {} ranks{dp} ({transport}), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
+        job.session.kind.name(),
         a.stages,
         a.microbatches,
         model.microbatch_size,
@@ -323,240 +541,100 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
         model.hidden,
         model.heads,
         model.parameter_count() as f64 / 1e6,
-        if real { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
+        if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
     );
-    let mut session = Session::start(opts, corpus, eval).map_err(|e| e.to_string())?;
-    let first_step = match &a.resume {
-        Some(dir) => crate::sample::resume(
-            &mut session,
-            dir,
-            &model,
-            &train_config,
-            train_text.as_ref().expect("kept for --resume"),
-            a.steps,
-        )?,
-        None => 0,
-    };
-    if real {
-        let bytes: Vec<String> = session
-            .stage_bytes
-            .iter()
-            .map(|(f, i)| format!("{}/{}", mib(*f as f64), mib(*i as f64)))
-            .collect();
-        eprintln!(
-            "measured activation memory per stage (after F / after I): {}",
-            bytes.join(", ")
-        );
-    }
-    let val_before = if real {
-        Some(
-            session
-                .validation_loss(a.eval_sets)
-                .map_err(|e| e.to_string())?,
-        )
-    } else {
-        None
-    };
-    let tokens_per_step = (a.microbatches * model.microbatch_size * model.seq_len) as f64;
-    let tty = std::io::stderr().is_terminal();
-    let mut log = match &a.log {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p)
-                .map_err(|e| format!("cannot create --log {}: {e}", p.display()))?,
-        )),
-        None => None,
-    };
-    let mut records: Vec<StepRecord> = Vec::new();
-    let mut trace_events = Vec::new();
-    let started = Instant::now();
-    let mut trace_offset = 0.0;
-    let mut replanned = false;
-    // Index of the first step run under the current plan.
-    let mut plan_since = 0usize;
-    for step in first_step..a.steps {
-        let rec = session.step().map_err(|e| format!("step {step}: {e}"))?;
-        let tps = tokens_per_step / rec.wall;
-        let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
-        if let Some(w) = log.as_mut() {
-            let line = json!({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
-                "skipped": rec.skipped, "tokens_per_s": tps, "step_seconds": rec.wall,
-                "bubble_fraction": rec.bubble_fraction, "peak_activation_bytes": rec.peak_bytes,
-                "schedule": session.plan.schedule.name});
-            writeln!(w, "{line}").map_err(|e| format!("cannot write --log: {e}"))?;
-        }
-        if a.trace.is_some() {
-            for (rank, slots) in rec.timeline.iter().enumerate() {
-                for s in slots {
-                    trace_events.push(json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
-                        "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
-                        "ts": (trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
-                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}));
-                }
-            }
-            trace_offset += rec.wall;
-        }
-        let line = format!(
-            "step {:>4}/{}  loss {:.4}  {:>8.0} tok/s  bubble {:>5.1}%  peak act {}",
-            step + 1,
-            a.steps,
-            rec.loss,
-            tps,
-            100.0 * rec.bubble_fraction,
-            mib(peak as f64)
-        );
-        if tty {
-            eprint!("\r{line}   ");
-        } else if step % 10 == 0 || step + 1 == a.steps {
-            eprintln!("{line}");
-        }
-        records.push(rec);
-        if let Some(dir) = &a.save {
-            let last = step + 1 == a.steps;
-            if last || (a.save_every > 0 && (step + 1) % a.save_every == 0) {
-                if tty {
-                    eprintln!();
-                }
-                let text = train_text.as_ref().expect("kept for --save");
-                crate::sample::save_to(&session, dir, &model, &train_config, text)?;
-            }
-        }
-        let steps_left = a.steps > first_step + records.len() as u64;
-        if !replanned && steps_left && a.replan_after > 0 && records.len() as u64 == a.replan_after
-        {
-            replanned = true;
-            let before = session.plan.schedule.clone();
-            if let Some(plan) = session
-                .replan_on_measurements(&records)
-                .map_err(|e| e.to_string())?
-            {
-                if tty {
-                    eprintln!();
-                }
-                let t = &plan.costs.stages;
-                let times: Vec<String> = t
-                    .iter()
-                    .map(|c| format!("{:.2}/{:.2}/{:.2}", c.f, c.i, c.w))
-                    .collect();
-                eprintln!(
-                    "re-planned {} on measured pass times (F/I/W ms per stage: {}): simulated step {:.1} ms, bubble {:.1}%{}",
-                    kind.name(),
-                    times.join(", "),
-                    plan.simulated_makespan,
-                    100.0 * plan.simulated_bubble_fraction,
-                    if plan.schedule.orders == before.orders { " (same order as before)" } else { "" }
-                );
-                if plan.schedule.orders != before.orders {
-                    // The summary compares measurements with the plan that produced them.
-                    plan_since = records.len();
-                }
-            }
-        }
-    }
-    if tty {
-        eprintln!();
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    // Summary over the steps run under the final plan (the first step of a run is warm-up).
-    let skip = plan_since.max(1).min(records.len().saturating_sub(1));
-    let tail = &records[skip..];
+}
+
+/// Prints rank 0's report and writes the trace.
+fn finish(a: &TrainArgs, r: &TrainReport, printer: Printer) -> Result<(), String> {
+    let mut printer = printer;
+    let tail = &r.tail;
     let mean =
         |f: &dyn Fn(&StepRecord) -> f64| tail.iter().map(f).sum::<f64>() / tail.len().max(1) as f64;
-    let step_ms = mean(&|r| r.makespan) * 1e3;
+    let span_ms = mean(&|r| r.makespan) * 1e3;
     let bubble = mean(&|r| r.bubble_fraction);
-    // Simulated step time with the measured pass times.
-    let measured_costs = measured_costs(tail, &session.plan.costs);
-    let sim = nobubble_schedule::simulate(&session.plan.schedule, &measured_costs)
-        .map_err(|e| e.to_string())?;
-    let trained = a.steps - first_step;
+    let sim = &r.simulated.metrics;
     println!(
         "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
-        trained,
-        elapsed,
-        tokens_per_step * trained as f64 / elapsed
+        r.trained,
+        r.elapsed,
+        r.tokens_per_step * r.trained as f64 / r.elapsed
     );
+    let real = a.compute == "real";
     if real {
-        println!(
-            "final training loss {:.4}",
-            records.last().map(|r| r.loss).unwrap_or(f32::NAN)
-        );
+        println!("final training loss {:.4}", r.final_loss);
     }
-    if real {
-        let after = session
-            .validation_loss(a.eval_sets)
-            .map_err(|e| e.to_string())?;
-        let when = if first_step > 0 {
-            format!("at step {first_step}, where this run resumed")
+    if let Some((before, after)) = r.validation {
+        let when = if r.first_step > 0 {
+            format!("at step {}, where this run resumed", r.first_step)
         } else {
             "before training".to_string()
         };
-        println!(
-            "validation loss {:.4} ({when} {:.4})",
-            after,
-            val_before.unwrap_or(f32::NAN)
-        );
+        println!("validation loss {after:.4} ({when} {before:.4})");
     }
     println!(
-        "step time: measured {:.2} ms, simulated {:.2} ms from the measured pass times ({:+.1}%)",
-        step_ms,
-        sim.metrics.makespan,
-        100.0 * (step_ms / sim.metrics.makespan - 1.0)
+        "step time: measured {:.2} ms per step (wall), {:.2} ms per iteration (span of its passes); simulated {:.2} ms from the measured pass times ({:+.1}%)",
+        r.wall_per_step * 1e3,
+        span_ms,
+        sim.makespan,
+        100.0 * (span_ms / sim.makespan - 1.0)
     );
     println!(
         "bubble fraction: measured {:.1}%, simulated {:.1}%",
         100.0 * bubble,
-        100.0 * sim.metrics.bubble_fraction
+        100.0 * sim.bubble_fraction
     );
     if real {
-        let measured: Vec<usize> = (0..session.plan.schedule.ranks)
-            .map(|r| tail.iter().map(|x| x.peak_bytes[r]).max().unwrap_or(0))
-            .collect();
-        for (r, m) in measured.iter().enumerate() {
+        let ranks = r.plan.schedule.ranks;
+        for rank in 0..ranks {
+            let m = tail
+                .iter()
+                .map(|x| x.peak_bytes.get(rank).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
             println!(
-                "rank {r}: peak activation memory {} (planner predicted {})",
-                mib(*m as f64),
-                mib(session.plan.predicted_peak[r])
+                "rank {rank}: peak activation memory {} (planner predicted {})",
+                mib(m as f64),
+                mib(r.plan.predicted_peak[rank])
             );
         }
     }
-    if let Some(w) = log.as_mut() {
+    println!("communication ({}):", r.transport);
+    for (rank, c) in r.comm.iter().enumerate() {
+        let per_step = (r.trained.max(1)) as f64;
+        let mut line = format!(
+            "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
+            c.sent as f64 / per_step,
+            human(c.sent_bytes as f64 / per_step),
+            1e3 * c.send_seconds / per_step,
+            1e3 * c.wait_seconds / per_step,
+            c.mean_latency_ms()
+        );
+        if r.replicas > 1 {
+            line.push_str(&format!(
+                "; gradient reduction {:.2} ms per step",
+                1e3 * c.reduce_seconds / per_step
+            ));
+        }
+        println!("{line}");
+    }
+    if let Some(w) = printer.log.as_mut() {
         w.flush().map_err(|e| format!("cannot write --log: {e}"))?;
     }
     if let Some(path) = &a.trace {
-        let text =
-            serde_json::to_string(&json!({"traceEvents": trace_events})).expect("serializes");
+        let text = serde_json::to_string(&json!({"traceEvents": printer.trace_events}))
+            .expect("serializes");
         crate::report::emit(Some(path), &text)?;
+    }
+    if real && !r.final_loss.is_finite() {
+        return Err(format!(
+            "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
+            r.final_loss
+        ));
     }
     Ok(())
 }
 
-/// Median measured pass times (ms) per stage, with the plan's memory, for simulating the
-/// schedule that ran; a fused B is split in the plan's I:W proportion.
-fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
-    let medians = median_pass_ms(records, plan.stages.len());
-    let stages = medians
-        .into_iter()
-        .zip(&plan.stages)
-        .map(|([f, i, w, b], p)| {
-            let f = f.unwrap_or(p.f);
-            let (i, w) = match (i, w, b) {
-                (Some(i), Some(w), _) => (i, w),
-                (_, _, Some(b)) => {
-                    let share = p.i / (p.i + p.w);
-                    (b * share, b * (1.0 - share))
-                }
-                _ => (p.i, p.w),
-            };
-            RankCost {
-                f,
-                i: i.max(1e-6),
-                w: w.max(1e-6),
-                mem_b: p.mem_b,
-                mem_w: p.mem_w,
-            }
-        })
-        .collect();
-    CostModel {
-        stages,
-        comm: plan.comm,
-    }
+fn human(b: f64) -> String {
+    nobubble_runtime::session::human_bytes(b)
 }

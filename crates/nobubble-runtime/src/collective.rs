@@ -1,0 +1,217 @@
+//! Collective operations of the SPMD executor, built from point-to-point messages so that
+//! every summation happens in one fixed order on one rank (or identically on every rank).
+//!
+//! `MPI_Allreduce` is free to sum in any order — a ring, a tree, split by message size — so
+//! two runs, or a run and the unpipelined reference, may differ in the last bit. Here:
+//! - **gradients** of stage s are sent by each replica to the stage's rank in replica 0
+//!   after the stage's last W, summed there in the halving tree of [`nobubble_nn::accumulate`]
+//!   in replica order (with D a power of two exactly the single replica's bits), and sent back;
+//! - **losses, partial norms and non-finite flags** are all-gathered (a few bytes per rank):
+//!   every rank sums the same numbers in the same order (microbatch order, stage order), so all
+//!   ranks reach the same loss, norm and clip factor without a coordinator;
+//! - **control data** (measured memory, pass times, checkpoint parts) is gathered, all-gathered
+//!   or broadcast in rounds that every rank counts alike.
+
+use crate::error::RuntimeError;
+use crate::transport::{Message, Tag};
+use crate::worker::{Engine, Worker};
+use nobubble_nn::accumulate::combine;
+use nobubble_nn::Tensor;
+use std::time::Instant;
+
+fn control(tag: Tag, stage: usize, index: u64, data: Vec<f32>, bytes: Vec<u8>) -> Message {
+    Message {
+        tag,
+        from: 0,
+        stage,
+        index,
+        shape: vec![data.len()],
+        data,
+        bytes,
+        sent_at: 0.0,
+    }
+}
+
+impl Worker {
+    /// The gradients of stage `s` here, flattened in parameter order (empty when emulated).
+    fn flat_gradient(&self, s: usize) -> Vec<f32> {
+        match &self.engine {
+            Engine::Real { stages, .. } => stages[&s]
+                .params()
+                .iter()
+                .flat_map(|p| p.grad.data().iter().copied())
+                .collect(),
+            Engine::Emulated(_) => Vec::new(),
+        }
+    }
+
+    /// Sets stage `s`'s gradients from a flat vector (parameter order).
+    fn set_flat_gradient(&mut self, s: usize, flat: &[f32]) -> Result<(), RuntimeError> {
+        if let Engine::Real { stages, .. } = &mut self.engine {
+            let params = stages.get_mut(&s).expect("a stage here").params_mut();
+            let need: usize = params.iter().map(|p| p.grad.len()).sum();
+            if need != flat.len() {
+                return Err(RuntimeError::Config(format!(
+                    "rank {}: the reduced gradient of stage {s} has {} values, the stage {need}",
+                    self.rank,
+                    flat.len()
+                )));
+            }
+            let mut at = 0;
+            for p in params {
+                let n = p.grad.len();
+                p.grad.data_mut().copy_from_slice(&flat[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// After stage `s`'s last W of `step`: a replica other than the first sends its gradient
+    /// to the first (non-blocking; the reduction completes in [`Worker::finish_reduction`]).
+    pub(crate) fn share_gradient(&mut self, step: u64, s: usize) -> Result<(), RuntimeError> {
+        if self.layout.replicas < 2 || self.replica == 0 {
+            return Ok(());
+        }
+        let to = self.layout.rank_of(0, s);
+        let msg = control(Tag::GradShare, s, step, self.flat_gradient(s), Vec::new());
+        self.post(to, msg)
+            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+    }
+
+    /// Completes the data-parallel reduction of every stage here: the first replica sums the
+    /// replicas' gradients in the halving tree (replica order) and sends the sum back; the
+    /// others wait for it.
+    pub(crate) fn finish_reduction(&mut self, step: u64) -> Result<(), RuntimeError> {
+        let d = self.layout.replicas;
+        if d < 2 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let stages: Vec<usize> = (0..self.layout.placement.len())
+            .filter(|&s| self.layout.rank_of(self.replica, s) == self.rank)
+            .collect();
+        for s in stages {
+            if self.replica == 0 {
+                let mut parts = vec![vec![Tensor::from_vec(
+                    &[self.flat_gradient(s).len()],
+                    self.flat_gradient(s),
+                )
+                .expect("flat")]];
+                for r in 1..d {
+                    let from = self.layout.rank_of(r, s);
+                    let what = || {
+                        format!(
+                            "the gradient of stage {s} from replica {r} (rank {from}), step {step}"
+                        )
+                    };
+                    let m = self.wait_for((Tag::GradShare, s, step, from), None, &what)?;
+                    parts.push(vec![Tensor::from_vec(&[m.data.len()], m.data)
+                        .map_err(|e| RuntimeError::Config(e.to_string()))?]);
+                }
+                let total = combine(parts)
+                    .expect("at least one replica")
+                    .remove(0)
+                    .into_vec();
+                self.set_flat_gradient(s, &total)?;
+                for r in 1..d {
+                    let to = self.layout.rank_of(r, s);
+                    let msg = control(Tag::GradSum, s, step, total.clone(), Vec::new());
+                    self.post(to, msg)
+                        .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+                }
+            } else {
+                let from = self.layout.rank_of(0, s);
+                let what =
+                    || format!("the summed gradient of stage {s} from rank {from}, step {step}");
+                let m = self.wait_for((Tag::GradSum, s, step, from), None, &what)?;
+                self.set_flat_gradient(s, &m.data)?;
+            }
+        }
+        self.comm.reduce_seconds += started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Every rank's `bytes`, in rank order (this rank's own included).
+    pub fn all_gather(&mut self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        let round = self.round;
+        self.round += 1;
+        let n = self.transport.size();
+        for to in 0..n {
+            let msg = control(Tag::Collective, 0, round, Vec::new(), bytes.clone());
+            self.post(to, msg)
+                .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+        }
+        (0..n)
+            .map(|from| {
+                let what = || format!("rank {from}'s part of collective round {round}");
+                Ok(self
+                    .wait_for((Tag::Collective, 0, round, from), None, &what)?
+                    .bytes)
+            })
+            .collect()
+    }
+
+    /// `bytes` of every rank at `root` (in rank order); `None` elsewhere.
+    pub fn gather(
+        &mut self,
+        root: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Option<Vec<Vec<u8>>>, RuntimeError> {
+        let round = self.round;
+        self.round += 1;
+        let msg = control(Tag::Collective, 0, round, Vec::new(), bytes);
+        self.post(root, msg)
+            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+        if self.rank != root {
+            return Ok(None);
+        }
+        let n = self.transport.size();
+        (0..n)
+            .map(|from| {
+                let what = || format!("rank {from}'s part of collective round {round}");
+                Ok(self
+                    .wait_for((Tag::Collective, 0, round, from), None, &what)?
+                    .bytes)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// `root`'s `bytes` on every rank (`bytes` is ignored elsewhere).
+    pub fn broadcast(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, RuntimeError> {
+        let round = self.round;
+        self.round += 1;
+        if self.rank == root {
+            for to in 0..self.transport.size() {
+                let msg = control(Tag::Collective, 0, round, Vec::new(), bytes.clone());
+                self.post(to, msg)
+                    .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+            }
+        }
+        let what = || format!("rank {root}'s broadcast in collective round {round}");
+        Ok(self
+            .wait_for((Tag::Collective, 0, round, root), None, &what)?
+            .bytes)
+    }
+
+    /// Posts this rank's report of `step` to rank 0 without waiting (rank 0 reads it later
+    /// with [`Worker::collect_reports`]).
+    pub fn post_report(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
+        let msg = control(Tag::Collective, 1, step, Vec::new(), bytes);
+        self.post(0, msg)
+            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+    }
+
+    /// Rank 0: every rank's report of `step`, in rank order.
+    pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        (0..self.transport.size())
+            .map(|from| {
+                let what = || format!("rank {from}'s report of step {step}");
+                Ok(self
+                    .wait_for((Tag::Collective, 1, step, from), None, &what)?
+                    .bytes)
+            })
+            .collect()
+    }
+}

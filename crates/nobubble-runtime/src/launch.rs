@@ -1,0 +1,115 @@
+//! Starting the SPMD program: as threads of this process ([`threads`]) or, with the `mpi`
+//! feature, as this process being one rank of an MPI job ([`crate::mpi`]). Either way each
+//! rank gets a [`Transport`], the common clock origin and an abort flag, and runs the same
+//! body.
+
+use crate::error::{nearest_cause, RuntimeError};
+use crate::pipeline::panic_message;
+use crate::transport::{InProcess, Transport};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a rank that timed out waits before stopping the others, so that ranks waiting
+/// on the same lost message reach their own deadlines and the report can name the wait
+/// nearest the cause.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// What a rank's body gets.
+pub struct RankContext {
+    /// Its link to the others.
+    pub transport: Box<dyn Transport>,
+    /// The clock all ranks' timelines use.
+    pub origin: Instant,
+    /// Set when any rank fails (in-process ranks stop on it).
+    pub abort: Arc<AtomicBool>,
+}
+
+/// Runs `body` on `world` ranks that are threads of this process, connected by channels.
+/// Returns every rank's result in rank order, or the failure nearest the cause (a panic is
+/// caught and reported with its rank; the others stop within a fraction of a second).
+pub fn threads<R: Send>(
+    world: usize,
+    body: impl Fn(RankContext) -> Result<R, RuntimeError> + Sync,
+) -> Result<Vec<R>, RuntimeError> {
+    let abort = Arc::new(AtomicBool::new(false));
+    let origin = Instant::now();
+    let body = &body;
+    let results: Vec<Result<R, RuntimeError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = InProcess::connect(world)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let abort = abort.clone();
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let ctx = RankContext {
+                            transport: Box::new(t),
+                            origin,
+                            abort: abort.clone(),
+                        };
+                        let r = catch_unwind(AssertUnwindSafe(|| body(ctx))).unwrap_or_else(|p| {
+                            Err(RuntimeError::Panic {
+                                rank,
+                                action: None,
+                                cause: panic_message(&p),
+                            })
+                        });
+                        if let Err(e) = &r {
+                            if matches!(e, RuntimeError::Timeout { .. })
+                                && !abort.load(Ordering::Relaxed)
+                            {
+                                std::thread::sleep(TIMEOUT_GRACE);
+                            }
+                            if !matches!(e, RuntimeError::Aborted { .. }) {
+                                abort.store(true, Ordering::Relaxed);
+                            }
+                        }
+                        r
+                    })
+                    .expect("spawn a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::Panic {
+                        rank,
+                        action: None,
+                        cause: "the thread died".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(world);
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e) => errors.push(e),
+        }
+    }
+    match nearest_cause(errors) {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The number of ranks an MPI or Slurm launcher started this process among, if any
+/// (`mpirun`, `srun`): read from the environment before MPI is initialized, so a binary built
+/// without MPI can refuse such a launch instead of running the whole job in every process.
+pub fn launched_world_size() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "SLURM_STEP_NUM_TASKS",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}

@@ -1,0 +1,186 @@
+//! Ranks as processes of an MPI job (feature `mpi`: the `mpi` crate over the system's MPI,
+//! e.g. Open MPI): `mpirun -np N nobubble train …` or `srun nobubble train …`.
+//!
+//! A message is one MPI message of bytes ([`Message::encode`]). Sends are non-blocking
+//! (`MPI_Isend`): the encoded buffer is kept alive by this transport until the request
+//! completes, which is tested on every later call, so a rank runs its next pass (a W) while
+//! its input gradient is in flight. Receives probe for any message from anyone
+//! (`MPI_Improbe` + `MPI_Mrecv`), so no receive is posted for a pass that may never come and
+//! the executor's deadline and abort checks stay in charge of every wait.
+
+use crate::error::RuntimeError;
+use crate::launch::RankContext;
+use crate::transport::{Message, Transport};
+use mpi::point_to_point::MatchedReceiveVec;
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One send in flight: the request and the buffer it reads, freed once it completes.
+struct InFlight {
+    request: Option<Request<'static, [u8], StaticScope>>,
+    buffer: *mut [u8],
+}
+
+/// This process's link to the other ranks of the MPI job.
+pub struct MpiTransport {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    in_flight: Vec<InFlight>,
+    version: String,
+    // Finalizes MPI when dropped, after the communicator and every request.
+    _universe: mpi::environment::Universe,
+}
+
+// SAFETY: MPI is initialized with `Threading::Funneled` and the transport is only ever used by
+// the thread that created it (the process's main thread runs the rank); `Send` is needed only
+// because the executor stores every transport as `Box<dyn Transport + Send>`. The raw buffer
+// pointers are owned by the transport alone.
+unsafe impl Send for MpiTransport {}
+
+impl MpiTransport {
+    /// Initializes MPI (once per process). Errors if this process is not an MPI rank or MPI
+    /// was already initialized.
+    pub fn init() -> Result<MpiTransport, String> {
+        let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+            .ok_or("MPI was already initialized in this process")?;
+        let world = universe.world();
+        let version = mpi::environment::library_version()
+            .ok()
+            .and_then(|v| v.split([',', '\n']).next().map(|l| l.trim().to_string()))
+            .unwrap_or_else(|| "unknown MPI".into());
+        Ok(MpiTransport {
+            rank: world.rank() as usize,
+            size: world.size() as usize,
+            world,
+            in_flight: Vec::new(),
+            version,
+            _universe: universe,
+        })
+    }
+
+    /// Waits for every rank to arrive (`MPI_Barrier`): used once, to start the common clock.
+    pub fn barrier(&self) {
+        self.world.barrier();
+    }
+
+    /// Frees the buffers of completed sends.
+    fn progress(&mut self) {
+        self.in_flight.retain_mut(|f| {
+            let req = f.request.take().expect("a request until completed");
+            match req.test() {
+                Ok(_) => {
+                    // SAFETY: the request that read the buffer has completed; the pointer came
+                    // from `Box::into_raw` and is freed exactly once, here.
+                    drop(unsafe { Box::from_raw(f.buffer) });
+                    false
+                }
+                Err(req) => {
+                    f.request = Some(req);
+                    true
+                }
+            }
+        });
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&mut self, to: usize, msg: Message) -> Result<(), String> {
+        if to >= self.size {
+            return Err(format!("there is no rank {to} in a job of {}", self.size));
+        }
+        self.progress();
+        let buffer: *mut [u8] = Box::into_raw(msg.encode().into_boxed_slice());
+        // SAFETY: the buffer stays allocated, and is not touched, until the request completes
+        // (see `progress` and `flush`), which is what `StaticScope` requires of it.
+        let data: &'static [u8] = unsafe { &*buffer };
+        let request = self
+            .world
+            .process_at_rank(to as i32)
+            .immediate_send(StaticScope, data);
+        self.in_flight.push(InFlight {
+            request: Some(request),
+            buffer,
+        });
+        Ok(())
+    }
+
+    fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Message>, String> {
+        let until = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            self.progress();
+            if let Some(matched) = self.world.any_process().immediate_matched_probe() {
+                let (buf, _) = matched.matched_receive_vec::<u8>();
+                return Message::decode(&buf).map(Some);
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            // Spin briefly (a message about to arrive is on the critical path), then poll
+            // gently: with more ranks than cores, spinning ranks would slow the others.
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        for f in self.in_flight.drain(..) {
+            if let Some(r) = f.request {
+                r.wait();
+            }
+            // SAFETY: as in `progress`: completed, freed once.
+            drop(unsafe { Box::from_raw(f.buffer) });
+        }
+        Ok(())
+    }
+
+    fn abort_job(&self, code: i32) {
+        self.world.abort(code)
+    }
+
+    fn describe(&self) -> String {
+        format!("MPI ({})", self.version)
+    }
+}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+/// This process as one rank of the MPI job: the transport, a clock started right after a
+/// barrier (so every rank's timeline shares an origin to within the barrier's skew), and an
+/// abort flag (unused across processes: a failed rank ends the job with `MPI_Abort`).
+pub fn rank_context() -> Result<RankContext, RuntimeError> {
+    let t = MpiTransport::init().map_err(RuntimeError::Config)?;
+    t.barrier();
+    Ok(RankContext {
+        transport: Box::new(t),
+        origin: Instant::now(),
+        abort: Arc::new(AtomicBool::new(false)),
+    })
+}
+
+/// Ends the whole MPI job from this process (`MPI_Abort` on the world communicator): a rank
+/// that failed must not leave the others waiting.
+pub fn abort_world(code: i32) -> ! {
+    mpi::topology::SimpleCommunicator::world().abort(code)
+}

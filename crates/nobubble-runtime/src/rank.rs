@@ -1,0 +1,390 @@
+//! [`Rank`]: one rank of the SPMD program, over any [`Transport`]. A thread of the
+//! in-process runtime ([`crate::Pipeline`], [`crate::launch::threads`]) and a process of an MPI
+//! job run exactly this; there is no coordinator. Everything that needs the whole world —
+//! the step's loss and clip factor, measured memory, re-planning inputs, checkpoints — is a
+//! collective among the ranks.
+
+use crate::checkpoint::{self, StageState, TrainingState};
+use crate::error::RuntimeError;
+use crate::pipeline::{Compute, RunConfig};
+use crate::transport::Transport;
+use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
+use nobubble_nn::config::block_counts;
+use nobubble_nn::optim::AdamW;
+use nobubble_nn::{build_stages, ByteCorpus};
+use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the runtime needs of any schedule it runs: valid structure, weight gradients
+/// accumulated in microbatch order (bit-identity), and the training's microbatch count.
+pub(crate) fn check_runnable(schedule: &Schedule, microbatches: usize) -> Result<(), RuntimeError> {
+    check_structure(schedule)
+        .and_then(|_| check_weight_order(schedule))
+        .map_err(|e| RuntimeError::Config(format!("cannot run this schedule: {e}")))?;
+    if schedule.microbatches != microbatches {
+        return Err(RuntimeError::Config(format!(
+            "the schedule has {} microbatches but training uses {}",
+            schedule.microbatches, microbatches
+        )));
+    }
+    Ok(())
+}
+
+/// The world size a configuration needs, with the error every rank prints when it differs.
+pub fn check_world(
+    size: usize,
+    pipeline_ranks: usize,
+    replicas: usize,
+) -> Result<(), RuntimeError> {
+    if size != pipeline_ranks * replicas {
+        return Err(RuntimeError::Config(format!(
+            "the job has {size} ranks, but --stages {pipeline_ranks} × --data-parallel {replicas} \
+             needs {}; launch with `mpirun -np {}` or change --stages / --data-parallel",
+            pipeline_ranks * replicas,
+            pipeline_ranks * replicas
+        )));
+    }
+    Ok(())
+}
+
+/// One rank of a pipelined (and data-parallel) run.
+pub struct Rank {
+    pub(crate) worker: Worker,
+    placement: Vec<usize>,
+    failed: bool,
+}
+
+impl Rank {
+    /// Builds this rank's stages (or emulated engine) for `schedule` and connects it through
+    /// `transport`; `origin` is the clock all timelines use (shared by threads; set after a
+    /// barrier by processes), `abort` the flag in-process ranks share.
+    pub fn new(
+        config: &RunConfig,
+        schedule: &Schedule,
+        transport: Box<dyn Transport>,
+        corpus: Arc<ByteCorpus>,
+        eval: Arc<ByteCorpus>,
+        origin: Instant,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Rank, RuntimeError> {
+        check_runnable(schedule, config.train.microbatches)?;
+        let replicas = config.data_parallel.max(1);
+        check_world(transport.size(), schedule.ranks, replicas)?;
+        let rank = transport.rank();
+        let (replica, prank) = (rank / schedule.ranks, rank % schedule.ranks);
+        let n = schedule.stages;
+        let m = config.train.microbatches;
+        let mut latency = Latency::default();
+        let engine = match &config.compute {
+            Compute::Real => {
+                let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
+                    RuntimeError::Config(format!(
+                        "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
+                        config.model.layers
+                    ))
+                })?;
+                let all = build_stages(&config.model, config.train.seed, &counts)
+                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                let mut stages = BTreeMap::new();
+                for (s, mut st) in all.into_iter().enumerate() {
+                    if schedule.placement[s] == prank {
+                        // Each microbatch's loss counts 1/(D·m) of the global batch's.
+                        st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
+                        st.set_microbatches(m);
+                        stages.insert(s, st);
+                    }
+                }
+                let optimizers = stages
+                    .iter()
+                    .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
+                    .collect();
+                Engine::Real { stages, optimizers }
+            }
+            Compute::Emulated {
+                costs,
+                collective_ms,
+            } => {
+                if costs.stages.len() != n {
+                    return Err(RuntimeError::Config(format!(
+                        "emulated costs cover {} stages, the schedule has {n}",
+                        costs.stages.len()
+                    )));
+                }
+                latency = Latency {
+                    pipeline: Duration::from_secs_f64(costs.comm / 1000.0),
+                    collective: Duration::from_secs_f64(collective_ms / 1000.0),
+                };
+                Engine::Emulated(costs.clone())
+            }
+        };
+        let worker = Worker {
+            rank,
+            replica,
+            layout: Layout {
+                placement: schedule.placement.clone(),
+                pipeline_ranks: schedule.ranks,
+                replicas,
+                microbatches: m,
+            },
+            engine,
+            transport,
+            mailbox: HashMap::new(),
+            abort,
+            recv_timeout: config.recv_timeout,
+            corpus,
+            eval_corpus: eval,
+            model: config.model.clone(),
+            train: config.train.clone(),
+            fault: config.fault.clone(),
+            current: None,
+            post_validate: config.post_validate,
+            optimistic: BTreeMap::new(),
+            pending: None,
+            origin,
+            latency,
+            comm: CommStats::default(),
+            round: 0,
+        };
+        Ok(Rank {
+            worker,
+            placement: schedule.placement.clone(),
+            failed: false,
+        })
+    }
+
+    /// This rank (global).
+    pub fn rank(&self) -> usize {
+        self.worker.rank
+    }
+
+    /// Ranks in the job.
+    pub fn size(&self) -> usize {
+        self.worker.layout.world()
+    }
+
+    /// This rank's data-parallel replica.
+    pub fn replica(&self) -> usize {
+        self.worker.replica
+    }
+
+    /// Communication so far.
+    pub fn comm(&self) -> CommStats {
+        self.worker.comm
+    }
+
+    /// Seconds since the common origin (the timelines' clock).
+    pub fn now(&self) -> f64 {
+        self.worker.now()
+    }
+
+    /// The transport's description.
+    pub fn transport(&self) -> String {
+        self.worker.transport.describe()
+    }
+
+    /// This rank's actions of `schedule` (same placement as at start).
+    fn order<'a>(&self, schedule: &'a Schedule) -> Result<&'a [Action], RuntimeError> {
+        if self.failed {
+            return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
+        }
+        if schedule.placement != self.placement {
+            return Err(RuntimeError::Config(
+                "a new schedule must keep the stage placement the pipeline was started with".into(),
+            ));
+        }
+        check_runnable(schedule, self.worker.layout.microbatches)?;
+        Ok(&schedule.orders[self.worker.rank % schedule.ranks])
+    }
+
+    /// One training step (`eval`: on held-out data, weights unchanged).
+    pub fn step(
+        &mut self,
+        schedule: &Schedule,
+        step: u64,
+        eval: bool,
+    ) -> Result<RankStep, RuntimeError> {
+        let order = self.order(schedule)?.to_vec();
+        let r = self.worker.step(step, &order, eval);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    /// Post-validation: waits for the pending step's verdict and applies it (nothing to do
+    /// for synchronous steps). Returns the settled step's summary.
+    pub fn settle(&mut self) -> Result<Option<StepSummary>, RuntimeError> {
+        let r = self.worker.settle();
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    /// The action being run (for panic reports).
+    pub(crate) fn current(&mut self) -> Option<Action> {
+        self.worker.current.take()
+    }
+
+    /// Measured (M_B, M_W) of this rank's stages: (stage, after F, after I).
+    pub fn measure_local_memory(&mut self) -> Result<Vec<(usize, usize, usize)>, RuntimeError> {
+        self.worker.measure_memory()
+    }
+
+    /// Measured (M_B, M_W) bytes of every stage, in stage order, on every rank (all-gathered
+    /// from replica 0). Empty in emulated mode.
+    pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize)>, RuntimeError> {
+        let mine = if self.worker.replica == 0 {
+            self.worker.measure_memory()?
+        } else {
+            Vec::new()
+        };
+        let bytes = serde_json::to_vec(&mine).expect("serializes");
+        let mut all: Vec<(usize, usize, usize)> = Vec::new();
+        for part in self.worker.all_gather(bytes)? {
+            let v: Vec<(usize, usize, usize)> = serde_json::from_slice(&part)
+                .map_err(|e| RuntimeError::Config(format!("damaged memory report: {e}")))?;
+            all.extend(v);
+        }
+        all.sort_by_key(|(s, _, _)| *s);
+        Ok(all.into_iter().map(|(_, f, i)| (f, i)).collect())
+    }
+
+    /// Every rank's `bytes`, in rank order.
+    pub fn all_gather(&mut self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.worker.all_gather(bytes)
+    }
+
+    /// Every rank's `bytes` at `root`, in rank order; `None` elsewhere.
+    pub fn gather(
+        &mut self,
+        root: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Option<Vec<Vec<u8>>>, RuntimeError> {
+        self.worker.gather(root, bytes)
+    }
+
+    /// `root`'s bytes on every rank.
+    pub fn broadcast(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, RuntimeError> {
+        self.worker.broadcast(root, bytes)
+    }
+
+    /// Posts this rank's report of `step` to rank 0 without waiting.
+    pub fn post_report(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
+        self.worker.post_report(step, bytes)
+    }
+
+    /// Rank 0: every rank's report of `step`, in rank order.
+    pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.worker.collect_reports(step)
+    }
+
+    /// Waits until every rank has come here.
+    pub fn barrier(&mut self) -> Result<(), RuntimeError> {
+        self.worker.all_gather(Vec::new()).map(|_| ())
+    }
+
+    /// This rank's parameters: (stage, name, values).
+    pub fn local_params(&mut self) -> Result<Vec<(usize, String, Vec<f32>)>, RuntimeError> {
+        self.settle()?;
+        Ok(self.worker.params())
+    }
+
+    /// This rank's part of the training state (its stages' weights and AdamW state).
+    pub(crate) fn export_local(&mut self) -> Result<Vec<StageState>, RuntimeError> {
+        self.settle()?;
+        checkpoint::export_engine(&self.worker.engine)
+    }
+
+    /// Loads this rank's stages from `state` by name; returns the names used.
+    pub(crate) fn import_local(
+        &mut self,
+        state: &TrainingState,
+    ) -> Result<BTreeSet<String>, RuntimeError> {
+        self.settle()?;
+        let r = checkpoint::import_engine(&mut self.worker.engine, state);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    /// The whole training state at `root` (gathered from replica 0), `None` elsewhere.
+    /// `step` is the next step to run.
+    pub fn export_state(
+        &mut self,
+        root: usize,
+        step: u64,
+    ) -> Result<Option<TrainingState>, RuntimeError> {
+        let parts = if self.worker.replica == 0 {
+            self.export_local()?
+        } else {
+            self.settle()?;
+            Vec::new()
+        };
+        let bytes = checkpoint::encode_parts(&parts);
+        match self.worker.gather(root, bytes)? {
+            None => Ok(None),
+            Some(all) => {
+                let mut parts = Vec::new();
+                for b in all {
+                    parts.extend(checkpoint::decode_parts(&b)?);
+                }
+                checkpoint::assemble(step, parts).map(Some)
+            }
+        }
+    }
+
+    /// Loads `state` (given at `root`; ignored elsewhere) into every rank. Errors name the
+    /// missing, extra or misshapen parameter on every rank.
+    pub fn import_state(
+        &mut self,
+        root: usize,
+        state: Option<&TrainingState>,
+    ) -> Result<u64, RuntimeError> {
+        let bytes = match (self.worker.rank == root, state) {
+            (true, Some(s)) => checkpoint::encode_state(s),
+            _ => Vec::new(),
+        };
+        let bytes = self.worker.broadcast(root, bytes)?;
+        let state = checkpoint::decode_state(&bytes)?;
+        let result = self.import_local(&state);
+        // Every rank learns whether every rank succeeded, so none trains alone.
+        let report = match &result {
+            Ok(names) => serde_json::to_vec(&(true, names, String::new())),
+            Err(e) => serde_json::to_vec(&(false, BTreeSet::<String>::new(), e.to_string())),
+        }
+        .expect("serializes");
+        let mut loaded = BTreeSet::new();
+        for part in self.worker.all_gather(report)? {
+            let (ok, names, err): (bool, BTreeSet<String>, String) = serde_json::from_slice(&part)
+                .map_err(|e| RuntimeError::Config(format!("damaged import report: {e}")))?;
+            if !ok {
+                self.failed = true;
+                return Err(RuntimeError::Config(err));
+            }
+            loaded.extend(names);
+        }
+        if loaded.len() != state.params.len() {
+            self.failed = true;
+            return Err(checkpoint::extra_params(&state.params, &loaded));
+        }
+        Ok(state.step)
+    }
+
+    /// Completes every send in flight (call before the process exits).
+    pub fn flush(&mut self) -> Result<(), RuntimeError> {
+        self.worker
+            .transport
+            .flush()
+            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.worker.rank)))
+    }
+
+    /// Ends the whole job (MPI: `MPI_Abort`); in-process ranks rely on the abort flag.
+    pub fn abort_job(&self, code: i32) {
+        self.worker.transport.abort_job(code)
+    }
+}

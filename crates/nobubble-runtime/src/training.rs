@@ -1,0 +1,521 @@
+//! The training loop every rank runs (`nobubble train`): start a [`Session`], optionally resume,
+//! measure the validation loss, train, re-plan once on measured pass times, save checkpoints,
+//! and report. It is SPMD: all ranks make the same calls in the same order, and only rank 0
+//! talks to the user (through an [`Observer`]) and writes files.
+//!
+//! Nothing waits for a barrier between steps. Rank 0 builds each step's record (every rank's
+//! timeline, memory and traffic) one step late from reports the others posted without
+//! waiting, and under post-validation a step's loss and clip factor are only known when the
+//! next step settles it — so consecutive iterations overlap.
+
+use crate::checkpoint::{corpus_fingerprint, Checkpoint};
+use crate::checkpoint_fs;
+use crate::error::RuntimeError;
+use crate::launch::RankContext;
+use crate::pipeline::StepRecord;
+use crate::session::{median_pass_ms, Plan, Session, SessionOptions};
+use crate::worker::{CommStats, MeasuredSlot, RankStep, StepSummary};
+use nobubble_nn::ByteCorpus;
+use nobubble_schedule::{Action, CostModel, Kind, RankCost};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A whole training job.
+#[derive(Clone, Debug)]
+pub struct TrainJob {
+    /// Schedule, ranks, model, optimizer, compute.
+    pub session: SessionOptions,
+    /// Train up to this many steps in total.
+    pub steps: u64,
+    /// Re-plan automatic schedules after this many measured steps (0 = never).
+    pub replan_after: u64,
+    /// Held-out microbatch sets for the validation loss (0 = no validation loss).
+    pub eval_sets: u64,
+    /// Save a checkpoint here at the end (and every `save_every` steps).
+    pub save: Option<PathBuf>,
+    /// Save every N steps too (0 = only at the end).
+    pub save_every: u64,
+    /// Continue from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Training text.
+    pub corpus: Arc<ByteCorpus>,
+    /// Held-out text.
+    pub eval: Arc<ByteCorpus>,
+}
+
+/// What rank 0 tells the user while a job runs.
+pub trait Observer {
+    /// A line of information (plans, memory, checkpoints, warnings).
+    fn note(&mut self, text: &str);
+    /// A finished step, with the schedule it ran under. An error stops the job (e.g. the log
+    /// file cannot be written).
+    fn step(&mut self, record: &StepRecord, schedule: &str) -> Result<(), String>;
+}
+
+/// The final report of a job (rank 0).
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// The step the job started at (after a resume) and the steps it trained.
+    pub first_step: u64,
+    /// Steps trained.
+    pub trained: u64,
+    /// Seconds from the first step to the end of the last.
+    pub elapsed: f64,
+    /// Tokens of one global step (all replicas).
+    pub tokens_per_step: f64,
+    /// Records of the steps run under the final plan (the first step of a job is left out as
+    /// warm-up when there are others).
+    pub tail: Vec<StepRecord>,
+    /// The loss of the last step.
+    pub final_loss: f32,
+    /// Validation loss before training (or at the resumed step) and after.
+    pub validation: Option<(f32, f32)>,
+    /// The final plan.
+    pub plan: Plan,
+    /// The plan's schedule simulated with the median measured pass times.
+    pub simulated: nobubble_schedule::Simulation,
+    /// Communication of every rank over the whole job.
+    pub comm: Vec<CommStats>,
+    /// Mean wall time of a step (throughput view: overlapping iterations count once).
+    pub wall_per_step: f64,
+    /// The transport the ranks used.
+    pub transport: String,
+    /// Data-parallel replicas.
+    pub replicas: usize,
+}
+
+/// One rank's share of a step's record, posted to rank 0.
+#[derive(Serialize, Deserialize)]
+struct Report {
+    timeline: Vec<(usize, char, usize, f64, f64, f64)>,
+    peak_bytes: usize,
+    comm: CommStats,
+}
+
+impl Report {
+    fn of(r: &RankStep) -> Report {
+        Report {
+            timeline: r
+                .timeline
+                .iter()
+                .map(|s| {
+                    (
+                        s.action.stage,
+                        s.action.kind.letter(),
+                        s.action.microbatch,
+                        s.start,
+                        s.end,
+                        s.waited,
+                    )
+                })
+                .collect(),
+            peak_bytes: r.peak_bytes,
+            comm: r.comm,
+        }
+    }
+
+    fn into_rank_step(self) -> Result<RankStep, RuntimeError> {
+        let timeline = self
+            .timeline
+            .into_iter()
+            .map(|(stage, k, mb, start, end, waited)| {
+                let kind = Kind::from_letter(k).ok_or_else(|| {
+                    RuntimeError::Config(format!("damaged step report: pass kind {k}"))
+                })?;
+                Ok(MeasuredSlot {
+                    action: Action::new(stage, kind, mb),
+                    start,
+                    end,
+                    waited,
+                })
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(RankStep {
+            losses: Vec::new(),
+            timeline,
+            peak_bytes: self.peak_bytes,
+            summary: None,
+            settled: None,
+            comm: self.comm,
+        })
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(e.to_string())
+}
+
+/// Runs the job on this rank. Rank 0 returns the report; the others `None`.
+pub fn run(
+    job: &TrainJob,
+    ctx: RankContext,
+    mut observer: Option<&mut dyn Observer>,
+) -> Result<Option<TrainReport>, RuntimeError> {
+    let mut session = Session::start(
+        job.session.clone(),
+        ctx.transport,
+        job.corpus.clone(),
+        job.eval.clone(),
+        ctx.origin,
+        ctx.abort,
+    )?;
+    let root = session.rank.rank() == 0;
+    let real = job.session.emulated.is_none();
+    let note = |o: &mut Option<&mut dyn Observer>, text: String| {
+        if let Some(o) = o.as_deref_mut() {
+            o.note(&text);
+        }
+    };
+    let first_step = match &job.resume {
+        Some(dir) => resume(&mut session, job, dir, &mut observer)?,
+        None => 0,
+    };
+    session.step = first_step;
+    if real && root {
+        let bytes: Vec<String> = session
+            .stage_bytes
+            .iter()
+            .map(|(f, i)| format!("{}/{}", mib(*f as f64), mib(*i as f64)))
+            .collect();
+        note(
+            &mut observer,
+            format!(
+                "measured activation memory per stage (after F / after I): {}",
+                bytes.join(", ")
+            ),
+        );
+    }
+    let val_before = if real && job.eval_sets > 0 {
+        Some(session.validation_loss(job.eval_sets)?)
+    } else {
+        None
+    };
+    let replicas = job.session.run.data_parallel.max(1);
+    let model = &job.session.run.model;
+    let tokens_per_step =
+        (job.session.run.train.microbatches * replicas * model.microbatch_size * model.seq_len)
+            as f64;
+    let mut local: Vec<RankStep> = Vec::new();
+    // Rank 0: steps run but not yet recorded: (step, wall seconds, schedule name).
+    let mut unrecorded: Vec<(u64, f64, String)> = Vec::new();
+    let mut summaries: BTreeMap<u64, StepSummary> = BTreeMap::new();
+    let mut records: Vec<StepRecord> = Vec::new();
+    let mut replanned = false;
+    let mut plan_first_step = first_step;
+    let started = Instant::now();
+    for step in first_step..job.steps {
+        let t0 = Instant::now();
+        let rs = session.step()?;
+        let wall = t0.elapsed().as_secs_f64();
+        for s in rs.summary.iter().chain(&rs.settled) {
+            summaries.insert(s.step, *s);
+        }
+        session
+            .rank
+            .post_report(step, serde_json::to_vec(&Report::of(&rs)).map_err(fail)?)?;
+        unrecorded.push((step, wall, session.plan.schedule.name.clone()));
+        local.push(rs);
+        if root {
+            // Record what is complete, one step late: the others posted their reports
+            // without waiting; this only reads them.
+            record_ready(
+                &mut session,
+                &mut unrecorded,
+                &summaries,
+                &mut records,
+                step.saturating_sub(1),
+                &mut observer,
+            )?;
+        }
+        let last = step + 1 == job.steps;
+        if let Some(dir) = &job.save {
+            if last || (job.save_every > 0 && (step + 1) % job.save_every == 0) {
+                save(&mut session, job, dir, &mut observer)?;
+            }
+        }
+        let measured = step + 1 - first_step;
+        if !replanned && !last && job.replan_after > 0 && measured == job.replan_after {
+            replanned = true;
+            let before = session.plan.schedule.orders.clone();
+            if let Some(plan) = session.replan_on_measurements(&local)? {
+                let times: Vec<String> = plan
+                    .costs
+                    .stages
+                    .iter()
+                    .map(|c| format!("{:.2}/{:.2}/{:.2}", c.f, c.i, c.w))
+                    .collect();
+                let same = plan.schedule.orders == before;
+                note(
+                    &mut observer,
+                    format!(
+                        "re-planned {} on measured pass times (F/I/W ms per stage: {}; message latency {:.3} ms): simulated step {:.1} ms, bubble {:.1}%{}",
+                        job.session.kind.name(),
+                        times.join(", "),
+                        plan.costs.comm,
+                        plan.simulated_makespan,
+                        100.0 * plan.simulated_bubble_fraction,
+                        if same { " (same order as before)" } else { "" }
+                    ),
+                );
+                if !same {
+                    plan_first_step = step + 1;
+                }
+            }
+        }
+    }
+    // The last post-validated step is settled here.
+    if let Some(s) = session.rank.settle()? {
+        summaries.insert(s.step, s);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if root {
+        record_ready(
+            &mut session,
+            &mut unrecorded,
+            &summaries,
+            &mut records,
+            u64::MAX,
+            &mut observer,
+        )?;
+    }
+    let val_after = if real && job.eval_sets > 0 {
+        Some(session.validation_loss(job.eval_sets)?)
+    } else {
+        None
+    };
+    let totals = session
+        .rank
+        .all_gather(serde_json::to_vec(&session.rank.comm()).map_err(fail)?)?;
+    session.rank.flush()?;
+    if !root {
+        return Ok(None);
+    }
+    let comm: Vec<CommStats> = totals
+        .iter()
+        .map(|b| serde_json::from_slice(b).map_err(fail))
+        .collect::<Result<_, _>>()?;
+    let plan_since = records
+        .iter()
+        .position(|r| r.step >= plan_first_step)
+        .unwrap_or(records.len());
+    // The first step of a job is warm-up (allocation, caches) when there are others.
+    let skip = plan_since.max(1).min(records.len().saturating_sub(1));
+    let tail = records[skip..].to_vec();
+    let costs = measured_costs(&tail, &session.plan.costs);
+    let simulated = nobubble_schedule::simulate(&session.plan.schedule, &costs).map_err(fail)?;
+    let wall_per_step = tail.iter().map(|r| r.wall).sum::<f64>() / tail.len().max(1) as f64;
+    Ok(Some(TrainReport {
+        first_step,
+        trained: job.steps - first_step,
+        elapsed,
+        tokens_per_step,
+        final_loss: records.last().map_or(f32::NAN, |r| r.loss),
+        validation: val_before.zip(val_after),
+        plan: session.plan.clone(),
+        simulated,
+        comm,
+        wall_per_step,
+        transport: session.rank.transport(),
+        replicas,
+        tail,
+    }))
+}
+
+/// Rank 0: turns every step up to `upto` whose summary is known into a record (gathering the
+/// ranks' posted reports) and shows it.
+fn record_ready(
+    session: &mut Session,
+    unrecorded: &mut Vec<(u64, f64, String)>,
+    summaries: &BTreeMap<u64, StepSummary>,
+    records: &mut Vec<StepRecord>,
+    upto: u64,
+    observer: &mut Option<&mut dyn Observer>,
+) -> Result<(), RuntimeError> {
+    while let Some((step, wall, schedule)) = unrecorded.first().cloned() {
+        if step > upto {
+            break;
+        }
+        let Some(summary) = summaries.get(&step) else {
+            break;
+        };
+        let reports = session
+            .rank
+            .collect_reports(step)?
+            .into_iter()
+            .map(|b| {
+                serde_json::from_slice::<Report>(&b)
+                    .map_err(fail)?
+                    .into_rank_step()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rec = StepRecord::assemble(summary, &reports, wall);
+        if let Some(o) = observer.as_deref_mut() {
+            o.step(&rec, &schedule).map_err(RuntimeError::Config)?;
+        }
+        records.push(rec);
+        unrecorded.remove(0);
+    }
+    Ok(())
+}
+
+/// Loads `dir` at rank 0, checks it against the job, and imports it on every rank (a
+/// collective). Returns the step to continue from.
+fn resume(
+    session: &mut Session,
+    job: &TrainJob,
+    dir: &std::path::Path,
+    observer: &mut Option<&mut dyn Observer>,
+) -> Result<u64, RuntimeError> {
+    let root = session.rank.rank() == 0;
+    let mut loaded = None;
+    let mut verdict = String::new();
+    if root {
+        match check_resume(job, dir) {
+            Ok((ckpt, warnings)) => {
+                if let Some(o) = observer.as_deref_mut() {
+                    for w in warnings {
+                        o.note(&format!(
+                            "warning: --resume: {w}; the continuation will not match an uninterrupted run"
+                        ));
+                    }
+                }
+                loaded = Some(ckpt);
+            }
+            Err(e) => verdict = e,
+        }
+    }
+    // Every rank learns whether the checkpoint is usable, so all fail alike.
+    let verdict = session.rank.broadcast(0, verdict.into_bytes())?;
+    if !verdict.is_empty() {
+        return Err(RuntimeError::Config(
+            String::from_utf8_lossy(&verdict).into(),
+        ));
+    }
+    let step = session
+        .rank
+        .import_state(0, loaded.as_ref().map(|c| &c.state))
+        .map_err(|e| RuntimeError::Config(format!("--resume {}: {e}", dir.display())))?;
+    if let (Some(o), Some(c)) = (observer.as_deref_mut(), &loaded) {
+        o.note(&format!(
+            "resumed from {} at step {step} (saved from {})",
+            dir.display(),
+            c.meta.saved_from
+        ));
+    }
+    Ok(step)
+}
+
+#[allow(clippy::type_complexity)]
+fn check_resume(
+    job: &TrainJob,
+    dir: &std::path::Path,
+) -> Result<(Checkpoint, Vec<String>), String> {
+    let ckpt = checkpoint_fs::load(dir).map_err(|e| format!("--resume: {e}"))?;
+    let (model, train) = (&job.session.run.model, &job.session.run.train);
+    let mut warnings = ckpt.check_resume(model, train).map_err(|e| {
+        format!(
+            "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
+             without --resume",
+            dir.display(),
+            ckpt.meta.flags()
+        )
+    })?;
+    let data = corpus_fingerprint(&job.corpus);
+    if let Some(saved) = ckpt.meta.data.as_ref().filter(|d| **d != data) {
+        warnings.push(format!(
+            "the training text ({data}) is not the checkpoint's ({saved})"
+        ));
+    }
+    let step = ckpt.meta.step;
+    if step >= job.steps {
+        return Err(format!(
+            "--resume {}: the checkpoint is already at step {step}, and --steps is {}; raise \
+             --steps to train further",
+            dir.display(),
+            job.steps
+        ));
+    }
+    Ok((ckpt, warnings))
+}
+
+/// Gathers the training state at rank 0 and writes it to `dir` (a collective).
+fn save(
+    session: &mut Session,
+    job: &TrainJob,
+    dir: &std::path::Path,
+    observer: &mut Option<&mut dyn Observer>,
+) -> Result<(), RuntimeError> {
+    let step = session.step;
+    let state = session.rank.export_state(0, step)?;
+    let mut outcome = String::new();
+    if let Some(state) = state {
+        let s = &session.plan.schedule;
+        let mut from = format!("{} on {} ranks, {} stages", s.name, s.ranks, s.stages);
+        let d = job.session.run.data_parallel.max(1);
+        if d > 1 {
+            from.push_str(&format!(", {d} data-parallel replicas"));
+        }
+        let ckpt = Checkpoint::new(state, &job.session.run.model, &job.session.run.train, &from)
+            .with_data(&job.corpus);
+        match checkpoint_fs::save(dir, &ckpt) {
+            Ok(()) => {
+                if let Some(o) = observer.as_deref_mut() {
+                    o.note(&format!(
+                        "saved checkpoint at step {step} to {}",
+                        dir.display()
+                    ));
+                }
+            }
+            Err(e) => outcome = format!("--save: {e}"),
+        }
+    }
+    // Every rank learns whether the save worked, so none goes on alone.
+    let outcome = session.rank.broadcast(0, outcome.into_bytes())?;
+    if outcome.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::Config(
+            String::from_utf8_lossy(&outcome).into(),
+        ))
+    }
+}
+
+/// Median measured pass times (ms) per stage, with the plan's memory, for simulating the
+/// schedule that ran; a fused B is split in the plan's I:W proportion.
+pub fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
+    let medians = median_pass_ms(records, plan.stages.len());
+    let stages = medians
+        .into_iter()
+        .zip(&plan.stages)
+        .map(|([f, i, w, b], p)| {
+            let f = f.unwrap_or(p.f);
+            let (i, w) = match (i, w, b) {
+                (Some(i), Some(w), _) => (i, w),
+                (_, _, Some(b)) => {
+                    let share = p.i / (p.i + p.w);
+                    (b * share, b * (1.0 - share))
+                }
+                _ => (p.i, p.w),
+            };
+            RankCost {
+                f,
+                i: i.max(1e-6),
+                w: w.max(1e-6),
+                mem_b: p.mem_b,
+                mem_w: p.mem_w,
+            }
+        })
+        .collect();
+    CostModel {
+        stages,
+        comm: plan.comm,
+    }
+}
+
+/// Bytes as MiB with two decimals.
+pub fn mib(b: f64) -> String {
+    format!("{:.2} MiB", b / 1048576.0)
+}

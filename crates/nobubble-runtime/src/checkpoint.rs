@@ -48,7 +48,8 @@ pub struct CheckpointMeta {
     pub step: u64,
     /// The model; resuming requires the same, sampling rebuilds it from this.
     pub model: GptConfig,
-    /// The training settings (microbatches must match on resume; the others are
+    /// The training settings (microbatches — of the global step, all data-parallel replicas
+    /// together — must match on resume; the others are
     /// reported if they change, since then the run no longer matches an uninterrupted
     /// one).
     pub train: TrainConfig,
@@ -73,7 +74,7 @@ impl CheckpointMeta {
     pub fn flags(&self) -> String {
         let m = &self.model;
         format!(
-            "--layers {} --hidden {} --heads {} --seq-len {} --microbatch-size {} --microbatches {}",
+            "--layers {} --hidden {} --heads {} --seq-len {} --microbatch-size {} and --microbatches × --data-parallel = {}",
             m.layers, m.hidden, m.heads, m.seq_len, m.microbatch_size, self.train.microbatches
         )
     }

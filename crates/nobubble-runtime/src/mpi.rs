@@ -32,7 +32,11 @@ pub struct MpiTransport {
     size: usize,
     in_flight: Vec<InFlight>,
     version: String,
-    // Finalizes MPI when dropped, after the communicator and every request.
+}
+
+/// MPI itself, initialized for this process: dropping it finalizes MPI. Kept apart from the
+/// transport so that a failed run can still `MPI_Abort` after its transport is gone.
+pub struct MpiEnvironment {
     _universe: mpi::environment::Universe,
 }
 
@@ -45,7 +49,7 @@ unsafe impl Send for MpiTransport {}
 impl MpiTransport {
     /// Initializes MPI (once per process). Errors if this process is not an MPI rank or MPI
     /// was already initialized.
-    pub fn init() -> Result<MpiTransport, String> {
+    pub fn init() -> Result<(MpiTransport, MpiEnvironment), String> {
         let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or("MPI was already initialized in this process")?;
         let world = universe.world();
@@ -53,14 +57,18 @@ impl MpiTransport {
             .ok()
             .and_then(|v| v.split([',', '\n']).next().map(|l| l.trim().to_string()))
             .unwrap_or_else(|| "unknown MPI".into());
-        Ok(MpiTransport {
-            rank: world.rank() as usize,
-            size: world.size() as usize,
-            world,
-            in_flight: Vec::new(),
-            version,
-            _universe: universe,
-        })
+        Ok((
+            MpiTransport {
+                rank: world.rank() as usize,
+                size: world.size() as usize,
+                world,
+                in_flight: Vec::new(),
+                version,
+            },
+            MpiEnvironment {
+                _universe: universe,
+            },
+        ))
     }
 
     /// Waits for every rank to arrive (`MPI_Barrier`): used once, to start the common clock.
@@ -141,12 +149,18 @@ impl Transport for MpiTransport {
     }
 
     fn flush(&mut self) -> Result<(), String> {
-        for f in self.in_flight.drain(..) {
-            if let Some(r) = f.request {
-                r.wait();
+        // Bounded: a receiver that died would otherwise keep this rank waiting forever.
+        let until = Instant::now() + FLUSH_LIMIT;
+        while !self.in_flight.is_empty() {
+            self.progress();
+            if Instant::now() >= until {
+                return Err(format!(
+                    "{} messages were still not received after {} s; a rank has stopped",
+                    self.in_flight.len(),
+                    FLUSH_LIMIT.as_secs()
+                ));
             }
-            // SAFETY: as in `progress`: completed, freed once.
-            drop(unsafe { Box::from_raw(f.buffer) });
+            std::thread::sleep(Duration::from_micros(100));
         }
         Ok(())
     }
@@ -160,23 +174,37 @@ impl Transport for MpiTransport {
     }
 }
 
+/// How long [`Transport::flush`] waits for the last sends to be received.
+const FLUSH_LIMIT: Duration = Duration::from_secs(30);
+
 impl Drop for MpiTransport {
     fn drop(&mut self) {
-        let _ = self.flush();
+        // Never wait here: a transport is dropped on the way out of a failed run, when the
+        // receiver may be gone. Completed sends are freed; the rest are left to the process's
+        // end (the job is being aborted), since freeing a buffer MPI may still read, or
+        // dropping a pending request, is not allowed.
+        self.progress();
+        for f in self.in_flight.drain(..) {
+            std::mem::forget(f.request);
+        }
     }
 }
 
 /// This process as one rank of the MPI job: the transport, a clock started right after a
 /// barrier (so every rank's timeline shares an origin to within the barrier's skew), and an
-/// abort flag (unused across processes: a failed rank ends the job with `MPI_Abort`).
-pub fn rank_context() -> Result<RankContext, RuntimeError> {
-    let t = MpiTransport::init().map_err(RuntimeError::Config)?;
+/// abort flag (unused across processes: a failed rank ends the job with [`abort_world`]).
+/// Keep the environment until the end: dropping it finalizes MPI.
+pub fn rank_context() -> Result<(RankContext, MpiEnvironment), RuntimeError> {
+    let (t, env) = MpiTransport::init().map_err(RuntimeError::Config)?;
     t.barrier();
-    Ok(RankContext {
-        transport: Box::new(t),
-        origin: Instant::now(),
-        abort: Arc::new(AtomicBool::new(false)),
-    })
+    Ok((
+        RankContext {
+            transport: Box::new(t),
+            origin: Instant::now(),
+            abort: Arc::new(AtomicBool::new(false)),
+        },
+        env,
+    ))
 }
 
 /// Ends the whole MPI job from this process (`MPI_Abort` on the world communicator): a rank

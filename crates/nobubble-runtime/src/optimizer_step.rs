@@ -258,6 +258,7 @@ impl Worker {
         };
         self.validate(verdict)?;
         self.pending = None;
+        self.settled.push(summary);
         Ok(Some(summary))
     }
 

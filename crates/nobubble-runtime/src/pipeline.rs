@@ -247,6 +247,8 @@ impl Pipeline {
                 .name(format!("rank-{id}"))
                 .spawn(move || {
                     while let Ok(cmd) = rx.recv() {
+                        // This driver reads summaries from the replies.
+                        rank.take_settled();
                         let r = &mut rank;
                         let reply = match cmd {
                             Command::Step {

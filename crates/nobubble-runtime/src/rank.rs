@@ -143,6 +143,7 @@ impl Rank {
             post_validate: config.post_validate,
             optimistic: BTreeMap::new(),
             pending: None,
+            settled: Vec::new(),
             origin,
             latency,
             comm: CommStats::default(),
@@ -222,6 +223,11 @@ impl Rank {
             self.failed = true;
         }
         r
+    }
+
+    /// Summaries of the post-validated steps settled since the last call.
+    pub fn take_settled(&mut self) -> Vec<StepSummary> {
+        std::mem::take(&mut self.worker.settled)
     }
 
     /// The action being run (for panic reports).

@@ -210,8 +210,13 @@ pub fn run(
         let t0 = Instant::now();
         let rs = session.step()?;
         let wall = t0.elapsed().as_secs_f64();
-        for s in rs.summary.iter().chain(&rs.settled) {
-            summaries.insert(s.step, *s);
+        for s in rs
+            .summary
+            .iter()
+            .copied()
+            .chain(session.rank.take_settled())
+        {
+            summaries.insert(s.step, s);
         }
         session
             .rank
@@ -266,8 +271,9 @@ pub fn run(
             }
         }
     }
-    // The last post-validated step is settled here.
-    if let Some(s) = session.rank.settle()? {
+    // The last post-validated step is settled here (unless a checkpoint already did).
+    session.rank.settle()?;
+    for s in session.rank.take_settled() {
         summaries.insert(s.step, s);
     }
     let elapsed = started.elapsed().as_secs_f64();
@@ -414,8 +420,9 @@ fn check_resume(
     dir: &std::path::Path,
 ) -> Result<(Checkpoint, Vec<String>), String> {
     let ckpt = checkpoint_fs::load(dir).map_err(|e| format!("--resume: {e}"))?;
-    let (model, train) = (&job.session.run.model, &job.session.run.train);
-    let mut warnings = ckpt.check_resume(model, train).map_err(|e| {
+    let model = &job.session.run.model;
+    let train = global_train(job);
+    let mut warnings = ckpt.check_resume(model, &train).map_err(|e| {
         format!(
             "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
              without --resume",
@@ -441,6 +448,15 @@ fn check_resume(
     Ok((ckpt, warnings))
 }
 
+/// The training settings as a checkpoint records them: microbatches of the *global* step
+/// (all replicas), so that a checkpoint resumes under any pipeline × data-parallel shape with
+/// the same global batch.
+fn global_train(job: &TrainJob) -> nobubble_nn::TrainConfig {
+    let mut t = job.session.run.train.clone();
+    t.microbatches *= job.session.run.data_parallel.max(1);
+    t
+}
+
 /// Gathers the training state at rank 0 and writes it to `dir` (a collective).
 fn save(
     session: &mut Session,
@@ -458,7 +474,7 @@ fn save(
         if d > 1 {
             from.push_str(&format!(", {d} data-parallel replicas"));
         }
-        let ckpt = Checkpoint::new(state, &job.session.run.model, &job.session.run.train, &from)
+        let ckpt = Checkpoint::new(state, &job.session.run.model, &global_train(job), &from)
             .with_data(&job.corpus);
         match checkpoint_fs::save(dir, &ckpt) {
             Ok(()) => {

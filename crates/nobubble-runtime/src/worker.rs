@@ -114,7 +114,8 @@ pub enum Fault {
     LoseInputOf(Action),
     /// Put a NaN into stage 0's first gradient at this step (tests post-validation paths).
     NanGradAt(u64),
-    /// End the process at once when about to run this action (replica 0): a rank that dies.
+    /// End the process when about to run this action (replica 0), after its sends so far
+    /// were received: a rank that dies.
     ExitAt(Action),
 }
 
@@ -189,6 +190,9 @@ pub(crate) struct Worker {
     pub optimistic: BTreeMap<usize, (Option<AdamWSnapshot>, bool)>,
     /// The post-validated step whose verdict is still to come: (step, learning rate).
     pub pending: Option<(u64, f32)>,
+    /// Summaries of post-validated steps settled since last taken (whoever settled them:
+    /// the next step, a checkpoint export, the end of the run).
+    pub settled: Vec<StepSummary>,
     /// The clock all timelines and send times use.
     pub origin: Instant,
     pub latency: Latency,

@@ -8,6 +8,7 @@ use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
 use nobubble_runtime::training::{self, mib, Observer, TrainJob, TrainReport};
 use nobubble_runtime::worker::Rollback;
+use nobubble_runtime::Fault;
 use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions, StepRecord};
 use nobubble_schedule::{CostSpec, RankCost, ScheduleKind};
 use serde_json::json;
@@ -118,6 +119,27 @@ pub struct TrainArgs {
     /// from a saved copy; analytic: invert AdamW).
     #[arg(long, value_parser = ["copy", "analytic"], num_args = 0..=1, default_missing_value = "copy")]
     pub post_validate: Option<String>,
+    /// Testing only: inject a fault (`panic-at:1F2`, `exit-at:1F2`, `lose-input-of:1F2`,
+    /// `nan-grad-at:STEP`) to check that the run stops cleanly or post-validation recovers.
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    let bad = || {
+        format!(
+            "--inject-fault: `{text}` is not panic-at:ACTION, exit-at:ACTION, lose-input-of:ACTION or nan-grad-at:STEP"
+        )
+    };
+    let (kind, arg) = text.split_once(':').ok_or_else(bad)?;
+    let action = || arg.parse::<nobubble_schedule::Action>().map_err(|_| bad());
+    Ok(match kind {
+        "panic-at" => Fault::PanicAt(action()?),
+        "exit-at" => Fault::ExitAt(action()?),
+        "lose-input-of" => Fault::LoseInputOf(action()?),
+        "nan-grad-at" => Fault::NanGradAt(arg.parse().map_err(|_| bad())?),
+        _ => return Err(bad()),
+    })
 }
 
 fn parse_bytes(text: &str) -> Result<f64, String> {
@@ -322,7 +344,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
                 layout: StageLayout::Even,
                 compute: Compute::Real,
                 recv_timeout: Duration::from_secs_f64(a.recv_timeout),
-                fault: None,
+                fault: a.inject_fault.as_deref().map(parse_fault).transpose()?,
                 post_validate: match a.post_validate.as_deref() {
                     None => None,
                     Some("copy") => Some(Rollback::Copy),
@@ -472,13 +494,36 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String> {
-    let ctx = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
+    let (ctx, _mpi) = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
     let rank = ctx.transport.rank();
     let size = ctx.transport.size();
     debug_assert!(launched == size || launched > 0);
     let fail = |msg: String| -> ! {
-        eprintln!("error: rank {rank}: {msg}");
+        if msg.starts_with("rank ") {
+            eprintln!("error: {msg}");
+        } else {
+            eprintln!("error: rank {rank}: {msg}");
+        }
         nobubble_runtime::mpi::abort_world(1)
+    };
+    let transport = ctx.transport.describe();
+    // A panic must end the job too, not leave the other ranks waiting for this one.
+    let run = |observer: Option<&mut dyn Observer>| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            training::run(job, ctx, observer)
+        }))
+        .unwrap_or_else(|p| {
+            let cause = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(RuntimeError::Panic {
+                rank,
+                action: None,
+                cause,
+            })
+        })
     };
     if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
         // Every rank says it: each may be read in its own log.
@@ -486,9 +531,9 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
         std::process::exit(1);
     }
     if rank == 0 {
-        header(a, job, &ctx.transport.describe());
+        header(a, job, &transport);
         let mut printer = Printer::new(a, job).unwrap_or_else(|e| fail(e));
-        match training::run(job, ctx, Some(&mut printer)) {
+        match run(Some(&mut printer)) {
             Ok(Some(report)) => {
                 printer.end_line();
                 finish(a, &report, printer).unwrap_or_else(|e| fail(e));
@@ -498,7 +543,7 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
             Err(e) => fail(e.to_string()),
         }
     } else {
-        match training::run(job, ctx, None) {
+        match run(None) {
             Ok(_) => Ok(()),
             Err(e) => fail(e.to_string()),
         }

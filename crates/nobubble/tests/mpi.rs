@@ -1,0 +1,412 @@
+//! Ranks as processes: `mpirun -np N nobubble train …` against the in-process runtime
+//! (which `tests/bit_identical.rs` of the runtime holds to the reference trainer), data
+//! parallelism, a rank that dies, and checkpoints moving between threads and processes.
+//!
+//! Needs the `mpi` feature and Open MPI's `mpirun` (CI installs both). Every launch is bounded
+//! in time; on a time-out only the `mpirun` this test started is killed (by its id), which
+//! takes its ranks with it.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nobubble");
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nobubble-mpi-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mpirun(np: usize, extra: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            &np.to_string(),
+        ])
+        .args(extra)
+        .arg(BIN);
+    c
+}
+
+/// Runs `cmd` for at most `limit`; kills it (and only it) if it takes longer.
+fn bounded(mut cmd: Command, limit: Duration) -> (Output, Duration) {
+    let t = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the command (is Open MPI installed?)");
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "timed out after {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t.elapsed();
+    (child.wait_with_output().unwrap(), took)
+}
+
+fn ok(cmd: Command) -> Output {
+    let (out, _) = bounded(cmd, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The loss, clip factor and skip flag of every step, as the log wrote them.
+fn steps(log: &Path) -> Vec<(String, String, String)> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["loss"].to_string(),
+                v["clip_scale"].to_string(),
+                v["skipped"].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `train` with a small model; writes `dir/NAME.jsonl` and saves to `dir/NAME`.
+fn train_args(dir: &Path, name: &str, rest: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train",
+        "--model",
+        "micro",
+        "--eval-sets",
+        "1",
+        "--max-grad-norm",
+        "0.5",
+        "--recv-timeout",
+        "30",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.push("--log".into());
+    a.push(dir.join(format!("{name}.jsonl")).display().to_string());
+    a.push("--save".into());
+    a.push(dir.join(name).display().to_string());
+    a.extend(rest.iter().map(|s| s.to_string()));
+    a
+}
+
+fn threads(dir: &Path, name: &str, rest: &[&str]) {
+    let mut c = Command::new(BIN);
+    c.args(train_args(dir, name, rest));
+    ok(c);
+}
+
+fn processes(np: usize, dir: &Path, name: &str, rest: &[&str]) -> Output {
+    let mut c = mpirun(np, &[]);
+    c.args(train_args(dir, name, rest));
+    ok(c)
+}
+
+fn same_run(dir: &Path, a: &str, b: &str) {
+    assert_eq!(
+        steps(&dir.join(format!("{a}.jsonl"))),
+        steps(&dir.join(format!("{b}.jsonl"))),
+        "{a} and {b}: losses differ"
+    );
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let x = std::fs::read(dir.join(a).join(f)).unwrap();
+        let y = std::fs::read(dir.join(b).join(f)).unwrap();
+        assert!(x == y, "{a} and {b}: {f} differs");
+    }
+}
+
+#[test]
+fn processes_train_bit_identically_to_threads_under_every_kind_of_schedule() {
+    let dir = temp("schedules");
+    for s in [
+        "1f1b",
+        "zb-h1",
+        "zb-2p",
+        "zb-v",
+        "interleaved-1f1b",
+        "zb-auto",
+    ] {
+        let rest = [
+            "-s", s, "-p", "2", "-m", "4", "--layers", "4", "--steps", "3",
+        ];
+        threads(&dir, &format!("{s}-t"), &rest);
+        let out = processes(2, &dir, &format!("{s}-p"), &rest);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("(MPI ("), "{stderr}");
+        same_run(&dir, &format!("{s}-t"), &format!("{s}-p"));
+    }
+    for s in ["1f1b", "zb-2p", "zb-v"] {
+        let rest = [
+            "-s", s, "-p", "4", "-m", "8", "--layers", "8", "--steps", "2",
+        ];
+        threads(&dir, &format!("{s}-t4"), &rest);
+        processes(4, &dir, &format!("{s}-p4"), &rest);
+        same_run(&dir, &format!("{s}-t4"), &format!("{s}-p4"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn data_parallel_processes_equal_one_pipeline_of_the_global_batch() {
+    let dir = temp("dp");
+    let one = ["-s", "zb-h1", "-p", "2", "-m", "8", "--steps", "3"];
+    let dp = [
+        "-s",
+        "zb-h1",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--data-parallel",
+        "2",
+        "--steps",
+        "3",
+    ];
+    threads(&dir, "one", &one);
+    processes(4, &dir, "dp", &dp);
+    same_run(&dir, "one", "dp");
+    // Clipping binds at --max-grad-norm 0.5: the clip factors are in the logs, equal too.
+    assert!(steps(&dir.join("one.jsonl"))
+        .iter()
+        .any(|s| s.1.parse::<f64>().unwrap() < 1.0));
+    // Post-validated, with a NaN injected at step 1: skipped everywhere, same weights.
+    let nan = ["--inject-fault", "nan-grad-at:1"];
+    let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(more).copied().collect()
+    };
+    threads(&dir, "one-nan", &with(&one, &nan));
+    processes(
+        4,
+        &dir,
+        "dp-post-nan",
+        &with(&dp, &with(&nan, &["--post-validate"])),
+    );
+    same_run(&dir, "one-nan", "dp-post-nan");
+    let skipped: Vec<String> = steps(&dir.join("dp-post-nan.jsonl"))
+        .into_iter()
+        .map(|s| s.2)
+        .collect();
+    assert_eq!(skipped, ["false", "true", "false"]);
+    // Post-validated without a fault (clipped steps redone): the synchronous bits.
+    processes(4, &dir, "dp-post", &with(&dp, &["--post-validate"]));
+    same_run(&dir, "one", "dp-post");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_world_that_does_not_match_the_flags_is_refused_on_every_rank() {
+    let mut c = mpirun(3, &[]);
+    c.args(["train", "--model", "micro", "-p", "2", "--steps", "1"]);
+    let (out, _) = bounded(c, Duration::from_secs(60));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for r in 0..3 {
+        assert!(
+            stderr.contains(&format!(
+                "error: rank {r}: the job has 3 ranks, but --stages 2 × --data-parallel 1 needs 2"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_dies_ends_the_job_naming_it() {
+    // The rank exits; mpirun is told not to end the job for it, so the other rank must notice
+    // by itself: at its receive deadline, naming the lost rank and the message, then
+    // MPI_Abort. Over TCP, as between machines: Open MPI's shared-memory transport can leave a
+    // receiver inside MPI when a peer dies with a message half copied (mpirun's default, to
+    // end the job when a process dies, covers that case; see the test below).
+    let mut c = mpirun(
+        2,
+        &[
+            "--mca",
+            "orte_abort_on_non_zero_status",
+            "0",
+            "--mca",
+            "btl",
+            "self,tcp",
+        ],
+    );
+    c.args([
+        "train",
+        "--model",
+        "micro",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--steps",
+        "50",
+        "--recv-timeout",
+        "2",
+        "--inject-fault",
+        "exit-at:1F2",
+    ]);
+    let (out, took) = bounded(c, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        stderr.contains("error: rank 0")
+            && stderr.contains("waited 2.0 s")
+            && stderr.contains("from stage 1 on rank 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_killed_rank_process_ends_the_job() {
+    let dir = temp("kill");
+    let log = dir.join("log.jsonl");
+    let mut c = mpirun(2, &[]);
+    c.args([
+        "train", "--model", "micro", "-p", "2", "-m", "4", "--steps", "100000", "--log",
+    ])
+    .arg(&log)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let t = Instant::now();
+    let mut child = c.spawn().unwrap();
+    // Wait until training runs, then kill -9 rank 1's process: a child of our mpirun whose
+    // environment says rank 1.
+    let victim = loop {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "training never started"
+        );
+        let started = std::fs::read_to_string(&log).map_or(0, |s| s.lines().count());
+        if started > 2 {
+            if let Some(pid) = child_with_rank(child.id(), 1) {
+                break pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let killed_at = Instant::now();
+    // SAFETY: sends SIGKILL to a process this test's mpirun started.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if killed_at.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the job did not end after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("rank 1"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The child of `parent` (pid) that is MPI rank `rank`.
+fn child_with_rank(parent: u32, rank: usize) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Field 4 is the parent pid (after the parenthesized command name).
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        if env.split(|&b| b == 0).any(|kv| kv == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn checkpoints_move_between_processes_and_threads() {
+    let dir = temp("resume");
+    let base = ["-s", "zb-h1", "-p", "2", "-m", "8"];
+    let with =
+        |more: &[&'static str]| -> Vec<&'static str> { base.iter().chain(more).copied().collect() };
+    // Uninterrupted: 6 steps in threads.
+    threads(&dir, "full", &with(&["--steps", "6"]));
+    // Saved by processes at step 3, resumed by threads.
+    processes(2, &dir, "half-mpi", &with(&["--steps", "3"]));
+    let resume = dir.join("half-mpi").display().to_string();
+    let resume: &'static str = Box::leak(resume.into_boxed_str());
+    threads(
+        &dir,
+        "rest-threads",
+        &with(&["--steps", "6", "--resume", resume]),
+    );
+    // Saved by threads at step 3, resumed by processes as 2 stages × 2 replicas of 4.
+    threads(&dir, "half-threads", &with(&["--steps", "3"]));
+    let resume2 = dir.join("half-threads").display().to_string();
+    let resume2: &'static str = Box::leak(resume2.into_boxed_str());
+    processes(
+        4,
+        &dir,
+        "rest-mpi",
+        &[
+            "-s",
+            "zb-h1",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--data-parallel",
+            "2",
+            "--steps",
+            "6",
+            "--resume",
+            resume2,
+        ],
+    );
+    let full = steps(&dir.join("full.jsonl"));
+    for name in ["rest-threads", "rest-mpi"] {
+        assert_eq!(
+            steps(&dir.join(format!("{name}.jsonl"))),
+            full[3..].to_vec(),
+            "{name}"
+        );
+        let x = std::fs::read(dir.join("full").join("model.safetensors")).unwrap();
+        let y = std::fs::read(dir.join(name).join("model.safetensors")).unwrap();
+        assert!(
+            x == y,
+            "{name}: final weights differ from the uninterrupted run's"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -32,6 +32,7 @@ fn corpus() -> ByteCorpus {
 type Run = (Vec<(u32, u32, bool)>, Vec<(String, Vec<u32>)>);
 
 /// (loss bits, clip-scale bits, skipped) per step, and the final weights' bits.
+#[allow(clippy::too_many_arguments)]
 fn pipelined(
     kind: ScheduleKind,
     p: usize,

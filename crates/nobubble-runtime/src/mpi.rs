@@ -53,6 +53,12 @@ impl MpiTransport {
         let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or("MPI was already initialized in this process")?;
         let world = universe.world();
+        // Receives poll (see `recv_timeout`): let the short sleeps between polls be short, not
+        // rounded up by the default 50 µs timer slack, or every message would arrive late.
+        // SAFETY: sets this thread's timer slack; no memory is involved.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
+        }
         let version = mpi::environment::library_version()
             .ok()
             .and_then(|v| v.split([',', '\n']).next().map(|l| l.trim().to_string()))
@@ -140,10 +146,10 @@ impl Transport for MpiTransport {
             // Spin briefly (a message about to arrive is on the critical path), then poll
             // gently: with more ranks than cores, spinning ranks would slow the others.
             spins += 1;
-            if spins < 64 {
+            if spins < 16 {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(50));
+                std::thread::sleep(Duration::from_micros(POLL_US));
             }
         }
     }
@@ -174,6 +180,9 @@ impl Transport for MpiTransport {
     }
 }
 
+/// Microseconds between polls for a message, once a short spin found none.
+const POLL_US: u64 = 20;
+
 /// How long [`Transport::flush`] waits for the last sends to be received.
 const FLUSH_LIMIT: Duration = Duration::from_secs(30);
 
@@ -190,17 +199,31 @@ impl Drop for MpiTransport {
     }
 }
 
-/// This process as one rank of the MPI job: the transport, a clock started right after a
-/// barrier (so every rank's timeline shares an origin to within the barrier's skew), and an
+/// This process as one rank of the MPI job: the transport, the common clock origin, and an
 /// abort flag (unused across processes: a failed rank ends the job with [`abort_world`]).
 /// Keep the environment until the end: dropping it finalizes MPI.
+///
+/// The origin is rank 0's wall-clock time, broadcast after a barrier and mapped onto each
+/// process's monotonic clock: processes on one machine then read the very same clock (both
+/// clocks are system-wide), so send times and emulated latencies compare exactly; across
+/// machines the skew is the wall clocks' (NTP), which only shifts timelines.
 pub fn rank_context() -> Result<(RankContext, MpiEnvironment), RuntimeError> {
     let (t, env) = MpiTransport::init().map_err(RuntimeError::Config)?;
     t.barrier();
+    let wall_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+    let mut origin_ns = wall_ns();
+    t.world.process_at_rank(0).broadcast_into(&mut origin_ns);
+    let (now, wall) = (Instant::now(), wall_ns());
+    let since = Duration::from_nanos(wall.saturating_sub(origin_ns));
+    let origin = now.checked_sub(since).unwrap_or(now);
     Ok((
         RankContext {
             transport: Box::new(t),
-            origin: Instant::now(),
+            origin,
             abort: Arc::new(AtomicBool::new(false)),
         },
         env,

@@ -160,6 +160,12 @@ impl<F: Saved, W: Saved> PassState<F, W> {
         Ok(self.for_weight_grad.remove(&mb).expect("checked above"))
     }
 
+    /// Forgets whatever is held for `mb` (a speculative pass being thrown away).
+    pub fn discard(&mut self, mb: MicrobatchId) {
+        self.for_input_grad.remove(&mb);
+        self.for_weight_grad.remove(&mb);
+    }
+
     /// Bytes currently held for `mb` (whichever stash it is in).
     pub fn held_bytes(&self, mb: MicrobatchId) -> usize {
         self.for_input_grad.get(&mb).map_or(0, Saved::saved_bytes)

@@ -393,6 +393,22 @@ impl Stage {
         })
     }
 
+    /// Forgets microbatch `mb` entirely — what its F (and I) saved — as if it never ran:
+    /// a runtime throwing away speculative passes run with weights that were then rolled
+    /// back. Gradients already accumulated are not touched.
+    pub fn discard(&mut self, mb: MicrobatchId) {
+        if let Some(e) = &mut self.embedding {
+            e.discard(mb);
+        }
+        for b in &mut self.blocks {
+            b.discard(mb);
+        }
+        if let Some(h) = &mut self.head {
+            h.discard(mb);
+        }
+        self.in_flight.remove(&mb);
+    }
+
     /// Microbatches whose F ran but not yet their I, in increasing order.
     pub fn pending_input_grads(&self) -> Vec<MicrobatchId> {
         self.in_flight

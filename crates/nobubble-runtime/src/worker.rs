@@ -201,6 +201,28 @@ pub(crate) struct Worker {
     pub round: u64,
 }
 
+/// The mailbox index of a pipeline message: its step, whether an evaluation step, which
+/// attempt at the step (a post-validated step whose predecessor was rolled back is run again),
+/// and the microbatch. Messages of a discarded attempt can then never be mistaken for the
+/// rerun's.
+fn pipe_index(step: u64, eval: bool, attempt: u64, mb: usize) -> u64 {
+    ((((step << 1) | eval as u64) << 1 | attempt) << 24) | mb as u64
+}
+
+/// The (step, eval, attempt) a pipeline message index belongs to.
+fn pipe_round(index: u64) -> u64 {
+    index >> 24
+}
+
+/// What running a step's actions came to.
+enum Ran {
+    /// Every action ran: losses by global microbatch, timeline, peak activation bytes.
+    Done(Vec<(usize, f32)>, Vec<MeasuredSlot>, usize),
+    /// Post-validation rolled the previous step back after some of this step's forwards ran
+    /// speculatively on its optimistic weights: they are thrown away and the step runs again.
+    Again(Vec<MeasuredSlot>, Vec<(usize, usize)>),
+}
+
 /// How long a receive polls before it blocks.
 const SPIN: Duration = Duration::from_micros(1000);
 
@@ -344,7 +366,7 @@ impl Worker {
     }
 
     /// Waits for the pipeline input of `action` (an activation or an output gradient).
-    fn wait_input(&mut self, tag: Tag, action: Action) -> Result<Tensor, RuntimeError> {
+    fn wait_input(&mut self, tag: Tag, action: Action, round: u64) -> Result<Tensor, RuntimeError> {
         let (s, j) = (action.stage, action.microbatch);
         let from_stage = if tag == Tag::Activation { s - 1 } else { s + 1 };
         let from = self.layout.rank_of(self.replica, from_stage);
@@ -358,7 +380,8 @@ impl Worker {
                 "the {kind} of stage {s}, microbatch {j}, from stage {from_stage} on rank {from}"
             )
         };
-        let m = self.wait_for((tag, s, j as u64, from), Some(action), &what)?;
+        let index = (round << 24) | j as u64;
+        let m = self.wait_for((tag, s, index, from), Some(action), &what)?;
         Tensor::from_vec(&m.shape, m.data).map_err(|e| RuntimeError::Pass {
             rank: self.rank,
             action,
@@ -372,6 +395,7 @@ impl Worker {
         tag: Tag,
         stage: usize,
         mb: usize,
+        round: u64,
         tensor: Tensor,
         action: Action,
     ) -> Result<(), RuntimeError> {
@@ -386,7 +410,7 @@ impl Worker {
             tag,
             from: self.rank,
             stage,
-            index: mb as u64,
+            index: (round << 24) | mb as u64,
             shape: tensor.shape().to_vec(),
             data: tensor.into_vec(),
             bytes: Vec::new(),
@@ -403,13 +427,15 @@ impl Worker {
     /// Runs this rank's actions for `step`. With `eval`, data comes from the held-out corpus
     /// and gradients are discarded afterwards. Returns (losses by global microbatch, timeline,
     /// peak activation bytes).
-    #[allow(clippy::type_complexity)]
     fn run_actions(
         &mut self,
         step: u64,
         order: &[Action],
         eval: bool,
-    ) -> Result<(Vec<(usize, f32)>, Vec<MeasuredSlot>, usize), RuntimeError> {
+        attempt: u64,
+    ) -> Result<Ran, RuntimeError> {
+        let round = pipe_round(pipe_index(step, eval, attempt, 0));
+        let mut forwards: Vec<(usize, usize)> = Vec::new();
         let mut losses = Vec::new();
         let mut timeline = Vec::with_capacity(order.len());
         let mut peak = 0usize;
@@ -438,12 +464,24 @@ impl Worker {
             }
             let (s, j) = (a.stage, a.microbatch);
             let t_ready = self.now();
+            if a.kind != Kind::F && self.pending.is_some() {
+                // Post-validation: forwards so far ran on the previous step's optimistic
+                // weights; a backward pass must not. The verdict is due (its statistics
+                // travelled during those forwards): keep, or throw this attempt away.
+                let kept = !matches!(self.settle()?, Some(s) if s.scale != Some(1.0));
+                if !kept && !forwards.is_empty() {
+                    return Ok(Ran::Again(timeline, forwards));
+                }
+            }
             // Inputs first (waiting is idle time), then compute.
             let input = match a.kind {
-                Kind::F if s > 0 => Some(self.wait_input(Tag::Activation, a)?),
-                Kind::I | Kind::B if s < last => Some(self.wait_input(Tag::Gradient, a)?),
+                Kind::F if s > 0 => Some(self.wait_input(Tag::Activation, a, round)?),
+                Kind::I | Kind::B if s < last => Some(self.wait_input(Tag::Gradient, a, round)?),
                 _ => None,
             };
+            if a.kind == Kind::F {
+                forwards.push((s, j));
+            }
             let start = self.now();
             let err = |cause: String| RuntimeError::Pass {
                 rank: self.rank,
@@ -539,7 +577,7 @@ impl Worker {
             }
             let end = self.now();
             if let Some((tag, to_stage, t)) = send {
-                self.deliver(tag, to_stage, j, t, a)?;
+                self.deliver(tag, to_stage, j, round, t, a)?;
             }
             if matches!(a.kind, Kind::W | Kind::B) {
                 let done = weight_passes.entry(s).or_insert(0);
@@ -558,7 +596,26 @@ impl Worker {
             });
         }
         self.current = None;
-        Ok((losses, timeline, peak))
+        Ok(Ran::Done(losses, timeline, peak))
+    }
+
+    /// Throws away a speculative attempt at a step: what its forwards saved, and its
+    /// messages (those still on the way are dropped when they arrive, at the next purge).
+    fn discard_attempt(&mut self, forwards: &[(usize, usize)], round: u64) {
+        if let Engine::Real { stages, .. } = &mut self.engine {
+            for &(s, j) in forwards {
+                if let Some(st) = stages.get_mut(&s) {
+                    st.discard(j);
+                }
+            }
+        }
+        self.purge(round + 1);
+    }
+
+    /// Drops pipeline messages of every round before `round` (discarded attempts).
+    fn purge(&mut self, round: u64) {
+        self.mailbox
+            .retain(|k, _| !(k.0.is_pipeline() && pipe_round(k.2) < round));
     }
 
     /// Runs one training (or evaluation) step of the SPMD program: actions, gradient
@@ -570,8 +627,35 @@ impl Worker {
         eval: bool,
     ) -> Result<RankStep, RuntimeError> {
         let before = self.comm;
-        let settled = self.settle()?;
-        let (losses, timeline, peak_bytes) = self.run_actions(step, order, eval)?;
+        // Evaluation reads the weights everywhere: the pending verdict first. Training steps
+        // settle it lazily, before their first backward pass.
+        let mut settled = if eval { self.settle()? } else { None };
+        self.purge(pipe_round(pipe_index(step, eval, 0, 0)));
+        let mut timeline = Vec::new();
+        let mut attempt = 0;
+        let (losses, peak_bytes) = loop {
+            let pending = self.pending;
+            let ran = self.run_actions(step, order, eval, attempt)?;
+            if pending.is_some() && self.pending.is_none() {
+                settled = self.settled.last().copied();
+            }
+            match ran {
+                Ran::Done(losses, t, peak) => {
+                    timeline.extend(t);
+                    break (losses, peak);
+                }
+                Ran::Again(t, forwards) => {
+                    timeline.extend(t);
+                    let round = pipe_round(pipe_index(step, eval, attempt, 0));
+                    self.discard_attempt(&forwards, round);
+                    attempt += 1;
+                }
+            }
+        };
+        // A schedule without backward passes here still settles before the next step.
+        if let Some(s) = self.settle()? {
+            settled = Some(s);
+        }
         let summary = if eval {
             let s = self.exchange_stats(step, true, &losses, false)?;
             self.zero_grads();

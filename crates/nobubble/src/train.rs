@@ -500,9 +500,9 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
     debug_assert!(launched == size || launched > 0);
     let fail = |msg: String| -> ! {
         if msg.starts_with("rank ") {
-            eprintln!("error: {msg}");
+            say(&format!("error: {msg}\n"));
         } else {
-            eprintln!("error: rank {rank}: {msg}");
+            say(&format!("error: rank {rank}: {msg}\n"));
         }
         nobubble_runtime::mpi::abort_world(1)
     };
@@ -527,7 +527,7 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
     };
     if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
         // Every rank says it: each may be read in its own log.
-        eprintln!("error: rank {rank}: {e}");
+        say(&format!("error: rank {rank}: {e}\n"));
         std::process::exit(1);
     }
     if rank == 0 {
@@ -548,6 +548,13 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
             Err(e) => fail(e.to_string()),
         }
     }
+}
+
+/// Writes `line` to stderr in one piece, so that the lines of several processes forwarded by
+/// one launcher never interleave.
+#[cfg(feature = "mpi")]
+fn say(line: &str) {
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 #[cfg(not(feature = "mpi"))]

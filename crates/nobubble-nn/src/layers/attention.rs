@@ -247,6 +247,12 @@ impl SplitLayer for CausalSelfAttention {
         self.qkv.held_bytes(mb) + self.core.held_bytes(mb) + self.proj.held_bytes(mb)
     }
 
+    fn discard(&mut self, mb: MicrobatchId) {
+        self.qkv.discard(mb);
+        self.core.discard(mb);
+        self.proj.discard(mb);
+    }
+
     fn params(&self) -> Vec<&Param> {
         let mut p = self.qkv.params();
         p.extend(self.proj.params());

@@ -126,6 +126,13 @@ impl SplitLayer for Block {
             + self.mlp.held_bytes(mb)
     }
 
+    fn discard(&mut self, mb: MicrobatchId) {
+        self.ln1.discard(mb);
+        self.attn.discard(mb);
+        self.ln2.discard(mb);
+        self.mlp.discard(mb);
+    }
+
     fn params(&self) -> Vec<&Param> {
         let mut p = self.ln1.params();
         p.extend(self.attn.params());

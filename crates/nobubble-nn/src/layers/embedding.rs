@@ -121,6 +121,11 @@ impl Embedding {
         self.state.held_bytes(mb)
     }
 
+    /// Forgets everything held for `mb`.
+    pub fn discard(&mut self, mb: MicrobatchId) {
+        self.state.discard(mb);
+    }
+
     /// Parameters: token table, position table.
     pub fn params(&self) -> Vec<&Param> {
         vec![&self.tokens, &self.positions]

@@ -106,6 +106,13 @@ impl LmHead {
         self.final_ln.held_bytes(mb) + self.lm_head.held_bytes(mb) + self.loss.held_bytes(mb)
     }
 
+    /// Forgets everything held for `mb`.
+    pub fn discard(&mut self, mb: MicrobatchId) {
+        self.final_ln.discard(mb);
+        self.lm_head.discard(mb);
+        self.loss.discard(mb);
+    }
+
     /// Parameters: final LayerNorm γ, β, LM head weight.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.final_ln.params();

@@ -130,6 +130,10 @@ impl SplitLayer for LayerNorm {
         self.state.held_bytes(mb)
     }
 
+    fn discard(&mut self, mb: MicrobatchId) {
+        self.state.discard(mb);
+    }
+
     fn params(&self) -> Vec<&Param> {
         vec![&self.gamma, &self.beta]
     }

@@ -148,6 +148,10 @@ impl SplitLayer for Linear {
         self.state.held_bytes(mb)
     }
 
+    fn discard(&mut self, mb: MicrobatchId) {
+        self.state.discard(mb);
+    }
+
     fn params(&self) -> Vec<&Param> {
         std::iter::once(&self.weight)
             .chain(self.bias.as_ref())

@@ -88,6 +88,12 @@ impl SplitLayer for Mlp {
         self.fc1.held_bytes(mb) + self.gelu.held_bytes(mb) + self.fc2.held_bytes(mb)
     }
 
+    fn discard(&mut self, mb: MicrobatchId) {
+        self.fc1.discard(mb);
+        self.gelu.discard(mb);
+        self.fc2.discard(mb);
+    }
+
     fn params(&self) -> Vec<&Param> {
         let mut p = self.fc1.params();
         p.extend(self.fc2.params());

@@ -53,6 +53,9 @@ pub trait SplitLayer {
     fn check_weight_grad(&self, mb: MicrobatchId) -> Result<()>;
     /// Activation bytes currently held for `mb`.
     fn held_bytes(&self, mb: MicrobatchId) -> usize;
+    /// Forgets everything held for `mb`, as if its passes never ran (gradients already
+    /// accumulated are not touched).
+    fn discard(&mut self, mb: MicrobatchId);
     /// Parameters in a fixed order.
     fn params(&self) -> Vec<&Param>;
     /// Mutable parameters, same order as [`SplitLayer::params`].

@@ -296,7 +296,7 @@ pub(crate) fn export_engine(engine: &Engine) -> Result<Vec<StageState>, RuntimeE
 }
 
 /// Loads a rank's stages and optimizers from `state` by name; returns the parameter
-/// names it used (the coordinator checks that together the ranks used all of them).
+/// names it used (the ranks check together that they used all of them).
 pub(crate) fn import_engine(
     engine: &mut Engine,
     state: &TrainingState,

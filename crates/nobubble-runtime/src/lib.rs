@@ -1,12 +1,15 @@
-//! The pipeline runtime: stage workers that execute any [`nobubble_schedule::Schedule`]
-//! for real, training a GPT built by [`nobubble_nn`].
+//! The pipeline runtime: one SPMD program that every rank runs — threads of one process
+//! ([`launch::threads`], [`Pipeline`]) or processes of an MPI job (feature `mpi`) — executing
+//! any [`nobubble_schedule::Schedule`] for real on a GPT built by [`nobubble_nn`], data
+//! parallel × pipeline parallel.
 //!
-//! One worker per rank (a thread today) runs its rank's actions in order — F, I, W or B, on
-//! any placement — and exchanges activations and gradients through a [`Transport`]. The
-//! coordinator ([`Pipeline`]) then performs the synchronous optimizer step exactly as the
-//! reference trainer does, so a pipelined run is bit-identical to unpipelined training.
-//! Emulated compute (passes sleep for their cost) measures the runtime's own overhead
-//! against the simulator on more stages than this machine has cores.
+//! Each rank ([`Rank`]) runs its actions in order — F, I, W or B, on any placement — and
+//! exchanges activations and gradients through a [`Transport`]. Everything that concerns the
+//! whole world (the data-parallel gradient sum, the step's loss, norm and clip factor, measured
+//! memory, checkpoints) is a collective with one fixed summation order, so a pipelined run is
+//! bit-identical to unpipelined training over the global batch, and there is no coordinator.
+//! Emulated compute (passes sleep for their cost) measures the runtime's own overhead against
+//! the simulator on more ranks than this machine has cores.
 
 pub mod checkpoint;
 pub mod checkpoint_fs;

@@ -110,8 +110,10 @@ impl Message {
         for &d in &self.shape {
             out.extend_from_slice(&(d as u64).to_le_bytes());
         }
-        for &x in &self.data {
-            out.extend_from_slice(&x.to_le_bytes());
+        let at = out.len();
+        out.resize(at + 4 * self.data.len(), 0);
+        for (dst, x) in out[at..].chunks_exact_mut(4).zip(&self.data) {
+            dst.copy_from_slice(&x.to_le_bytes());
         }
         out.extend_from_slice(&self.bytes);
         out

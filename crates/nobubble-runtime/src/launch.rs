@@ -53,7 +53,7 @@ pub fn threads<R: Send>(
                         let r = catch_unwind(AssertUnwindSafe(|| body(ctx))).unwrap_or_else(|p| {
                             Err(RuntimeError::Panic {
                                 rank,
-                                action: None,
+                                action: crate::worker::running_action(),
                                 cause: panic_message(&p),
                             })
                         });

@@ -223,6 +223,17 @@ enum Ran {
     Again(Vec<MeasuredSlot>, Vec<(usize, usize)>),
 }
 
+thread_local! {
+    /// The action this thread's rank is running, for reporting a panic that unwinds past the
+    /// rank (threads and MPI processes catch it outside, where the worker is gone).
+    static RUNNING: std::cell::Cell<Option<Action>> = const { std::cell::Cell::new(None) };
+}
+
+/// The action this thread's rank was running when it stopped (a panic), if any.
+pub fn running_action() -> Option<Action> {
+    RUNNING.with(|r| r.get())
+}
+
 /// How long a receive polls before it blocks.
 const SPIN: Duration = Duration::from_micros(1000);
 
@@ -449,6 +460,7 @@ impl Worker {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             self.current = Some(a);
+            RUNNING.with(|r| r.set(Some(a)));
             if self.replica == 0 {
                 match &self.fault {
                     Some(Fault::PanicAt(f)) if *f == a => panic!("injected fault at {a}"),
@@ -596,6 +608,7 @@ impl Worker {
             });
         }
         self.current = None;
+        RUNNING.with(|r| r.set(None));
         Ok(Ran::Done(losses, timeline, peak))
     }
 

@@ -520,7 +520,7 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
                 .unwrap_or_else(|| "unknown panic".into());
             Err(RuntimeError::Panic {
                 rank,
-                action: None,
+                action: nobubble_runtime::worker::running_action(),
                 cause,
             })
         })

@@ -281,6 +281,32 @@ fn a_rank_that_dies_ends_the_job_naming_it() {
 }
 
 #[test]
+fn a_panicking_rank_ends_the_job_with_its_rank_and_action() {
+    let mut c = mpirun(2, &[]);
+    c.args([
+        "train",
+        "--model",
+        "micro",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--steps",
+        "5",
+        "--inject-fault",
+        "panic-at:1I2",
+    ]);
+    let (out, took) = bounded(c, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        stderr.contains("error: rank 1, stage 1, action 1I2: the worker panicked: injected fault at 1I2"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_killed_rank_process_ends_the_job() {
     let dir = temp("kill");
     let log = dir.join("log.jsonl");

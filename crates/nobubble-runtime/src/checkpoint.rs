@@ -496,14 +496,20 @@ fn decode_wire(b: &[u8]) -> Result<(u64, Vec<StageState>), RuntimeError> {
             .try_into()
             .expect("8"),
     );
-    let head = b
-        .get(8..8 + n as usize)
-        .ok_or_else(|| bad("short header"))?;
+    let end = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .ok_or_else(|| bad("header length"))?;
+    let head = b.get(8..end).ok_or_else(|| bad("short header"))?;
     let (step, headers): (u64, Vec<WirePart>) =
         serde_json::from_slice(head).map_err(|e| bad(&e.to_string()))?;
-    let mut at = 8 + n as usize;
+    let mut at = end;
     let mut take = |len: usize| -> Result<Vec<f32>, RuntimeError> {
-        let bytes = b.get(at..at + 4 * len).ok_or_else(|| bad("short data"))?;
+        let stop = len
+            .checked_mul(4)
+            .and_then(|l| l.checked_add(at))
+            .ok_or_else(|| bad("data length"))?;
+        let bytes = b.get(at..stop).ok_or_else(|| bad("short data"))?;
         at += 4 * len;
         Ok(bytes
             .chunks_exact(4)

@@ -93,11 +93,8 @@ impl Worker {
             .collect();
         for s in stages {
             if self.replica == 0 {
-                let mut parts = vec![vec![Tensor::from_vec(
-                    &[self.flat_gradient(s).len()],
-                    self.flat_gradient(s),
-                )
-                .expect("flat")]];
+                let own = self.flat_gradient(s);
+                let mut parts = vec![vec![Tensor::from_vec(&[own.len()], own).expect("flat")]];
                 for r in 1..d {
                     let from = self.layout.rank_of(r, s);
                     let what = || {

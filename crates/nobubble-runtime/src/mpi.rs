@@ -116,6 +116,13 @@ impl Transport for MpiTransport {
             return Err(format!("there is no rank {to} in a job of {}", self.size));
         }
         self.progress();
+        if msg.wire_len() > i32::MAX as usize {
+            return Err(format!(
+                "a message of {} bytes is larger than one MPI message may be (2 GiB); use more \
+                 stages so that each holds less",
+                msg.wire_len()
+            ));
+        }
         let buffer: *mut [u8] = Box::into_raw(msg.encode().into_boxed_slice());
         // SAFETY: the buffer stays allocated, and is not touched, until the request completes
         // (see `progress` and `flush`), which is what `StaticScope` requires of it.

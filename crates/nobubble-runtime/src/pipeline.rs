@@ -363,6 +363,58 @@ impl Pipeline {
         self.run(schedule, false)
     }
 
+    /// Runs `n` training steps without settling post-validated steps in between: each step's
+    /// forwards run speculatively on the previous step's optimistic weights, as in a
+    /// free-running job, and a rolled-back step's forwards are redone. (Synchronous steps are
+    /// unaffected.) The records come in step order once the last step is settled.
+    pub fn train_steps_overlapped(
+        &mut self,
+        schedule: &Schedule,
+        n: usize,
+    ) -> Result<Vec<StepRecord>, RuntimeError> {
+        let shared = Arc::new(schedule.clone());
+        let mut runs = Vec::with_capacity(n);
+        let mut summaries = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let step = self.step;
+            let wall = Instant::now();
+            let reports = self.all(
+                || Command::Step {
+                    step,
+                    schedule: shared.clone(),
+                    eval: false,
+                },
+                |r| match r {
+                    Reply::Stepped(r) => Some(r),
+                    _ => None,
+                },
+            )?;
+            for s in reports[0].summary.iter().chain(&reports[0].settled) {
+                summaries.insert(s.step, *s);
+            }
+            runs.push((step, reports, wall.elapsed().as_secs_f64()));
+            self.step += 1;
+        }
+        let last = self.all(
+            || Command::Settle,
+            |r| match r {
+                Reply::Settled(r) => Some(r),
+                _ => None,
+            },
+        )?;
+        if let Some(s) = last[0] {
+            summaries.insert(s.step, s);
+        }
+        runs.into_iter()
+            .map(|(step, reports, wall)| {
+                let s = summaries.get(&step).ok_or_else(|| {
+                    RuntimeError::Config(format!("internal: step {step} was never settled"))
+                })?;
+                Ok(StepRecord::assemble(s, &reports, wall))
+            })
+            .collect()
+    }
+
     /// Mean loss on held-out microbatch set `index` (data seed as in training, step index
     /// `index`), without changing the weights.
     pub fn eval_step(&mut self, schedule: &Schedule, index: u64) -> Result<f32, RuntimeError> {

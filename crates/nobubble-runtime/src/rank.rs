@@ -71,6 +71,12 @@ impl Rank {
         abort: Arc<AtomicBool>,
     ) -> Result<Rank, RuntimeError> {
         check_runnable(schedule, config.train.microbatches)?;
+        if config.train.microbatches >= 1 << 24 {
+            return Err(RuntimeError::Config(format!(
+                "{} microbatches per step is more than the runtime addresses (2^24); use fewer",
+                config.train.microbatches
+            )));
+        }
         let replicas = config.data_parallel.max(1);
         check_world(transport.size(), schedule.ranks, replicas)?;
         let rank = transport.rank();

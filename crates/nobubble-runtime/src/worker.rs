@@ -206,6 +206,7 @@ pub(crate) struct Worker {
 /// and the microbatch. Messages of a discarded attempt can then never be mistaken for the
 /// rerun's.
 fn pipe_index(step: u64, eval: bool, attempt: u64, mb: usize) -> u64 {
+    debug_assert!(attempt <= 1 && mb < 1 << 24);
     ((((step << 1) | eval as u64) << 1 | attempt) << 24) | mb as u64
 }
 
@@ -282,11 +283,41 @@ impl Worker {
         let started = Instant::now();
         let since = self.now();
         let deadline = started + self.recv_timeout;
-        let r = self.wait_inner(key, action, what, started, since, deadline);
+        let r = self.wait_inner(key, action, what, started, since, deadline, None);
+        self.comm.wait_seconds += started.elapsed().as_secs_f64();
+        r.map(|m| m.expect("no interruption asked for"))
+    }
+
+    /// As [`Worker::wait_for`], but gives up (`None`) as soon as `interrupt` holds.
+    fn wait_or(
+        &mut self,
+        key: Key,
+        action: Option<Action>,
+        what: &dyn Fn() -> String,
+        interrupt: &dyn Fn(&Worker) -> bool,
+    ) -> Result<Option<Message>, RuntimeError> {
+        let started = Instant::now();
+        let since = self.now();
+        let deadline = started + self.recv_timeout;
+        let r = self.wait_inner(key, action, what, started, since, deadline, Some(interrupt));
         self.comm.wait_seconds += started.elapsed().as_secs_f64();
         r
     }
 
+    /// When the message with `key`, if here, may be used (its emulated latency elapsed);
+    /// `None` if it has not arrived. Without emulated latency a message is usable on arrival:
+    /// send times from another machine's clock are never compared with this one's.
+    fn ready_in(&self, key: &Key) -> Option<f64> {
+        let m = self.mailbox.get(key)?;
+        let latency = self.latency_of(key.0);
+        Some(if latency > 0.0 {
+            m.sent_at + latency - self.now()
+        } else {
+            0.0
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn wait_inner(
         &mut self,
         key: Key,
@@ -295,20 +326,20 @@ impl Worker {
         started: Instant,
         since: f64,
         deadline: Instant,
-    ) -> Result<Message, RuntimeError> {
+        interrupt: Option<&dyn Fn(&Worker) -> bool>,
+    ) -> Result<Option<Message>, RuntimeError> {
         loop {
             let now = Instant::now();
-            let held_back = match self.mailbox.get(&key) {
-                Some(m) => {
-                    let ready = m.sent_at + self.latency_of(key.0);
-                    let wait = ready - self.now();
-                    if wait <= 0.0 {
-                        return Ok(self.mailbox.remove(&key).expect("present"));
-                    }
-                    Some(Duration::from_secs_f64(wait))
+            let held_back = match self.ready_in(&key) {
+                Some(wait) if wait <= 0.0 => {
+                    return Ok(Some(self.mailbox.remove(&key).expect("present")));
                 }
+                Some(wait) => Some(Duration::from_secs_f64(wait)),
                 None => None,
             };
+            if interrupt.is_some_and(|f| f(self)) {
+                return Ok(None);
+            }
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
@@ -376,8 +407,28 @@ impl Worker {
         }
     }
 
+    /// Every rank's statistics of `step` are here and usable: the verdict can be settled
+    /// without waiting.
+    fn stats_ready(&self, step: u64) -> bool {
+        (0..self.transport.size()).all(|from| {
+            from == self.rank
+                || self
+                    .ready_in(&(Tag::Stats, 0, step, from))
+                    .is_some_and(|w| w <= 0.0)
+        })
+    }
+
     /// Waits for the pipeline input of `action` (an activation or an output gradient).
-    fn wait_input(&mut self, tag: Tag, action: Action, round: u64) -> Result<Tensor, RuntimeError> {
+    /// With `settle_first`, the wait gives way to the pending verdict as soon as every rank's
+    /// statistics are in (`Ok(None)`): a rank must not wait on a speculative forward's input
+    /// that a rolled-back sender will never send.
+    fn wait_input(
+        &mut self,
+        tag: Tag,
+        action: Action,
+        round: u64,
+        settle_first: Option<u64>,
+    ) -> Result<Option<Tensor>, RuntimeError> {
         let (s, j) = (action.stage, action.microbatch);
         let from_stage = if tag == Tag::Activation { s - 1 } else { s + 1 };
         let from = self.layout.rank_of(self.replica, from_stage);
@@ -391,13 +442,21 @@ impl Worker {
                 "the {kind} of stage {s}, microbatch {j}, from stage {from_stage} on rank {from}"
             )
         };
-        let index = (round << 24) | j as u64;
-        let m = self.wait_for((tag, s, index, from), Some(action), &what)?;
-        Tensor::from_vec(&m.shape, m.data).map_err(|e| RuntimeError::Pass {
-            rank: self.rank,
-            action,
-            cause: format!("a damaged message: {e}"),
-        })
+        let key = (tag, s, (round << 24) | j as u64, from);
+        let m = match settle_first {
+            Some(step) => match self.wait_or(key, Some(action), &what, &|w| w.stats_ready(step))? {
+                Some(m) => m,
+                None => return Ok(None),
+            },
+            None => self.wait_for(key, Some(action), &what)?,
+        };
+        Tensor::from_vec(&m.shape, m.data)
+            .map(Some)
+            .map_err(|e| RuntimeError::Pass {
+                rank: self.rank,
+                action,
+                cause: format!("a damaged message: {e}"),
+            })
     }
 
     /// Sends a pass's output to the rank holding `stage` (this one: straight into the mailbox).
@@ -479,16 +538,29 @@ impl Worker {
             if a.kind != Kind::F && self.pending.is_some() {
                 // Post-validation: forwards so far ran on the previous step's optimistic
                 // weights; a backward pass must not. The verdict is due (its statistics
-                // travelled during those forwards): keep, or throw this attempt away.
-                let kept = !matches!(self.settle()?, Some(s) if s.scale != Some(1.0));
-                if !kept && !forwards.is_empty() {
+                // travelled during those forwards): keep, or throw this attempt away. Every
+                // rank reaches the same verdict and so starts the same attempt.
+                if !self.settle_kept()? {
                     return Ok(Ran::Again(timeline, forwards));
                 }
             }
             // Inputs first (waiting is idle time), then compute.
             let input = match a.kind {
-                Kind::F if s > 0 => Some(self.wait_input(Tag::Activation, a, round)?),
-                Kind::I | Kind::B if s < last => Some(self.wait_input(Tag::Gradient, a, round)?),
+                Kind::F if s > 0 => {
+                    let speculating = self.pending.map(|(p, _)| p);
+                    match self.wait_input(Tag::Activation, a, round, speculating)? {
+                        Some(x) => Some(x),
+                        None => {
+                            // The verdict came before the input: settle it now, since the
+                            // sender may have started the step again.
+                            if !self.settle_kept()? {
+                                return Ok(Ran::Again(timeline, forwards));
+                            }
+                            self.wait_input(Tag::Activation, a, round, None)?
+                        }
+                    }
+                }
+                Kind::I | Kind::B if s < last => self.wait_input(Tag::Gradient, a, round, None)?,
                 _ => None,
             };
             if a.kind == Kind::F {
@@ -612,6 +684,11 @@ impl Worker {
         Ok(Ran::Done(losses, timeline, peak))
     }
 
+    /// Settles the pending verdict; true if the optimistic step was kept.
+    fn settle_kept(&mut self) -> Result<bool, RuntimeError> {
+        Ok(!matches!(self.settle()?, Some(s) if s.scale != Some(1.0)))
+    }
+
     /// Throws away a speculative attempt at a step: what its forwards saved, and its
     /// messages (those still on the way are dropped when they arrive, at the next purge).
     fn discard_attempt(&mut self, forwards: &[(usize, usize)], round: u64) {
@@ -657,8 +734,9 @@ impl Worker {
                     timeline.extend(t);
                     break (losses, peak);
                 }
-                Ran::Again(t, forwards) => {
-                    timeline.extend(t);
+                Ran::Again(_wasted, forwards) => {
+                    // The discarded forwards are not this step's passes: their time shows as
+                    // idle, and they stay out of the pass-time medians.
                     let round = pipe_round(pipe_index(step, eval, attempt, 0));
                     self.discard_attempt(&forwards, round);
                     attempt += 1;

@@ -125,3 +125,83 @@ fn a_nan_step_is_rolled_back_and_skipped() {
         }
     }
 }
+
+/// Post-validated steps run back to back — each step's forwards speculative on the previous
+/// step's optimistic weights, redone when it is rolled back — give the synchronous bits, on
+/// schedules where a downstream rank waits for forwards that its upstream rank only sends after
+/// its own first backward would have settled (V placements on uneven costs).
+#[test]
+fn overlapped_post_validated_steps_redo_speculative_forwards_exactly() {
+    use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
+    let model = GptConfig {
+        layers: 8,
+        ..GptConfig::micro()
+    };
+    let uneven = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 3.0,
+            w: 0.5,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        2.0,
+    );
+    let mut cases = vec![(
+        ScheduleKind::ZbH1,
+        2,
+        CostSpec::uniform(RankCost::default(), 0.0),
+    )];
+    for kind in [ScheduleKind::ZbV, ScheduleKind::VMin, ScheduleKind::VHalf] {
+        cases.push((kind, 4, uneven.clone()));
+    }
+    for (kind, p, spec) in cases {
+        let m = 8;
+        let schedule = generate(&Request::new(kind, p, m), &spec).unwrap();
+        let run = |post: Option<Rollback>, fault: Option<Fault>| {
+            let config = RunConfig {
+                model: model.clone(),
+                train: TrainConfig {
+                    microbatches: m,
+                    // Clips every step: every step is rolled back and redone.
+                    max_grad_norm: Some(0.05),
+                    warmup_steps: 1,
+                    ..TrainConfig::default()
+                },
+                layout: StageLayout::Even,
+                compute: Compute::Real,
+                recv_timeout: Duration::from_secs(20),
+                fault,
+                post_validate: post,
+                data_parallel: 1,
+            };
+            let mut p = Pipeline::start(config, &schedule, ByteCorpus::builtin()).unwrap();
+            let recs = p.train_steps_overlapped(&schedule, 3).unwrap();
+            let w: Vec<Vec<u32>> = p
+                .params()
+                .unwrap()
+                .into_iter()
+                .map(|(_, v)| bits(&v))
+                .collect();
+            let steps: Vec<(u32, u32, bool)> = recs
+                .iter()
+                .map(|r| (r.loss.to_bits(), r.clip_scale.to_bits(), r.skipped))
+                .collect();
+            (steps, w)
+        };
+        let sync = run(None, None);
+        assert!(
+            sync.0.iter().all(|s| f32::from_bits(s.1) < 1.0),
+            "every step should clip"
+        );
+        let post = run(Some(Rollback::Copy), None);
+        assert_eq!(post.0, sync.0, "{}: losses / clip factors", kind.name());
+        assert!(post.1 == sync.1, "{}: weights differ", kind.name());
+        if p >= 2 {
+            let nan = Some(Fault::NanGradAt(1));
+            let (s, w) = (run(None, nan.clone()), run(Some(Rollback::Copy), nan));
+            assert_eq!(w.0, s.0, "{}: NaN step", kind.name());
+            assert!(w.1 == s.1, "{}: weights after a NaN step", kind.name());
+        }
+    }
+}

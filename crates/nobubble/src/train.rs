@@ -467,8 +467,9 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
     let launched = launch::launched_world_size();
     let job = job(a)?;
     match launched {
-        Some(n) => run_mpi(a, &job, n),
-        None => {
+        Some(n) if cfg!(feature = "mpi") || n > 1 => run_mpi(a, &job, n),
+        // One process under a launcher, without MPI built in: the ranks are threads.
+        _ => {
             header(a, &job, "threads");
             let world = a.stages * a.data_parallel;
             let results = launch::threads(world, |ctx: RankContext| {
@@ -494,10 +495,17 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String> {
-    let (ctx, _mpi) = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
+    let (ctx, mpi) = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
     let rank = ctx.transport.rank();
     let size = ctx.transport.size();
-    debug_assert!(launched == size || launched > 0);
+    let _ = launched; // the launcher's count; MPI's own is the one that counts
+    if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
+        // Every rank says it (each may be read in its own log), and all finalize MPI.
+        say(&format!("error: rank {rank}: {e}\n"));
+        drop(ctx);
+        drop(mpi);
+        std::process::exit(1);
+    }
     let fail = |msg: String| -> ! {
         if msg.starts_with("rank ") {
             say(&format!("error: {msg}\n"));
@@ -525,11 +533,6 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
             })
         })
     };
-    if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
-        // Every rank says it: each may be read in its own log.
-        say(&format!("error: rank {rank}: {e}\n"));
-        std::process::exit(1);
-    }
     if rank == 0 {
         header(a, job, &transport);
         let mut printer = Printer::new(a, job).unwrap_or_else(|e| fail(e));
@@ -559,14 +562,6 @@ fn say(line: &str) {
 
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(_: &TrainArgs, _: &TrainJob, launched: usize) -> Result<(), String> {
-    if launched <= 1 {
-        return Err(
-            "this nobubble was built without MPI, but an MPI or Slurm launcher started \
-             it; run it directly (ranks become threads) or rebuild with `cargo build --release \
-             --features mpi`"
-                .into(),
-        );
-    }
     Err(format!(
         "this nobubble was built without MPI, but an MPI or Slurm launcher started it as one of \
          {launched} processes; rebuild with `cargo build --release --features mpi` (needs \

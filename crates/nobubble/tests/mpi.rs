@@ -301,7 +301,9 @@ fn a_panicking_rank_ends_the_job_with_its_rank_and_action() {
     assert!(!out.status.success(), "{stderr}");
     assert!(took < Duration::from_secs(20), "took {took:?}");
     assert!(
-        stderr.contains("error: rank 1, stage 1, action 1I2: the worker panicked: injected fault at 1I2"),
+        stderr.contains(
+            "error: rank 1, stage 1, action 1I2: the worker panicked: injected fault at 1I2"
+        ),
         "{stderr}"
     );
 }

@@ -627,9 +627,11 @@ fn finish(a: &TrainArgs, r: &TrainReport, printer: Printer) -> Result<(), String
         100.0 * (span_ms / sim.makespan - 1.0)
     );
     println!(
-        "bubble fraction: measured {:.1}%, simulated {:.1}%",
+        "bubble fraction: measured {:.1}%, simulated {:.1}%; bubble rate (longest rank span): measured {:.1}%, simulated {:.1}%",
         100.0 * bubble,
-        100.0 * sim.bubble_fraction
+        100.0 * sim.bubble_fraction,
+        100.0 * mean(&|r| r.bubble_rate),
+        100.0 * sim.bubble_rate
     );
     if real {
         let ranks = r.plan.schedule.ranks;

@@ -9,6 +9,7 @@ mod bench_runtime;
 mod check;
 mod compare;
 mod costs;
+mod output;
 mod plan;
 mod report;
 mod sample;
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    output::install_stdout_failure_hook();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Plan(a) => plan::run(a),

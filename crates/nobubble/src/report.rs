@@ -171,22 +171,16 @@ pub fn render(
     }
 }
 
-/// Writes to `-o FILE` (atomically: a temporary file renamed into place) or stdout.
+/// Writes to `-o FILE` ([`crate::output::write`]: regular files atomically, devices and FIFOs
+/// through, symlinks followed) or stdout.
 pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
     match output {
-        None => {
-            print!("{content}");
-            Ok(())
-        }
+        None => crate::output::stdout(content),
         Some(path) => {
-            let tmp = path.with_extension(format!(
-                "{}.tmp",
-                path.extension().and_then(|e| e.to_str()).unwrap_or("out")
-            ));
-            std::fs::write(&tmp, content)
-                .and_then(|_| std::fs::rename(&tmp, path))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            eprintln!("wrote {}", path.display());
+            crate::output::write(path, content.as_bytes())?;
+            if path.as_os_str() != "-" {
+                eprintln!("wrote {}", path.display());
+            }
             Ok(())
         }
     }

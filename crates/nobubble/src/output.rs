@@ -1,0 +1,111 @@
+//! Writing what the user asked for without losing what they have.
+//!
+//! `-o FILE` and `--trace FILE` may name anything: a new file, a file to replace, a device
+//! (`/dev/null`, `/dev/stdout`), a FIFO, a symlink, `-` for standard output. Regular files are
+//! replaced atomically — written to a temporary file of our own, with a name no one else
+//! uses, in the same directory, then renamed over the target — and that temporary file is
+//! removed on every failure path. Anything that is not a regular file is written *through*
+//! (opened and written, never replaced), and a symlink is followed to its target, never
+//! replaced itself.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Writes `content` to standard output, turning a failure into a message.
+pub fn stdout(content: &str) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(content.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+/// Writes `content` to `path` (see the module documentation); `-` is standard output.
+pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
+    if path.as_os_str() == "-" {
+        return stdout(&String::from_utf8_lossy(content));
+    }
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    // Follow symlinks to what they name: the link stays, its target gets the content.
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|e| {
+            format!(
+                "cannot write {}: it is a symlink whose target cannot be resolved ({e}); \
+                 give the target's path",
+                path.display()
+            )
+        })?,
+        _ => path.to_path_buf(),
+    };
+    match std::fs::metadata(&target) {
+        Ok(m) if m.is_dir() => Err(format!(
+            "cannot write {}: it is a directory; give a file name",
+            path.display()
+        )),
+        Ok(m) if !m.is_file() => {
+            // A device, FIFO or socket: write through it.
+            let mut f = OpenOptions::new().write(true).open(&target).map_err(fail)?;
+            f.write_all(content).and_then(|_| f.flush()).map_err(fail)
+        }
+        _ => replace_atomically(&target, content).map_err(fail),
+    }
+}
+
+/// A temporary file name beside `path` that this process has not used yet.
+fn temporary(path: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.nobubble-{}-{n}.tmp", std::process::id()))
+}
+
+fn replace_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    // `create_new` never opens an existing file, so whatever we remove below is ours.
+    let mut attempts = 0;
+    let (tmp, mut file) = loop {
+        let tmp = temporary(path);
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 100 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let written = write_all_synced(&mut file, content).and_then(|_| {
+        drop(file);
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn write_all_synced(f: &mut File, content: &[u8]) -> std::io::Result<()> {
+    f.write_all(content)?;
+    f.sync_all()
+}
+
+/// Makes a failed `print!`/`println!` (a full disk, a closed terminal) end the program with a
+/// message and exit status 1, instead of a panic: every command's output goes through them.
+pub fn install_stdout_failure_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(cause) = msg.strip_prefix("failed printing to stdout: ") {
+            let _ = writeln!(std::io::stderr(), "error: cannot write to stdout: {cause}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}

@@ -67,6 +67,20 @@ pub struct CheckpointMeta {
     /// one: resuming on other text is allowed (fine-tuning) but is not a continuation.
     #[serde(default)]
     pub data: Option<String>,
+    /// Size and SHA-256 of every other file of the checkpoint, verified on load (absent in
+    /// checkpoints written before nobubble recorded them: those load unverified).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileSum>,
+}
+
+/// A file's size and SHA-256, hex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSum {
+    /// Bytes.
+    pub bytes: u64,
+    /// SHA-256 of the contents, lower-case hex.
+    pub sha256: String,
 }
 
 impl CheckpointMeta {
@@ -125,6 +139,7 @@ impl Checkpoint {
                 parameters: state.params.len(),
                 saved_from: saved_from.into(),
                 data: None,
+                files: BTreeMap::new(),
             },
             state,
         }
@@ -176,7 +191,46 @@ impl Checkpoint {
                 t.microbatches, train.microbatches
             )));
         }
+        // What the optimizer will actually continue with comes from the checkpoint: it must
+        // make sense, and agree with itself.
+        let o = &self.meta.optimizer_config;
+        let bad = [
+            ("lr", o.lr.is_finite() && o.lr >= 0.0),
+            ("beta1", (0.0..1.0).contains(&o.beta1)),
+            ("beta2", (0.0..1.0).contains(&o.beta2)),
+            ("eps", o.eps.is_finite() && o.eps > 0.0),
+            (
+                "weight_decay",
+                o.weight_decay.is_finite() && o.weight_decay >= 0.0,
+            ),
+        ];
+        if let Some((name, _)) = bad.iter().find(|(_, ok)| !ok) {
+            return Err(RuntimeError::Config(format!(
+                "the checkpoint's optimizer setting `{name}` is out of range ({o:?}); the \
+                 checkpoint is damaged or was edited"
+            )));
+        }
+        if self.meta.optimizer_steps > self.meta.step {
+            return Err(RuntimeError::Config(format!(
+                "the checkpoint's optimizer took {} steps but the run only {}; the checkpoint \
+                 is damaged or was edited",
+                self.meta.optimizer_steps, self.meta.step
+            )));
+        }
         let mut warnings = Vec::new();
+        let r = &train.optimizer;
+        for (name, saved, now) in [
+            ("beta1", o.beta1, r.beta1),
+            ("beta2", o.beta2, r.beta2),
+            ("eps", o.eps, r.eps),
+            ("weight decay", o.weight_decay, r.weight_decay),
+        ] {
+            if saved != now {
+                warnings.push(format!(
+                    "AdamW {name} {now} differs from the checkpoint's {saved}"
+                ));
+            }
+        }
         if t.data_seed != train.data_seed {
             warnings.push(format!(
                 "data seed {} differs from the checkpoint's {}",

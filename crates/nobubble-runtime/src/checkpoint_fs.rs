@@ -14,12 +14,20 @@
 //! existing checkpoint is first renamed aside to `.<name>.old` and removed only after
 //! the new one is in place; [`load`] falls back to `.<name>.old` when the target is
 //! missing, which is exactly the state a crash between those two renames leaves.
+//!
+//! Nothing a user has is deleted: a directory is only ever replaced or removed when it holds
+//! nothing but a checkpoint's own three files ([`is_ours`]); anything else in it — notes,
+//! plots, another program's files — makes the save refuse, naming what is there. A symlinked
+//! target is refused (saving would replace the link with a directory). `checkpoint.json`
+//! records the size and SHA-256 of the two tensor files, checked on load, and a load refuses
+//! non-finite weights or moments.
 
-use crate::checkpoint::{Checkpoint, CheckpointMeta, TrainingState, FORMAT, VERSION};
+use crate::checkpoint::{Checkpoint, CheckpointMeta, FileSum, TrainingState, FORMAT, VERSION};
 use crate::error::RuntimeError;
 use nobubble_nn::{AdamWState, ParamMoments, Tensor};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
@@ -82,28 +90,113 @@ fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, Run
         .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
 }
 
-/// Refuses a `--save` target that is not ours: an existing file, or a non-empty directory
-/// that is not a checkpoint (saving would replace it). Cheap: run it before training too.
-pub fn check_save_target(dir: &Path) -> Result<(), RuntimeError> {
-    if dir.exists() && !dir.is_dir() {
-        return Err(RuntimeError::Config(format!(
-            "{} exists and is not a directory; choose a new directory for the checkpoint",
-            dir.display()
-        )));
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether `dir` holds nothing but a checkpoint's own files (so it may be replaced or
+/// removed): `Ok(())`, or the reason it may not, naming what is foreign. A missing directory
+/// is fine; so is an empty one. Tensor files without a `checkpoint.json` are someone else's
+/// (another tool writes `model.safetensors` too) unless `staging`: an interrupted save leaves
+/// exactly that in its staging directory.
+pub fn is_ours(dir: &Path, staging: bool) -> Result<(), String> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Err(_) => return Ok(()),
+        Ok(m) => m,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(
+            "it is a symlink (saving would replace the link); pass the directory it points to"
+                .into(),
+        );
     }
-    if dir.exists() && !dir.join(META).is_file() {
-        let empty = std::fs::read_dir(dir)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !empty {
+    if !meta.is_dir() {
+        return Err("it exists and is not a directory".into());
+    }
+    let mut has_meta = false;
+    let mut any = false;
+    for e in std::fs::read_dir(dir).map_err(|e| format!("cannot list it: {e}"))? {
+        let e = e.map_err(|e| format!("cannot list it: {e}"))?;
+        any = true;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let regular = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if !regular || ![META, MODEL, OPTIMIZER].contains(&name.as_str()) {
+            return Err(format!(
+                "it holds `{name}`, which is not part of a nobubble checkpoint (nobubble never \
+                 deletes what it did not write)"
+            ));
+        }
+        has_meta |= name == META;
+    }
+    if any && !has_meta && !staging {
+        return Err("it holds checkpoint files but no checkpoint.json".into());
+    }
+    if has_meta {
+        let text = std::fs::read(dir.join(META)).map_err(|e| format!("cannot read {META}: {e}"))?;
+        let format = serde_json::from_slice::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(str::to_string));
+        if format.as_deref() != Some(FORMAT) {
+            return Err(format!("its {META} is not a nobubble checkpoint's"));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--save` target that is not ours: an existing file, a symlink, or a directory
+/// holding anything but a checkpoint's own files — and the same for the staging and
+/// previous directories beside it, which a save replaces. Cheap: run it before training too.
+pub fn check_save_target(dir: &Path) -> Result<(), RuntimeError> {
+    for (d, what, staging) in [
+        (dir.to_path_buf(), "the --save directory", false),
+        (
+            staging_dir(dir),
+            "the staging directory of an interrupted save",
+            true,
+        ),
+        (
+            previous_dir(dir),
+            "the previous checkpoint kept aside",
+            false,
+        ),
+    ] {
+        if let Err(why) = is_ours(&d, staging) {
             return Err(RuntimeError::Config(format!(
-                "{} exists and is not a nobubble checkpoint; saving would replace it, so choose a new \
-                 directory (or remove it)",
-                dir.display()
+                "{} ({what}) cannot be replaced: {why}; choose another --save directory, or move \
+                 that out of the way",
+                d.display()
             )));
         }
     }
     Ok(())
+}
+
+/// Refuses to save over a checkpoint of another model (`overwrite` allows it).
+pub fn check_save_model(
+    dir: &Path,
+    model: &nobubble_nn::GptConfig,
+    overwrite: bool,
+) -> Result<(), RuntimeError> {
+    if overwrite || !dir.join(META).is_file() {
+        return Ok(());
+    }
+    let text = std::fs::read(dir.join(META)).map_err(|e| io_err("read", &dir.join(META), e))?;
+    let saved = serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            serde_json::from_value::<nobubble_nn::GptConfig>(v.get("model")?.clone()).ok()
+        });
+    match saved {
+        Some(m) if m == *model => Ok(()),
+        _ => Err(RuntimeError::Config(format!(
+            "{} holds a checkpoint of another model; saving would replace it: choose another \
+             --save directory, resume it with its own model flags, or pass --overwrite",
+            dir.display()
+        ))),
+    }
 }
 
 /// Writes `ckpt` to `dir` atomically (see the module docs): either the new checkpoint is
@@ -118,11 +211,11 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     check_save_target(dir)?;
     let tmp = staging_dir(dir);
     if tmp.exists() {
+        // Checked above: only a checkpoint's own files are in it.
         std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
     }
     std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
 
-    let meta = serde_json::to_vec_pretty(&ckpt.meta).expect("metadata serializes");
     let s = &ckpt.state;
     let model = serialize(
         s.params
@@ -141,6 +234,17 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
         moments.push((format!("v/{n}"), shape, le_bytes(&pm.v)));
     }
     let optimizer = serialize(moments)?;
+    let mut manifest = ckpt.meta.clone();
+    for (name, bytes) in [(MODEL, &model), (OPTIMIZER, &optimizer)] {
+        manifest.files.insert(
+            name.to_string(),
+            FileSum {
+                bytes: bytes.len() as u64,
+                sha256: sha256_hex(bytes),
+            },
+        );
+    }
+    let meta = serde_json::to_vec_pretty(&manifest).expect("metadata serializes");
     write_synced(&tmp.join(MODEL), &model)?;
     write_synced(&tmp.join(OPTIMIZER), &optimizer)?;
     // The metadata last: a directory with checkpoint.json is complete.
@@ -148,6 +252,8 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     sync_dir(&tmp)?;
 
     let old = previous_dir(dir);
+    // Checked again right before replacing: a file may have been put there during training.
+    check_save_target(dir)?;
     if dir.exists() {
         if old.exists() {
             // `dir` is complete (only ever created by the rename below), so an older
@@ -171,8 +277,26 @@ fn corrupt(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
     ))
 }
 
-fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
+fn read_tensors(
+    path: &Path,
+    sums: &BTreeMap<String, FileSum>,
+) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
     let bytes = std::fs::read(path).map_err(|e| io_err("read", path, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    if let Some(sum) = name.and_then(|n| sums.get(&n)) {
+        if bytes.len() as u64 != sum.bytes {
+            return Err(corrupt(
+                path,
+                format!("{} bytes, the manifest says {}", bytes.len(), sum.bytes),
+            ));
+        }
+        if sha256_hex(&bytes) != sum.sha256 {
+            return Err(corrupt(
+                path,
+                "its SHA-256 is not the one in checkpoint.json",
+            ));
+        }
+    }
     let st = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(path, e))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.iter() {
@@ -187,6 +311,15 @@ fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+            return Err(corrupt(
+                path,
+                format!(
+                    "tensor `{name}` holds {} at index {i}; resuming would train on it",
+                    data[i]
+                ),
+            ));
+        }
         let t = Tensor::from_vec(view.shape(), data).map_err(|e| corrupt(path, e))?;
         out.insert(name.to_string(), t);
     }
@@ -233,7 +366,14 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
     }
     let meta: CheckpointMeta = serde_json::from_value(value).map_err(|e| corrupt(&meta_path, e))?;
     let model_path = src.join(MODEL);
-    let params = read_tensors(&model_path)?;
+    if meta.files.is_empty() {
+        eprintln!(
+            "warning: {} records no checksums (written by an older nobubble): its files are \
+             loaded unverified; saving it again adds them",
+            meta_path.display()
+        );
+    }
+    let params = read_tensors(&model_path, &meta.files)?;
     if params.len() != meta.parameters {
         return Err(corrupt(
             &model_path,
@@ -245,7 +385,10 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         ));
     }
     let opt_path = src.join(OPTIMIZER);
-    let mut moments = read_tensors(&opt_path)?;
+    let mut moments = read_tensors(&opt_path, &meta.files)?;
+    // Verified: the manifest is a storage detail (a save writes a new one).
+    let mut meta = meta;
+    meta.files.clear();
     let mut by_name = BTreeMap::new();
     for (name, p) in &params {
         let (m, v) = match (

@@ -272,7 +272,10 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_loadable() {
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("notes.txt"), b"keep me").unwrap();
     let e = err_of(save(&other, &a));
-    assert!(e.contains("is not a nobubble checkpoint"), "{e}");
+    assert!(
+        e.contains("notes.txt") && e.contains("never deletes"),
+        "{e}"
+    );
     assert!(other.join("notes.txt").is_file());
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }

@@ -107,6 +107,9 @@ pub struct TrainArgs {
     /// directory at the end, and every --save-every steps; written atomically.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Allow --save to replace a checkpoint of another model.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Also save every N steps (0 = only at the end).
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
@@ -286,6 +289,9 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     // Problems with where the results go are found now, not after the training.
     if let Some(dir) = &a.save {
         nobubble_runtime::checkpoint_fs::check_save_target(dir)
+            .and_then(|_| {
+                nobubble_runtime::checkpoint_fs::check_save_model(dir, &model, a.overwrite)
+            })
             .map_err(|e| format!("--save: {e}"))?;
     }
     if let Some(path) = &a.trace {

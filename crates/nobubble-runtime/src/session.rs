@@ -198,7 +198,18 @@ impl Session {
                 )));
             }
         }
-        let plan = plan_with(&self.options, &spec, x, source)?;
+        let mut plan = plan_with(&self.options, &spec, x, source)?;
+        // The planner's model has a microbatch hold no more after I than after F; a stage
+        // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
+        // planned on the clamped figure, but the prediction — and the --mem-limit check
+        // below — use what the stages really hold.
+        if self.stage_bytes.iter().any(|&(b, bw)| bw > b) {
+            let mut real = plan.costs.clone();
+            for (c, &(_, bw)) in real.stages.iter_mut().zip(&self.stage_bytes) {
+                c.mem_w = bw as f64;
+            }
+            plan.predicted_peak = peak_memory(&plan.schedule, &real);
+        }
         if let Some(bytes) = self.options.mem_limit {
             if let Some((r, peak)) = plan
                 .predicted_peak

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 /// Times are in whatever unit the user picks (µs in the paper). Memory follows the paper:
 /// F adds `mem_b`, I changes it by `mem_w − mem_b`, W frees `mem_w`, B frees `mem_b`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RankCost {
     /// Forward time.
     pub f: f64,
@@ -104,6 +105,7 @@ impl RankCost {
 /// Costs as the user describes them: per 1F1B stage (one entry for all, one per rank, or one
 /// per schedule stage) plus the transfer time. This is the `--costs FILE.json` format.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CostSpec {
     /// Time of one transfer between stages on different ranks.
     #[serde(default)]
@@ -123,6 +125,8 @@ impl CostSpec {
 
     /// Reads the `--costs` JSON file format (see the README).
     pub fn from_json(text: &str) -> Result<CostSpec, Error> {
+        // A byte-order mark (some editors write one) is not part of the JSON.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let spec: CostSpec = serde_json::from_str(text).map_err(|e| {
             Error::Input(format!(
                 "costs file: {e}; expected {{\"comm\": C, \"stages\": [{{\"f\": .., \"i\": .., \"w\": .., \"mem_b\": .., \"mem_w\": ..}}, ...]}}"

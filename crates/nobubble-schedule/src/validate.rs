@@ -45,6 +45,19 @@ impl Seen {
 pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
     let (n, m) = (schedule.stages, schedule.microbatches);
     let mut seen = Seen::new(n, m);
+    // Which passes exist anywhere: "runs before X" and "X is missing" are different faults.
+    let mut listed = Seen::new(n, m);
+    for a in schedule.orders.iter().flatten() {
+        listed.set(*a, 0);
+    }
+    let missing_or_before = |a: Action, kind: Kind, what: &str, fix: &str| {
+        let need = Action::new(a.stage, kind, a.microbatch);
+        if listed.get(a.stage, kind, a.microbatch).is_none() {
+            format!("its {what} {need} is missing: no rank runs it; add {need} before it")
+        } else {
+            format!("runs before its {what} {need}; {fix}")
+        }
+    };
     for (rank, order) in schedule.orders.iter().enumerate() {
         for (at, &a) in order.iter().enumerate() {
             let (s, j) = (a.stage, a.microbatch);
@@ -69,9 +82,11 @@ pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
                         )));
                     }
                     if seen.get(s, Kind::F, j).is_none() {
-                        return Err(invalid(format!(
-                            "runs before its forward {}; move it after the forward",
-                            Action::new(s, Kind::F, j)
+                        return Err(invalid(missing_or_before(
+                            a,
+                            Kind::F,
+                            "forward",
+                            "move it after the forward",
                         )));
                     }
                 }
@@ -82,9 +97,11 @@ pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
                         )));
                     }
                     if seen.get(s, Kind::I, j).is_none() {
-                        return Err(invalid(format!(
-                            "runs before its input gradient {}; W needs what I leaves behind",
-                            Action::new(s, Kind::I, j)
+                        return Err(invalid(missing_or_before(
+                            a,
+                            Kind::I,
+                            "input gradient",
+                            "W needs what I leaves behind",
                         )));
                     }
                 }

@@ -49,6 +49,9 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!("{}: valid\n", args.file.display()));
+        if let Err(e) = nobubble_schedule::check_weight_order(&schedule) {
+            out.push_str(&format!("note: `nobubble train` would refuse it: {e}\n"));
+        }
     }
     out.push_str(&render(
         format,

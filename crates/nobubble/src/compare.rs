@@ -104,6 +104,11 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             "{}",
             serde_json::to_string_pretty(&out).expect("serializes")
         );
+        if rows.iter().all(|r| r.outcome.is_err()) {
+            return Err(
+                "no schedule applies to this pipeline (see the errors in the output)".into(),
+            );
+        }
         return Ok(());
     }
     let best = rows
@@ -156,6 +161,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     println!("\n* fastest within the memory limit. speedup = 1F1B makespan / makespan.");
     for n in notes {
         println!("{n}");
+    }
+    if rows.iter().all(|r| r.outcome.is_err()) {
+        return Err("no schedule applies to this pipeline (see the reasons above)".into());
+    }
+    if best.is_none() {
+        return Err("no schedule fits within --mem-limit (marked !); raise the limit".into());
     }
     Ok(())
 }

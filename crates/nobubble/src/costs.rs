@@ -10,19 +10,34 @@ use std::path::PathBuf;
 #[derive(Args, Clone, Debug)]
 pub struct CostArgs {
     /// Pass times F,I,W of one rank's share of the model (B = I+W); any unit (µs in the paper).
-    #[arg(long, value_name = "F,I,W", default_value = "1,1,1")]
+    #[arg(
+        long,
+        value_name = "F,I,W",
+        default_value = "1,1,1",
+        allow_hyphen_values = true
+    )]
     pub cost: String,
     /// Per-rank (or per-stage) costs from a JSON file; overrides --cost/--comm/--mem (see README).
     #[arg(long, value_name = "FILE.json")]
     pub costs: Option<PathBuf>,
     /// Time of one transfer between stages on different ranks.
-    #[arg(long, value_name = "C", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "C",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub comm: f64,
     /// Activation memory MB,MW: what a microbatch holds after F, and after I until W.
-    #[arg(long, value_name = "MB,MW", default_value = "1,0.5")]
+    #[arg(
+        long,
+        value_name = "MB,MW",
+        default_value = "1,0.5",
+        allow_hyphen_values = true
+    )]
     pub mem: String,
     /// Activation memory limit per rank, in units of MB; schedules over it are rejected.
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub mem_limit: Option<f64>,
 }
 

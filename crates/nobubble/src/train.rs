@@ -79,7 +79,7 @@ pub struct TrainArgs {
     #[arg(long, value_parser = ["real", "emulated"], default_value = "real")]
     pub compute: String,
     /// Emulated pass times F,I,W of one rank's share, in milliseconds.
-    #[arg(long, default_value = "2,2,2")]
+    #[arg(long, default_value = "2,2,2", allow_hyphen_values = true)]
     pub cost: String,
     /// Emulated link latency in milliseconds.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]

@@ -23,7 +23,14 @@ pub fn write(schedule: &Schedule) -> String {
 /// Reads a compute-only CSV. The stage→rank placement comes from which row holds a stage;
 /// the stage and microbatch counts from the largest indices seen. Structural rules (counts,
 /// order) are left to the validator so its messages are the same for every source.
+///
+/// Sizes are bounded by the input: a leading UTF-8 byte-order mark is skipped, and indices
+/// that would need more passes than the file holds (a valid schedule lists every stage's
+/// every microbatch, twice or more) are refused before any table is sized by them — tables
+/// are stages × microbatches ≤ the number of cells — so a small file can never ask for a
+/// large allocation.
 pub fn read(text: &str, name: &str) -> Result<Schedule, Error> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows: Vec<Vec<Action>> = text.lines().map(|_| Vec::new()).collect();
     for (r, line) in text.lines().enumerate() {
         for (c, cell) in line.split(',').enumerate() {
@@ -67,6 +74,17 @@ pub fn read(text: &str, name: &str) -> Result<Schedule, Error> {
         .max()
         .unwrap_or(0)
         + 1;
+    let actions: usize = rows.iter().map(Vec::len).sum();
+    if stages.saturating_mul(microbatches) > actions {
+        return Err(Error::Input(format!(
+            "the file lists {actions} actions, but its stage numbers (up to {}) and microbatch \
+             numbers (up to {}) need at least {} (every stage runs every microbatch); is a cell \
+             mistyped?",
+            stages - 1,
+            microbatches - 1,
+            stages as u128 * microbatches as u128
+        )));
+    }
     let mut placement = vec![usize::MAX; stages];
     for (r, row) in rows.iter().enumerate() {
         for a in row {

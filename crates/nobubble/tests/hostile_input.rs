@@ -1,0 +1,166 @@
+//! Bad input gets a clear error naming the problem — never an abort, a panic or a silently
+//! wrong answer: oversized CSV indices, byte-order marks, negative numbers, unknown JSON
+//! fields, missing passes, and memory predictions when a stage holds more after I than F.
+
+mod common;
+use common::{fails, ok};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn file(name: &str, bytes: &[u8]) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nobubble-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn a_small_csv_asking_for_huge_tables_is_refused_cheaply() {
+    // 12.9 KB naming 2000 stages and microbatch 1048575: 2·10⁹ table cells if believed.
+    let mut text: Vec<String> = (0..2000).map(|s| format!("{s}F0")).collect();
+    text.push("0F1048575".into());
+    let p = file("big.csv", text.join(",").as_bytes());
+    // Under a 1 GiB address-space limit: an allocation of the tables would abort.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 1048576; exec {} check {}",
+            env!("CARGO_BIN_EXE_nobubble"),
+            p.display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is a cell mistyped"), "{stderr}");
+    assert!(!stderr.contains("memory allocation"), "{stderr}");
+}
+
+#[test]
+fn check_names_a_missing_pass_and_what_train_would_refuse() {
+    let p = file("nof.csv", b"0F1,0B0,0B1,0F2,0B2\n");
+    let e = fails(&["check", p.to_str().unwrap()]);
+    assert!(
+        e.contains("its forward 0F0 is missing: no rank runs it"),
+        "{e}"
+    );
+    let p = file("early.csv", b"0B0,0F0,0F1,0B1\n");
+    let e = fails(&["check", p.to_str().unwrap()]);
+    assert!(e.contains("runs before its forward 0F0"), "{e}");
+    // Valid for the simulator, but W out of microbatch order: both facts.
+    let p = file("worder.csv", b"0F0,0F1,0I1,0I0,0W1,0W0\n");
+    let out = ok(&["check", p.to_str().unwrap()]);
+    assert!(out.contains(": valid"), "{out}");
+    assert!(
+        out.contains("`nobubble train` would refuse it") && out.contains("0W0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn byte_order_marks_are_accepted() {
+    let p = file("bom.csv", b"\xef\xbb\xbf0F0,0B0\n");
+    assert!(ok(&["check", p.to_str().unwrap()]).contains(": valid"));
+    let c = file(
+        "bom.json",
+        b"\xef\xbb\xbf{\"stages\": [{\"f\": 1, \"i\": 1, \"w\": 1}]}",
+    );
+    ok(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--costs",
+        c.to_str().unwrap(),
+    ]);
+}
+
+#[test]
+fn negative_numbers_and_unknown_fields_get_our_messages() {
+    let e = fails(&["plan", "-s", "1f1b", "-p", "2", "-m", "2", "--comm", "-1"]);
+    assert!(e.contains("comm must be zero or positive"), "{e}");
+    let e = fails(&[
+        "plan", "-s", "1f1b", "-p", "2", "-m", "2", "--cost", "-1,1,1",
+    ]);
+    assert!(e.contains("time `f` must be a positive number"), "{e}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--mem-limit",
+        "-3",
+    ]);
+    assert!(e.contains("--mem-limit must be a positive number"), "{e}");
+    let e = fails(&["train", "--compute", "emulated", "--comm", "-1"]);
+    assert!(e.contains("--comm must be between 0 and"), "{e}");
+    let c = file(
+        "typo.json",
+        b"{\"stages\": [{\"f\": 1, \"i\": 1, \"w\": 1, \"memb\": 2}]}",
+    );
+    let e = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--costs",
+        c.to_str().unwrap(),
+    ]);
+    assert!(e.contains("unknown field `memb`"), "{e}");
+}
+
+#[test]
+fn compare_fails_when_nothing_fits() {
+    let e = fails(&["compare", "-p", "3", "-m", "2", "--mem-limit", "0.5"]);
+    assert!(e.contains("no schedule fits within --mem-limit"), "{e}");
+}
+
+#[test]
+fn the_memory_prediction_holds_when_a_stage_keeps_more_for_w_than_after_f() {
+    // h 512 with a 16-byte context: what I keeps for W outweighs what F kept.
+    let out = ok(&[
+        "train",
+        "--model",
+        "tiny",
+        "--hidden",
+        "512",
+        "--heads",
+        "8",
+        "--layers",
+        "4",
+        "--seq-len",
+        "16",
+        "--microbatch-size",
+        "1",
+        "-m",
+        "2",
+        "--steps",
+        "3",
+        "--eval-sets",
+        "1",
+    ]);
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("peak activation"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for l in lines {
+        // "rank r: peak activation memory X MiB (planner predicted Y MiB)"
+        let nums: Vec<&str> = l
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|t| t.contains('.'))
+            .collect();
+        assert_eq!(nums.len(), 2, "{l}");
+        assert_eq!(nums[0], nums[1], "{l}");
+    }
+}

@@ -438,3 +438,142 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         meta,
     })
 }
+
+/// The file in a run directory naming its newest checkpoint.
+const LATEST: &str = "latest";
+
+/// The directory name of the checkpoint at `step` in a run directory.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:06}")
+}
+
+fn step_of(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
+}
+
+/// A run directory (`--save DIR`) holds one checkpoint per saved step, `step-000150/`, and
+/// `latest`, naming the newest. Refuses a target that is a file, or a checkpoint in the
+/// single-directory layout of earlier nobubble versions (saving there would mix layouts).
+/// Anything else in DIR is the user's and is never touched.
+pub fn check_run_target(run: &Path) -> Result<(), RuntimeError> {
+    if run.exists() && !run.is_dir() {
+        return Err(RuntimeError::Config(format!(
+            "{} exists and is not a directory; --save takes a run directory",
+            run.display()
+        )));
+    }
+    if run.join(META).is_file() {
+        return Err(RuntimeError::Config(format!(
+            "{} is a single checkpoint (the layout before run directories), not a run \
+             directory; save to a new directory (this one still resumes: --resume {})",
+            run.display(),
+            run.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses, before training, a run directory whose step directories that saves at `steps`
+/// would replace hold anything but a checkpoint's own files.
+pub fn check_run_steps(
+    run: &Path,
+    steps: impl IntoIterator<Item = u64>,
+) -> Result<(), RuntimeError> {
+    check_run_target(run)?;
+    for step in steps {
+        let dir = run.join(step_dir_name(step));
+        if dir.exists() || staging_dir(&dir).exists() || previous_dir(&dir).exists() {
+            check_save_target(&dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `ckpt` into the run directory `run` as `step-NNNNNN/` (atomically, see [`save`]),
+/// then points `latest` at it (a file replaced atomically), then, with `keep_last` > 0,
+/// removes older step directories beyond the newest `keep_last` — only those holding nothing
+/// but a checkpoint's own files. Returns the step directory.
+pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathBuf, RuntimeError> {
+    check_run_target(run)?;
+    std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
+    let name = step_dir_name(ckpt.meta.step);
+    let dir = run.join(&name);
+    save(&dir, ckpt)?;
+    let tmp = run.join(format!(".{LATEST}.{}.tmp", std::process::id()));
+    write_synced(&tmp, format!("{name}\n").as_bytes())
+        .and_then(|_| std::fs::rename(&tmp, run.join(LATEST)).map_err(|e| io_err("update", run, e)))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+    sync_dir(run)?;
+    if keep_last > 0 {
+        let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(run)
+            .map_err(|e| io_err("list", run, e))?
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                Some((step_of(&n)?, e.path()))
+            })
+            .collect();
+        steps.sort();
+        let excess = steps.len().saturating_sub(keep_last);
+        for (_, old) in steps.into_iter().take(excess) {
+            if old != dir && is_ours(&old, false).is_ok() && old.join(META).is_file() {
+                std::fs::remove_dir_all(&old).map_err(|e| io_err("remove", &old, e))?;
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// The checkpoint directory `dir` names: `dir` itself when it is one (a step directory, or
+/// the single-directory layout), else the step `dir/latest` points to.
+pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
+    if dir.join(META).is_file() || previous_dir(dir).join(META).is_file() {
+        return Ok(dir.to_path_buf());
+    }
+    let latest = dir.join(LATEST);
+    match std::fs::read_to_string(&latest) {
+        Ok(text) => {
+            let name = text.trim();
+            if step_of(name).is_none() || name.contains('/') {
+                return Err(RuntimeError::Config(format!(
+                    "{} names `{name}`, not a step directory; the run directory is damaged",
+                    latest.display()
+                )));
+            }
+            Ok(dir.join(name))
+        }
+        Err(_) if dir.is_dir() => Err(RuntimeError::Config(format!(
+            "{} holds no checkpoint: no {META} and no `{LATEST}` (pass a run directory given to \
+             --save, or one of its step-NNNNNN directories)",
+            dir.display()
+        ))),
+        Err(_) => Err(RuntimeError::Config(format!(
+            "no checkpoint at {}: the directory does not exist (pass the directory given to \
+             --save)",
+            dir.display()
+        ))),
+    }
+}
+
+/// The step of the checkpoint `dir` names ([`resolve`]), from its metadata alone.
+pub fn peek_step(dir: &Path) -> Option<u64> {
+    let at = resolve(dir).ok()?;
+    let src = if at.join(META).is_file() {
+        at
+    } else {
+        previous_dir(&at)
+    };
+    let text = std::fs::read(src.join(META)).ok()?;
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()?
+        .get("step")?
+        .as_u64()
+}
+
+/// [`load`] of [`resolve`]`(dir)`.
+pub fn load_resolved(dir: &Path) -> Result<(PathBuf, Checkpoint), RuntimeError> {
+    let at = resolve(dir)?;
+    load(&at).map(|c| (at, c))
+}

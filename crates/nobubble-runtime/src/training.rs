@@ -38,6 +38,8 @@ pub struct TrainJob {
     pub save: Option<PathBuf>,
     /// Save every N steps too (0 = only at the end).
     pub save_every: u64,
+    /// Keep only the newest K step checkpoints of the run directory (0 = all).
+    pub keep_last: usize,
     /// Continue from this checkpoint.
     pub resume: Option<PathBuf>,
     /// Training text.
@@ -419,7 +421,7 @@ fn check_resume(
     job: &TrainJob,
     dir: &std::path::Path,
 ) -> Result<(Checkpoint, Vec<String>), String> {
-    let ckpt = checkpoint_fs::load(dir).map_err(|e| format!("--resume: {e}"))?;
+    let (_, ckpt) = checkpoint_fs::load_resolved(dir).map_err(|e| format!("--resume: {e}"))?;
     let model = &job.session.run.model;
     let train = global_train(job);
     let mut warnings = ckpt.check_resume(model, &train).map_err(|e| {
@@ -476,12 +478,12 @@ fn save(
         }
         let ckpt = Checkpoint::new(state, &job.session.run.model, &global_train(job), &from)
             .with_data(&job.corpus);
-        match checkpoint_fs::save(dir, &ckpt) {
-            Ok(()) => {
+        match checkpoint_fs::save_run(dir, &ckpt, job.keep_last) {
+            Ok(at) => {
                 if let Some(o) = observer.as_deref_mut() {
                     o.note(&format!(
                         "saved checkpoint at step {step} to {}",
-                        dir.display()
+                        at.display()
                     ));
                 }
             }

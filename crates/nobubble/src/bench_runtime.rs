@@ -79,6 +79,7 @@ fn train(
         eval_sets: 0,
         save: None,
         save_every: 0,
+        keep_last: 0,
         resume: None,
         corpus: Arc::new(ByteCorpus::builtin()),
         eval: Arc::new(ByteCorpus::builtin()),

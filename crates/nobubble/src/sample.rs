@@ -4,7 +4,7 @@
 use clap::Args;
 use nobubble_nn::generate::generate;
 use nobubble_nn::CpuBackend;
-use nobubble_runtime::checkpoint_fs::load;
+use nobubble_runtime::checkpoint_fs::load_resolved;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -42,7 +42,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
             a.temperature
         ));
     }
-    let ckpt = load(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
+    let (_, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
     let stage = ckpt.build_model().map_err(|e| e.to_string())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let m = &ckpt.meta.model;

@@ -103,8 +103,9 @@ pub struct TrainArgs {
     /// Write one JSON line per step.
     #[arg(long)]
     pub log: Option<PathBuf>,
-    /// Save a checkpoint (weights, optimizer state, step, configuration) to this
-    /// directory at the end, and every --save-every steps; written atomically.
+    /// Save checkpoints (weights, optimizer state, step, configuration) into this run
+    /// directory, one `step-NNNNNN/` per save and `latest` naming the newest, at the end and
+    /// every --save-every steps; written atomically.
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Allow --save to replace a checkpoint of another model.
@@ -113,6 +114,9 @@ pub struct TrainArgs {
     /// Also save every N steps (0 = only at the end).
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
+    /// Keep only the newest K checkpoints in the --save directory (0 = keep all).
+    #[arg(long, default_value_t = 0)]
+    pub keep_last: usize,
     /// Continue from a checkpoint up to --steps steps in total (any schedule or stage
     /// count; the model flags and --microbatches must match the checkpoint's).
     #[arg(long)]
@@ -288,10 +292,18 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     }
     // Problems with where the results go are found now, not after the training.
     if let Some(dir) = &a.save {
-        nobubble_runtime::checkpoint_fs::check_save_target(dir)
-            .and_then(|_| {
-                nobubble_runtime::checkpoint_fs::check_save_model(dir, &model, a.overwrite)
+        use nobubble_runtime::checkpoint_fs as fs;
+        // Every step a save may write: the end, and each --save-every multiple before it.
+        let every = a.save_every;
+        let first = a.resume.as_deref().and_then(fs::peek_step).unwrap_or(0);
+        let saves =
+            (first + 1..=a.steps).filter(|k| *k == a.steps || (every > 0 && k % every == 0));
+        fs::check_run_target(dir)
+            .and_then(|_| match fs::resolve(dir) {
+                Ok(latest) => fs::check_save_model(&latest, &model, a.overwrite),
+                Err(_) => Ok(()),
             })
+            .and_then(|_| fs::check_run_steps(dir, saves))
             .map_err(|e| format!("--save: {e}"))?;
     }
     if let Some(path) = &a.trace {
@@ -370,6 +382,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         eval_sets: a.eval_sets,
         save: a.save.clone(),
         save_every: a.save_every,
+        keep_last: a.keep_last,
         resume: a.resume.clone(),
         corpus: Arc::new(corpus),
         eval: Arc::new(eval),

@@ -58,16 +58,24 @@ fn save_resume_and_sample() {
         ],
         &d.join("a.jsonl"),
     );
-    for f in [
-        "checkpoint.json",
-        "model.safetensors",
-        "optimizer.safetensors",
-    ] {
-        assert!(ckpt.join(f).is_file(), "{f} missing");
+    // A run directory: one checkpoint per save, `latest` naming the newest.
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap().trim(),
+        "step-000004"
+    );
+    for step in ["step-000002", "step-000004"] {
+        for f in [
+            "checkpoint.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+        ] {
+            assert!(ckpt.join(step).join(f).is_file(), "{step}/{f} missing");
+        }
     }
-    let meta: Value =
-        serde_json::from_str(&std::fs::read_to_string(ckpt.join("checkpoint.json")).unwrap())
-            .unwrap();
+    let meta: Value = serde_json::from_str(
+        &std::fs::read_to_string(ckpt.join("step-000004").join("checkpoint.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(meta["step"], 4);
     train(
         &["--steps", "6", "-s", "1f1b", "-p", "4", "--resume", c],
@@ -157,7 +165,19 @@ fn save_resume_and_sample() {
         "--prompt",
         "x",
     ]);
-    assert!(e.contains("not a nobubble checkpoint"), "{e}");
+    assert!(e.contains("holds no checkpoint"), "{e}");
+    // A step directory loads directly, the older one too.
+    let old = ckpt.join("step-000002");
+    assert!(ok(&[
+        "sample",
+        "--checkpoint",
+        old.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--tokens",
+        "3"
+    ])
+    .starts_with('x'));
     let e = fails(&["sample", "--checkpoint", c, "--prompt", ""]);
     assert!(e.contains("--prompt must not be empty"), "{e}");
     let e = fails(&[

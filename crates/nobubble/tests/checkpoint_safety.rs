@@ -42,70 +42,93 @@ fn s(p: &Path) -> &str {
 #[test]
 fn save_never_deletes_what_it_did_not_write() {
     let d = dir("save");
-    // A directory that merely contains a file named checkpoint.json, and the user's data.
+    // A directory that merely contains a file named checkpoint.json, and the user's data:
+    // the single-checkpoint layout is refused as a run directory, nothing touched.
     let fake = d.join("fake");
     std::fs::create_dir(&fake).unwrap();
     std::fs::write(fake.join("checkpoint.json"), "{}").unwrap();
     std::fs::write(fake.join("data.txt"), "important").unwrap();
     let e = run_fails(&["--save", s(&fake)]);
-    assert!(e.contains("data.txt") && e.contains("never deletes"), "{e}");
+    assert!(e.contains("not a run directory"), "{e}");
     assert_eq!(
         std::fs::read_to_string(fake.join("data.txt")).unwrap(),
         "important"
     );
-    // Another tool's model directory (it writes model.safetensors too): refused, kept.
+    // Another tool's model directory: the run's checkpoints go beside its files, which stay.
     let hf = d.join("hf");
     std::fs::create_dir(&hf).unwrap();
     std::fs::write(hf.join("model.safetensors"), "their weights").unwrap();
-    let e = run_fails(&["--save", s(&hf)]);
-    assert!(e.contains("no checkpoint.json"), "{e}");
+    run_ok(&["--save", s(&hf)]);
     assert_eq!(
         std::fs::read_to_string(hf.join("model.safetensors")).unwrap(),
         "their weights"
     );
-    // A real checkpoint with the user's notes in it: refused, notes kept.
-    let real = d.join("real");
-    run_ok(&["--save", s(&real)]);
-    std::fs::write(real.join("notes.md"), "my notes").unwrap();
-    let e = run_fails(&["--steps", "3", "--resume", s(&real), "--save", s(&real)]);
-    assert!(e.contains("notes.md"), "{e}");
+    assert!(hf.join("step-000002").join("checkpoint.json").is_file());
+    // A run directory with the user's notes: kept through saves and --keep-last.
+    let run = d.join("run");
+    run_ok(&["--save", s(&run)]);
+    std::fs::write(run.join("notes.md"), "my notes").unwrap();
+    // A step directory the user put a plot into is not removed by --keep-last.
+    std::fs::write(run.join("step-000002").join("plot.png"), "png").unwrap();
+    run_ok(&[
+        "--steps",
+        "4",
+        "--save-every",
+        "1",
+        "--keep-last",
+        "1",
+        "--resume",
+        s(&run),
+        "--save",
+        s(&run),
+    ]);
     assert_eq!(
-        std::fs::read_to_string(real.join("notes.md")).unwrap(),
+        std::fs::read_to_string(run.join("notes.md")).unwrap(),
         "my notes"
     );
-    std::fs::remove_file(real.join("notes.md")).unwrap();
+    assert!(run.join("step-000002").join("plot.png").is_file());
+    let mut steps: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    steps.sort();
+    assert_eq!(steps, ["latest", "notes.md", "step-000002", "step-000004"]);
     // A leftover staging directory holding something of the user's: refused, kept.
-    let staging = d.join(".real.tmp");
+    let staging = run.join(".step-000006.tmp");
     std::fs::create_dir(&staging).unwrap();
-    std::fs::write(staging.join("plot.png"), "png").unwrap();
-    let e = run_fails(&["--save", s(&real)]);
-    assert!(e.contains(".real.tmp") && e.contains("plot.png"), "{e}");
-    assert!(staging.join("plot.png").is_file());
+    std::fs::write(staging.join("mine.txt"), "mine").unwrap();
+    let e = run_fails(&["--steps", "6", "--resume", s(&run), "--save", s(&run)]);
+    assert!(
+        e.contains(".step-000006.tmp") && e.contains("mine.txt"),
+        "{e}"
+    );
+    assert!(staging.join("mine.txt").is_file());
     std::fs::remove_dir_all(&staging).unwrap();
-    // A symlink to a checkpoint: refused, the link stays a link.
+    // A symlinked run directory: written through, the link stays a link.
     let link = d.join("link");
-    std::os::unix::fs::symlink(&real, &link).unwrap();
-    let e = run_fails(&["--save", s(&link)]);
-    assert!(e.contains("symlink"), "{e}");
+    std::os::unix::fs::symlink(&run, &link).unwrap();
+    run_ok(&["--steps", "5", "--resume", s(&link), "--save", s(&link)]);
     assert!(std::fs::symlink_metadata(&link)
         .unwrap()
         .file_type()
         .is_symlink());
-    // Another model's checkpoint: refused unless --overwrite.
-    let e = run_fails(&["--hidden", "64", "--save", s(&real)]);
+    assert!(run.join("step-000005").is_dir());
+    // Another model's run: refused unless --overwrite.
+    let e = run_fails(&["--hidden", "64", "--save", s(&run)]);
     assert!(
         e.contains("another model") && e.contains("--overwrite"),
         "{e}"
     );
-    run_ok(&["--hidden", "64", "--save", s(&real), "--overwrite"]);
-    // Saving over our own checkpoint of the same model is fine, and leaves only its files.
-    run_ok(&["--hidden", "64", "--save", s(&real)]);
-    let mut names: Vec<String> = std::fs::read_dir(&d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["fake", "hf", "link", "real"]);
+    // A save that would replace the step directory holding the plot: refused before
+    // training, naming it.
+    let e = run_fails(&["--hidden", "64", "--save", s(&run), "--overwrite"]);
+    assert!(e.contains("step-000002") && e.contains("plot.png"), "{e}");
+    assert!(
+        !e.contains("step    1/"),
+        "refused only after training: {e}"
+    );
+    std::fs::remove_file(run.join("step-000002").join("plot.png")).unwrap();
+    run_ok(&["--hidden", "64", "--save", s(&run), "--overwrite"]);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -122,8 +145,9 @@ fn damage(file: &Path) {
 #[test]
 fn damaged_non_finite_or_edited_checkpoints_are_refused_on_resume() {
     let d = dir("load");
-    let base = d.join("base");
-    run_ok(&["--save", s(&base)]);
+    let run = d.join("base");
+    run_ok(&["--save", s(&run)]);
+    let base = run.join("step-000002");
     let copy = |name: &str| {
         let to = d.join(name);
         std::fs::create_dir(&to).unwrap();

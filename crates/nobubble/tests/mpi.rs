@@ -125,6 +125,12 @@ fn processes(np: usize, dir: &Path, name: &str, rest: &[&str]) -> Output {
     ok(c)
 }
 
+/// The newest checkpoint of a run directory.
+fn latest(run: &Path) -> PathBuf {
+    let name = std::fs::read_to_string(run.join("latest")).unwrap();
+    run.join(name.trim())
+}
+
 fn same_run(dir: &Path, a: &str, b: &str) {
     assert_eq!(
         steps(&dir.join(format!("{a}.jsonl"))),
@@ -132,8 +138,8 @@ fn same_run(dir: &Path, a: &str, b: &str) {
         "{a} and {b}: losses differ"
     );
     for f in ["model.safetensors", "optimizer.safetensors"] {
-        let x = std::fs::read(dir.join(a).join(f)).unwrap();
-        let y = std::fs::read(dir.join(b).join(f)).unwrap();
+        let x = std::fs::read(latest(&dir.join(a)).join(f)).unwrap();
+        let y = std::fs::read(latest(&dir.join(b)).join(f)).unwrap();
         assert!(x == y, "{a} and {b}: {f} differs");
     }
 }
@@ -429,8 +435,8 @@ fn checkpoints_move_between_processes_and_threads() {
             full[3..].to_vec(),
             "{name}"
         );
-        let x = std::fs::read(dir.join("full").join("model.safetensors")).unwrap();
-        let y = std::fs::read(dir.join(name).join("model.safetensors")).unwrap();
+        let x = std::fs::read(latest(&dir.join("full")).join("model.safetensors")).unwrap();
+        let y = std::fs::read(latest(&dir.join(name)).join("model.safetensors")).unwrap();
         assert!(
             x == y,
             "{name}: final weights differ from the uninterrupted run's"

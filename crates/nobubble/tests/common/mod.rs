@@ -1,4 +1,5 @@
 //! Running the `nobubble` binary from the integration tests.
+#![allow(dead_code)] // each test file uses a different subset of these helpers
 
 use std::process::{Command, Output};
 

@@ -209,6 +209,27 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     std::fs::create_dir_all(&parent).map_err(|e| io_err("create", &parent, e))?;
     // Never move aside (and then delete) a directory that is not a checkpoint.
     check_save_target(dir)?;
+    // Never save a diverged state over (or as the latest beside) a good one.
+    let s = &ckpt.state;
+    let bad = s
+        .params
+        .iter()
+        .find(|(_, t)| t.data().iter().any(|x| !x.is_finite()))
+        .map(|(n, _)| n.clone())
+        .or_else(|| {
+            s.optimizer
+                .moments
+                .iter()
+                .find(|(_, m)| m.m.iter().chain(&m.v).any(|x| !x.is_finite()))
+                .map(|(n, _)| format!("the AdamW moments of {n}"))
+        });
+    if let Some(name) = bad {
+        return Err(RuntimeError::Config(format!(
+            "not saving step {}: `{name}` holds non-finite values (the run diverged; lower --lr \
+             or keep --max-grad-norm); the checkpoints already saved are kept",
+            s.step
+        )));
+    }
     let tmp = staging_dir(dir);
     if tmp.exists() {
         // Checked above: only a checkpoint's own files are in it.

@@ -240,6 +240,20 @@ pub fn run(
         let last = step + 1 == job.steps;
         if let Some(dir) = &job.save {
             if last || (job.save_every > 0 && (step + 1) % job.save_every == 0) {
+                // Every rank knows the step's loss (post-validation: once settled), so all
+                // refuse alike to save a diverged state as the newest checkpoint.
+                session.rank.settle()?;
+                for s in session.rank.take_settled() {
+                    summaries.insert(s.step, s);
+                }
+                if let Some(s) = summaries.get(&step).filter(|s| !s.loss.is_finite()) {
+                    return Err(RuntimeError::Config(format!(
+                        "not saving step {}: the training loss is {} (the run diverged; lower \
+                         --lr or keep --max-grad-norm); the checkpoints already saved are kept",
+                        step + 1,
+                        s.loss
+                    )));
+                }
                 save(&mut session, job, dir, &mut observer)?;
             }
         }

@@ -207,4 +207,28 @@ fn damaged_non_finite_or_edited_checkpoints_are_refused_on_resume() {
 fn a_diverged_run_exits_non_zero() {
     let e = run_fails(&["--lr", "1e30", "--steps", "4"]);
     assert!(e.contains("diverged"), "{e}");
+    // With --save, the good checkpoint stays the latest: the diverged state is not saved.
+    let d = dir("diverged");
+    let run = d.join("run");
+    run_ok(&["--save", s(&run)]);
+    let e = run_fails(&[
+        "--lr",
+        "1e30",
+        "--steps",
+        "6",
+        "--resume",
+        s(&run),
+        "--save",
+        s(&run),
+    ]);
+    assert!(
+        e.contains("not saving step 6") && e.contains("diverged"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("latest")).unwrap().trim(),
+        "step-000002"
+    );
+    assert!(!run.join("step-000006").exists());
+    let _ = std::fs::remove_dir_all(&d);
 }

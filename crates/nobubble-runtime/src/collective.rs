@@ -139,11 +139,21 @@ impl Worker {
             self.post(to, msg)
                 .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
         }
-        (0..n)
+        self.receive_from_all(0, round, "part of collective round")
+    }
+
+    /// Every rank's control message `(stage, index)`, in rank order.
+    fn receive_from_all(
+        &mut self,
+        stage: usize,
+        index: u64,
+        what: &str,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        (0..self.transport.size())
             .map(|from| {
-                let what = || format!("rank {from}'s part of collective round {round}");
+                let describe = || format!("rank {from}'s {what} {index}");
                 Ok(self
-                    .wait_for((Tag::Collective, 0, round, from), None, &what)?
+                    .wait_for((Tag::Collective, stage, index, from), None, &describe)?
                     .bytes)
             })
             .collect()
@@ -163,15 +173,7 @@ impl Worker {
         if self.rank != root {
             return Ok(None);
         }
-        let n = self.transport.size();
-        (0..n)
-            .map(|from| {
-                let what = || format!("rank {from}'s part of collective round {round}");
-                Ok(self
-                    .wait_for((Tag::Collective, 0, round, from), None, &what)?
-                    .bytes)
-            })
-            .collect::<Result<Vec<_>, _>>()
+        self.receive_from_all(0, round, "part of collective round")
             .map(Some)
     }
 
@@ -202,13 +204,6 @@ impl Worker {
 
     /// Rank 0: every rank's report of `step`, in rank order.
     pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        (0..self.transport.size())
-            .map(|from| {
-                let what = || format!("rank {from}'s report of step {step}");
-                Ok(self
-                    .wait_for((Tag::Collective, 1, step, from), None, &what)?
-                    .bytes)
-            })
-            .collect()
+        self.receive_from_all(1, step, "report of step")
     }
 }

@@ -109,6 +109,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 "no schedule applies to this pipeline (see the errors in the output)".into(),
             );
         }
+        if !rows
+            .iter()
+            .any(|r| r.outcome.as_ref().is_ok_and(|f| f.over_limit.is_none()))
+        {
+            return Err("no schedule fits within --mem-limit; raise the limit".into());
+        }
         return Ok(());
     }
     let best = rows

@@ -23,10 +23,24 @@ pub fn stdout(content: &str) -> Result<(), String> {
 
 /// Writes `content` to `path` (see the module documentation); `-` is standard output.
 pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
-    if path.as_os_str() == "-" {
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let text = path.to_string_lossy();
+    if text == "-" || text == "/dev/stdout" {
         return stdout(&String::from_utf8_lossy(content));
     }
-    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    if text == "/dev/stderr" {
+        let mut err = std::io::stderr().lock();
+        return err
+            .write_all(content)
+            .and_then(|_| err.flush())
+            .map_err(fail);
+    }
+    // A path naming an open descriptor: write through it, after what is there (following it to
+    // the file behind, and replacing that, would lose what the shell appended so far).
+    if text.starts_with("/dev/fd/") || (text.starts_with("/proc/") && text.contains("/fd/")) {
+        let mut f = OpenOptions::new().append(true).open(path).map_err(fail)?;
+        return f.write_all(content).and_then(|_| f.flush()).map_err(fail);
+    }
     // Follow symlinks to what they name: the link stays, its target gets the content.
     let target = match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|e| {

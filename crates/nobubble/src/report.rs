@@ -178,7 +178,7 @@ pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
         None => crate::output::stdout(content),
         Some(path) => {
             crate::output::write(path, content.as_bytes())?;
-            if path.as_os_str() != "-" {
+            if !["-", "/dev/stdout", "/dev/stderr"].contains(&path.to_string_lossy().as_ref()) {
                 eprintln!("wrote {}", path.display());
             }
             Ok(())

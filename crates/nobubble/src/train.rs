@@ -296,14 +296,16 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         // Every step a save may write: the end, and each --save-every multiple before it.
         let every = a.save_every;
         let first = a.resume.as_deref().and_then(fs::peek_step).unwrap_or(0);
-        let saves =
-            (first + 1..=a.steps).filter(|k| *k == a.steps || (every > 0 && k % every == 0));
+        let (last, overwrite) = (a.steps, a.overwrite);
+        let saves = move |k: u64| {
+            k > first && k <= last && (k == last || (every > 0 && k.is_multiple_of(every)))
+        };
         fs::check_run_target(dir)
             .and_then(|_| match fs::resolve(dir) {
                 Ok(latest) => fs::check_save_model(&latest, &model, a.overwrite),
                 Err(_) => Ok(()),
             })
-            .and_then(|_| fs::check_run_steps(dir, saves))
+            .and_then(|_| fs::check_run_steps(dir, saves, overwrite))
             .map_err(|e| format!("--save: {e}"))?;
     }
     if let Some(path) = &a.trace {
@@ -315,8 +317,11 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             ));
         }
     }
-    if a.save_every > 0 && a.save.is_none() {
-        return Err("--save-every needs --save DIR (where to write the checkpoints)".into());
+    if (a.save_every > 0 || a.keep_last > 0 || a.overwrite) && a.save.is_none() {
+        return Err(
+            "--save-every, --keep-last and --overwrite need --save DIR (where to write the checkpoints)"
+                .into(),
+        );
     }
     // Real compute: a size in bytes. Emulated passes hold no tensors: the limit is in
     // multiples of a rank's M_B, as for `plan`.

@@ -113,7 +113,7 @@ fn save_resume_and_sample() {
         "--save-every",
         "1",
     ]);
-    assert!(e.contains("--save-every needs --save"), "{e}");
+    assert!(e.contains("need --save DIR"), "{e}");
 
     // Other text is allowed (fine-tuning), with a warning that this is no continuation.
     let text = d.join("other.txt");

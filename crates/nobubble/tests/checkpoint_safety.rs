@@ -232,3 +232,48 @@ fn a_diverged_run_exits_non_zero() {
     assert!(!run.join("step-000006").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
+    let d = dir("rewind");
+    let run = d.join("run");
+    run_ok(&["--steps", "4", "--save-every", "1", "--save", s(&run)]);
+    // Resuming from an earlier step into the same run would replace steps 3 and 4.
+    let two = run.join("step-000002");
+    let e = run_fails(&["--steps", "3", "--resume", s(&two), "--save", s(&run)]);
+    assert!(
+        e.contains("step-000003") && e.contains("--overwrite"),
+        "{e}"
+    );
+    // With --overwrite and --keep-last 1: step 3 is rewritten, the newer step 4 is not
+    // removed (it is not older), the older ones are.
+    run_ok(&[
+        "--steps",
+        "3",
+        "--resume",
+        s(&two),
+        "--save",
+        s(&run),
+        "--overwrite",
+        "--keep-last",
+        "1",
+    ]);
+    let mut names: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-000003", "step-000004"]);
+    // A `latest` that is the user's symlink: refused before training, the link kept.
+    let other = d.join("other");
+    run_ok(&["--save", s(&other)]);
+    std::fs::remove_file(other.join("latest")).unwrap();
+    std::os::unix::fs::symlink("step-000002", other.join("latest")).unwrap();
+    let e = run_fails(&["--steps", "3", "--save", s(&other)]);
+    assert!(e.contains("latest") && e.contains("symlink"), "{e}");
+    assert!(std::fs::symlink_metadata(other.join("latest"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -185,3 +185,23 @@ fn a_full_stdout_is_an_error_not_a_panic() {
             .starts_with("0F0,")
     );
 }
+
+#[test]
+fn dev_stdout_appended_to_a_file_keeps_what_was_there() {
+    let d = dir("stdout");
+    let log = d.join("log.txt");
+    std::fs::write(&log, "before\n").unwrap();
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} plan -s 1f1b -p 2 -m 2 -f csv -o /dev/stdout >> {}",
+            env!("CARGO_BIN_EXE_nobubble"),
+            log.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("before\n0F0,"), "{text:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -16,7 +16,7 @@ pub enum RuntimeError {
         /// The engine's message.
         cause: String,
     },
-    /// A worker thread panicked.
+    /// A rank panicked (a thread, or an MPI process).
     Panic {
         /// Rank of the worker.
         rank: usize,

@@ -40,7 +40,7 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
     Check(check::CheckArgs),
-    /// Train a GPT on text under any schedule, one worker thread per rank.
+    /// Train a GPT on text under any schedule: ranks as threads, or as processes under mpirun.
     Train(Box<train::TrainArgs>),
     /// Continue a prompt with a model saved by `train --save`.
     Sample(sample::SampleArgs),

@@ -90,10 +90,17 @@ fn replace_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
             Err(e) => return Err(e),
         }
     };
-    let written = write_all_synced(&mut file, content).and_then(|_| {
-        drop(file);
-        std::fs::rename(&tmp, path)
-    });
+    // The replacement keeps the replaced file's permissions (a private file stays private).
+    let keep_mode = std::fs::metadata(path)
+        .map(|m| m.permissions())
+        .ok()
+        .map_or(Ok(()), |p| file.set_permissions(p));
+    let written = keep_mode
+        .and_then(|_| write_all_synced(&mut file, content))
+        .and_then(|_| {
+            drop(file);
+            std::fs::rename(&tmp, path)
+        });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

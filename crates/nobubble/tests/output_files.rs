@@ -53,6 +53,15 @@ fn a_users_files_beside_the_target_survive_and_nothing_is_left_behind() {
         .unwrap()
         .starts_with("0F0,"));
     assert_eq!(names(&d), ["out.csv", "out.csv.tmp"]);
+    // A private file stays private when replaced.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.join("out.csv"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(plan_to(&d.join("out.csv")).status.success());
+    let mode = std::fs::metadata(d.join("out.csv"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     // A directory as the target: a clean error, and no temporary file beside it.
     std::fs::create_dir(d.join("sub")).unwrap();
     let e = fails(&[

@@ -75,8 +75,7 @@ impl Worker {
         }
         let to = self.layout.rank_of(0, s);
         let msg = control(Tag::GradShare, s, step, self.flat_gradient(s), Vec::new());
-        self.post(to, msg)
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+        self.post_control(to, msg)
     }
 
     /// Completes the data-parallel reduction of every stage here: the first replica sums the
@@ -114,8 +113,7 @@ impl Worker {
                 for r in 1..d {
                     let to = self.layout.rank_of(r, s);
                     let msg = control(Tag::GradSum, s, step, total.clone(), Vec::new());
-                    self.post(to, msg)
-                        .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+                    self.post_control(to, msg)?;
                 }
             } else {
                 let from = self.layout.rank_of(0, s);
@@ -136,8 +134,7 @@ impl Worker {
         let n = self.transport.size();
         for to in 0..n {
             let msg = control(Tag::Collective, 0, round, Vec::new(), bytes.clone());
-            self.post(to, msg)
-                .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+            self.post_control(to, msg)?;
         }
         self.receive_from_all(0, round, "part of collective round")
     }
@@ -168,8 +165,7 @@ impl Worker {
         let round = self.round;
         self.round += 1;
         let msg = control(Tag::Collective, 0, round, Vec::new(), bytes);
-        self.post(root, msg)
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+        self.post_control(root, msg)?;
         if self.rank != root {
             return Ok(None);
         }
@@ -184,8 +180,7 @@ impl Worker {
         if self.rank == root {
             for to in 0..self.transport.size() {
                 let msg = control(Tag::Collective, 0, round, Vec::new(), bytes.clone());
-                self.post(to, msg)
-                    .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+                self.post_control(to, msg)?;
             }
         }
         let what = || format!("rank {root}'s broadcast in collective round {round}");
@@ -198,8 +193,7 @@ impl Worker {
     /// with [`Worker::collect_reports`]).
     pub fn post_report(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
         let msg = control(Tag::Collective, 1, step, Vec::new(), bytes);
-        self.post(0, msg)
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+        self.post_control(0, msg)
     }
 
     /// Rank 0: every rank's report of `step`, in rank order.

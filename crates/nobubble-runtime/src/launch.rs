@@ -4,7 +4,6 @@
 //! body.
 
 use crate::error::{nearest_cause, RuntimeError};
-use crate::pipeline::panic_message;
 use crate::transport::{InProcess, Transport};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,24 +49,7 @@ pub fn threads<R: Send>(
                             origin,
                             abort: abort.clone(),
                         };
-                        let r = catch_unwind(AssertUnwindSafe(|| body(ctx))).unwrap_or_else(|p| {
-                            Err(RuntimeError::Panic {
-                                rank,
-                                action: crate::worker::running_action(),
-                                cause: panic_message(&p),
-                            })
-                        });
-                        if let Err(e) = &r {
-                            if matches!(e, RuntimeError::Timeout { .. })
-                                && !abort.load(Ordering::Relaxed)
-                            {
-                                std::thread::sleep(TIMEOUT_GRACE);
-                            }
-                            if !matches!(e, RuntimeError::Aborted { .. }) {
-                                abort.store(true, Ordering::Relaxed);
-                            }
-                        }
-                        r
+                        guard(rank, &abort, || body(ctx))
                     })
                     .expect("spawn a rank thread")
             })
@@ -98,6 +80,42 @@ pub fn threads<R: Send>(
         Some(e) => Err(e),
         None => Ok(out),
     }
+}
+
+/// Runs rank `rank`'s `f`, turning a panic into an error naming the rank and the action it
+/// was running; on a failure, stops the other in-process ranks through `abort` — after a grace
+/// period for a timeout, so that ranks waiting on the same lost message reach their own
+/// deadlines and the report can name the wait nearest the cause. Processes use it too (their
+/// `abort` reaches no one; a failure ends the job through MPI).
+pub fn guard<T>(
+    rank: usize,
+    abort: &AtomicBool,
+    f: impl FnOnce() -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    let r = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(RuntimeError::Panic {
+            rank,
+            action: crate::worker::running_action(),
+            cause: panic_message(&p),
+        })
+    });
+    if let Err(e) = &r {
+        if matches!(e, RuntimeError::Timeout { .. }) && !abort.load(Ordering::Relaxed) {
+            std::thread::sleep(TIMEOUT_GRACE);
+        }
+        if !matches!(e, RuntimeError::Aborted { .. }) {
+            abort.store(true, Ordering::Relaxed);
+        }
+    }
+    r
+}
+
+/// A panic's message, for reports.
+pub fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The number of ranks an MPI or Slurm launcher started this process among, if any

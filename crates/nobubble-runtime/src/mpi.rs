@@ -178,10 +178,6 @@ impl Transport for MpiTransport {
         Ok(())
     }
 
-    fn abort_job(&self, code: i32) {
-        self.world.abort(code)
-    }
-
     fn describe(&self) -> String {
         format!("MPI ({})", self.version)
     }

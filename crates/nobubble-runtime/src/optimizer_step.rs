@@ -41,6 +41,17 @@ pub enum Verdict {
     Skip,
 }
 
+impl Verdict {
+    /// The verdict of a step with this clip factor (`None`: non-finite gradients).
+    pub fn of(scale: Option<f32>) -> Verdict {
+        match scale {
+            None => Verdict::Skip,
+            Some(x) if x < 1.0 => Verdict::Redo(x),
+            Some(_) => Verdict::Keep,
+        }
+    }
+}
+
 /// A step's outcome, the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct StepSummary {
@@ -105,12 +116,21 @@ impl Worker {
     /// Partial squared gradient norm of each stage here (replica 0 reports; the others'
     /// gradients are the same after the reduction).
     fn local_norms(&self) -> Vec<(usize, f64)> {
+        if self.replica == 0 {
+            self.stage_norms()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Partial squared gradient norm of each stage here (empty when emulated).
+    fn stage_norms(&self) -> Vec<(usize, f64)> {
         match &self.engine {
-            Engine::Real { stages, .. } if self.replica == 0 => stages
+            Engine::Real { stages, .. } => stages
                 .iter()
                 .map(|(&s, st)| (s, grad_norm_sq(&st.params())))
                 .collect(),
-            _ => Vec::new(),
+            Engine::Emulated(_) => Vec::new(),
         }
     }
 
@@ -157,8 +177,7 @@ impl Worker {
                 bytes: bytes.clone(),
                 sent_at: 0.0,
             };
-            self.post(to, msg)
-                .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))?;
+            self.post_control(to, msg)?;
         }
         Ok(())
     }
@@ -220,20 +239,14 @@ impl Worker {
         &mut self,
         step: u64,
         losses: &[(usize, f32)],
-    ) -> Result<Option<crate::worker::StepSummary>, RuntimeError> {
+    ) -> Result<Option<StepSummary>, RuntimeError> {
         let lr = self.train.lr_at(step);
         match self.post_validate {
             Some(mode) => {
-                let norms: Vec<(usize, f64)> = match &self.engine {
-                    Engine::Real { stages, .. } => stages
-                        .iter()
-                        .map(|(&s, st)| (s, grad_norm_sq(&st.params())))
-                        .collect(),
-                    Engine::Emulated(_) => Vec::new(),
-                };
+                let norms = self.stage_norms();
                 self.optimistic_step(mode, lr, &norms)?;
                 self.send_stats(step, false, losses)?;
-                self.pending = Some((step, lr));
+                self.pending = Some(step);
                 Ok(None)
             }
             _ => {
@@ -247,16 +260,11 @@ impl Worker {
     /// Post-validation: applies the verdict on the pending optimistic step, if any, once
     /// every rank's statistics are in. Call before anything reads or changes the weights.
     pub fn settle(&mut self) -> Result<Option<StepSummary>, RuntimeError> {
-        let Some((step, _)) = self.pending else {
+        let Some(step) = self.pending else {
             return Ok(None);
         };
         let summary = self.collect_stats(step, false, false)?;
-        let verdict = match summary.scale {
-            None => Verdict::Skip,
-            Some(x) if x < 1.0 => Verdict::Redo(x),
-            Some(_) => Verdict::Keep,
-        };
-        self.validate(verdict)?;
+        self.validate(Verdict::of(summary.scale), summary.lr)?;
         self.pending = None;
         self.settled.push(summary);
         Ok(Some(summary))
@@ -288,10 +296,10 @@ impl Worker {
         Ok(())
     }
 
-    /// Applies the validation verdict to the optimistic step, then zeroes the gradients.
-    fn validate(&mut self, verdict: Verdict) -> Result<(), RuntimeError> {
+    /// Applies the validation verdict to the optimistic step (taken at learning rate `lr`:
+    /// a redo must use it, not the one a restore brings back), then zeroes the gradients.
+    fn validate(&mut self, verdict: Verdict, lr: f32) -> Result<(), RuntimeError> {
         let mode = self.post_validate.unwrap_or(Rollback::Copy);
-        let lr = self.pending.map(|(_, lr)| lr);
         if let Engine::Real { stages, optimizers } = &mut self.engine {
             for (s, stage) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).expect("one optimizer per stage");
@@ -299,9 +307,6 @@ impl Worker {
                 let fail = |e: nobubble_nn::NnError| {
                     RuntimeError::Config(format!("stage {s}: rollback failed: {e}"))
                 };
-                // The learning rate of the optimistic step (a redo must use it, not the
-                // restored one).
-                let step_lr = opt.config.lr;
                 if verdict != Verdict::Keep && stepped {
                     match (mode, &snapshot) {
                         (Rollback::Copy, Some(snap)) => {
@@ -311,7 +316,7 @@ impl Worker {
                     }
                 }
                 if let Verdict::Redo(scale) = verdict {
-                    opt.config.lr = lr.unwrap_or(step_lr);
+                    opt.config.lr = lr;
                     opt.step(&mut stage.params_mut(), scale).map_err(fail)?;
                 }
                 stage.zero_grads();

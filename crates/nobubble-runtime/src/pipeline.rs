@@ -12,7 +12,6 @@ use crate::worker::{CommStats, Fault, MeasuredSlot, RankStep, Rollback, StepSumm
 use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_schedule::{timing, CostModel, Schedule};
 use serde::Serialize;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -165,38 +164,14 @@ pub struct Pipeline {
     failed: bool,
 }
 
-pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
-/// Runs `f` on `rank`, turning a panic into an error naming the rank and action, and, on a
-/// failure, stopping the other in-process ranks (after a grace period for a timeout, so ranks
-/// waiting on the same lost message reach their own deadlines and the report can name the
-/// wait nearest the cause).
-pub(crate) fn guarded<T>(
+/// Runs `f` on `rank` under [`crate::launch::guard`].
+fn guarded<T>(
     rank: &mut Rank,
     abort: &AtomicBool,
     f: impl FnOnce(&mut Rank) -> Result<T, RuntimeError>,
 ) -> Result<T, RuntimeError> {
-    let r = catch_unwind(AssertUnwindSafe(|| f(&mut *rank))).unwrap_or_else(|p| {
-        Err(RuntimeError::Panic {
-            rank: rank.rank(),
-            action: rank.current(),
-            cause: panic_message(&p),
-        })
-    });
-    if let Err(e) = &r {
-        if matches!(e, RuntimeError::Timeout { .. }) && !abort.load(Ordering::Relaxed) {
-            std::thread::sleep(TIMEOUT_GRACE.min(rank.worker.recv_timeout));
-        }
-        if !matches!(e, RuntimeError::Aborted { .. }) {
-            abort.store(true, Ordering::Relaxed);
-        }
-    }
-    r
+    let id = rank.rank();
+    crate::launch::guard(id, abort, || f(rank))
 }
 
 impl Pipeline {
@@ -247,8 +222,6 @@ impl Pipeline {
                 .name(format!("rank-{id}"))
                 .spawn(move || {
                     while let Ok(cmd) = rx.recv() {
-                        // This driver reads summaries from the replies.
-                        rank.take_settled();
                         let r = &mut rank;
                         let reply = match cmd {
                             Command::Step {
@@ -389,9 +362,13 @@ impl Pipeline {
                     _ => None,
                 },
             )?;
-            for s in reports[0].summary.iter().chain(&reports[0].settled) {
-                summaries.insert(s.step, *s);
-            }
+            summaries.extend(
+                reports[0]
+                    .summary
+                    .iter()
+                    .chain(&reports[0].settled)
+                    .map(|s| (s.step, *s)),
+            );
             runs.push((step, reports, wall.elapsed().as_secs_f64()));
             self.step += 1;
         }
@@ -553,6 +530,3 @@ impl Drop for Pipeline {
         }
     }
 }
-
-/// How long a rank that timed out waits before stopping the others.
-const TIMEOUT_GRACE: Duration = Duration::from_millis(250);

@@ -145,7 +145,6 @@ impl Rank {
             model: config.model.clone(),
             train: config.train.clone(),
             fault: config.fault.clone(),
-            current: None,
             post_validate: config.post_validate,
             optimistic: BTreeMap::new(),
             pending: None,
@@ -167,11 +166,6 @@ impl Rank {
         self.worker.rank
     }
 
-    /// Ranks in the job.
-    pub fn size(&self) -> usize {
-        self.worker.layout.world()
-    }
-
     /// This rank's data-parallel replica.
     pub fn replica(&self) -> usize {
         self.worker.replica
@@ -180,11 +174,6 @@ impl Rank {
     /// Communication so far.
     pub fn comm(&self) -> CommStats {
         self.worker.comm
-    }
-
-    /// Seconds since the common origin (the timelines' clock).
-    pub fn now(&self) -> f64 {
-        self.worker.now()
     }
 
     /// The transport's description.
@@ -236,16 +225,6 @@ impl Rank {
         std::mem::take(&mut self.worker.settled)
     }
 
-    /// The action being run (for panic reports).
-    pub(crate) fn current(&mut self) -> Option<Action> {
-        self.worker.current.take()
-    }
-
-    /// Measured (M_B, M_W) of this rank's stages: (stage, after F, after I).
-    pub fn measure_local_memory(&mut self) -> Result<Vec<(usize, usize, usize)>, RuntimeError> {
-        self.worker.measure_memory()
-    }
-
     /// Measured (M_B, M_W) bytes of every stage, in stage order, on every rank (all-gathered
     /// from replica 0). Empty in emulated mode.
     pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize)>, RuntimeError> {
@@ -270,15 +249,6 @@ impl Rank {
         self.worker.all_gather(bytes)
     }
 
-    /// Every rank's `bytes` at `root`, in rank order; `None` elsewhere.
-    pub fn gather(
-        &mut self,
-        root: usize,
-        bytes: Vec<u8>,
-    ) -> Result<Option<Vec<Vec<u8>>>, RuntimeError> {
-        self.worker.gather(root, bytes)
-    }
-
     /// `root`'s bytes on every rank.
     pub fn broadcast(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, RuntimeError> {
         self.worker.broadcast(root, bytes)
@@ -292,11 +262,6 @@ impl Rank {
     /// Rank 0: every rank's report of `step`, in rank order.
     pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.worker.collect_reports(step)
-    }
-
-    /// Waits until every rank has come here.
-    pub fn barrier(&mut self) -> Result<(), RuntimeError> {
-        self.worker.all_gather(Vec::new()).map(|_| ())
     }
 
     /// This rank's parameters: (stage, name, values).
@@ -393,10 +358,5 @@ impl Rank {
             .transport
             .flush()
             .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.worker.rank)))
-    }
-
-    /// Ends the whole job (MPI: `MPI_Abort`); in-process ranks rely on the abort flag.
-    pub fn abort_job(&self, code: i32) {
-        self.worker.transport.abort_job(code)
     }
 }

@@ -140,7 +140,7 @@ impl Report {
             timeline,
             peak_bytes: self.peak_bytes,
             summary: None,
-            settled: None,
+            settled: Vec::new(),
             comm: self.comm,
         })
     }
@@ -212,19 +212,15 @@ pub fn run(
         let t0 = Instant::now();
         let rs = session.step()?;
         let wall = t0.elapsed().as_secs_f64();
-        for s in rs
-            .summary
-            .iter()
-            .copied()
-            .chain(session.rank.take_settled())
-        {
-            summaries.insert(s.step, s);
-        }
+        summaries.extend(rs.summary.iter().chain(&rs.settled).map(|s| (s.step, *s)));
         session
             .rank
             .post_report(step, serde_json::to_vec(&Report::of(&rs)).map_err(fail)?)?;
         unrecorded.push((step, wall, session.plan.schedule.name.clone()));
-        local.push(rs);
+        if !replanned && job.replan_after > 0 {
+            // Kept only until the one re-plan that reads them.
+            local.push(rs);
+        }
         if root {
             // Record what is complete, one step late: the others posted their reports
             // without waiting; this only reads them.
@@ -242,10 +238,7 @@ pub fn run(
             if last || (job.save_every > 0 && (step + 1) % job.save_every == 0) {
                 // Every rank knows the step's loss (post-validation: once settled), so all
                 // refuse alike to save a diverged state as the newest checkpoint.
-                session.rank.settle()?;
-                for s in session.rank.take_settled() {
-                    summaries.insert(s.step, s);
-                }
+                settle_into(&mut session, &mut summaries)?;
                 if let Some(s) = summaries.get(&step).filter(|s| !s.loss.is_finite()) {
                     return Err(RuntimeError::Config(format!(
                         "not saving step {}: the training loss is {} (the run diverged; lower \
@@ -261,7 +254,9 @@ pub fn run(
         if !replanned && !last && job.replan_after > 0 && measured == job.replan_after {
             replanned = true;
             let before = session.plan.schedule.orders.clone();
-            if let Some(plan) = session.replan_on_measurements(&local)? {
+            let plan = session.replan_on_measurements(&local)?;
+            local = Vec::new();
+            if let Some(plan) = plan {
                 let times: Vec<String> = plan
                     .costs
                     .stages
@@ -288,10 +283,7 @@ pub fn run(
         }
     }
     // The last post-validated step is settled here (unless a checkpoint already did).
-    session.rank.settle()?;
-    for s in session.rank.take_settled() {
-        summaries.insert(s.step, s);
-    }
+    settle_into(&mut session, &mut summaries)?;
     let elapsed = started.elapsed().as_secs_f64();
     if root {
         record_ready(
@@ -344,6 +336,17 @@ pub fn run(
         replicas,
         tail,
     }))
+}
+
+/// Settles a pending post-validated step and files every summary settled since the last step
+/// (a checkpoint export settles too).
+fn settle_into(
+    session: &mut Session,
+    summaries: &mut BTreeMap<u64, StepSummary>,
+) -> Result<(), RuntimeError> {
+    session.rank.settle()?;
+    summaries.extend(session.rank.take_settled().into_iter().map(|s| (s.step, s)));
+    Ok(())
 }
 
 /// Rank 0: turns every step up to `upto` whose summary is known into a record (gathering the

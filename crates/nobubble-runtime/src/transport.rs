@@ -176,9 +176,6 @@ pub trait Transport: Send {
     fn flush(&mut self) -> Result<(), String> {
         Ok(())
     }
-    /// Ends the whole job after a failure this rank cannot recover from (MPI: `MPI_Abort`).
-    /// In-process ranks share an abort flag instead, so this does nothing there.
-    fn abort_job(&self, _code: i32) {}
     /// What this transport is, for reports (`threads`, `MPI (Open MPI 4.1.4)`).
     fn describe(&self) -> String;
 }

@@ -99,8 +99,9 @@ pub struct RankStep {
     pub peak_bytes: usize,
     /// This step's outcome, when known at its end (synchronous and evaluation steps).
     pub summary: Option<StepSummary>,
-    /// Post-validation: the previous step's outcome, settled at the start of this one.
-    pub settled: Option<StepSummary>,
+    /// Post-validation: the outcomes of earlier steps settled since the last step (by this
+    /// one, or in between by an export).
+    pub settled: Vec<StepSummary>,
     /// Communication during the step.
     pub comm: CommStats,
 }
@@ -181,15 +182,13 @@ pub(crate) struct Worker {
     pub model: GptConfig,
     pub train: TrainConfig,
     pub fault: Option<Fault>,
-    /// The action being run, so a panic can be reported with it.
-    pub current: Option<Action>,
     /// Post-validation: how to undo optimistic steps (`None`: synchronous steps).
     pub post_validate: Option<Rollback>,
     /// Per stage here: the snapshot taken before the optimistic step (copy mode) and
     /// whether the stage stepped.
     pub optimistic: BTreeMap<usize, (Option<AdamWSnapshot>, bool)>,
-    /// The post-validated step whose verdict is still to come: (step, learning rate).
-    pub pending: Option<(u64, f32)>,
+    /// The post-validated step whose verdict is still to come.
+    pub pending: Option<u64>,
     /// Summaries of post-validated steps settled since last taken (whoever settled them:
     /// the next step, a checkpoint export, the end of the run).
     pub settled: Vec<StepSummary>,
@@ -201,17 +200,22 @@ pub(crate) struct Worker {
     pub round: u64,
 }
 
-/// The mailbox index of a pipeline message: its step, whether an evaluation step, which
-/// attempt at the step (a post-validated step whose predecessor was rolled back is run again),
-/// and the microbatch. Messages of a discarded attempt can then never be mistaken for the
-/// rerun's.
-fn pipe_index(step: u64, eval: bool, attempt: u64, mb: usize) -> u64 {
-    debug_assert!(attempt <= 1 && mb < 1 << 24);
-    ((((step << 1) | eval as u64) << 1 | attempt) << 24) | mb as u64
+/// The round of a pipeline message: its step, whether an evaluation step, and which attempt at
+/// the step (a post-validated step whose predecessor was rolled back is run again). Messages of
+/// a discarded attempt can then never be mistaken for the rerun's. Rounds increase with time.
+fn pipe_round(step: u64, eval: bool, attempt: u64) -> u64 {
+    debug_assert!(attempt <= 1);
+    ((step << 1) | eval as u64) << 1 | attempt
 }
 
-/// The (step, eval, attempt) a pipeline message index belongs to.
-fn pipe_round(index: u64) -> u64 {
+/// The mailbox index of a pipeline message: its round and microbatch.
+fn pipe_index(round: u64, mb: usize) -> u64 {
+    debug_assert!(mb < 1 << 24);
+    (round << 24) | mb as u64
+}
+
+/// The round a pipeline message index belongs to.
+fn round_of(index: u64) -> u64 {
     index >> 24
 }
 
@@ -220,8 +224,9 @@ enum Ran {
     /// Every action ran: losses by global microbatch, timeline, peak activation bytes.
     Done(Vec<(usize, f32)>, Vec<MeasuredSlot>, usize),
     /// Post-validation rolled the previous step back after some of this step's forwards ran
-    /// speculatively on its optimistic weights: they are thrown away and the step runs again.
-    Again(Vec<MeasuredSlot>, Vec<(usize, usize)>),
+    /// speculatively on its optimistic weights: these (stage, microbatch) are thrown away and
+    /// the step runs again. Their time shows as idle; they stay out of the pass-time medians.
+    Again(Vec<(usize, usize)>),
 }
 
 thread_local! {
@@ -256,6 +261,12 @@ impl Worker {
         }
     }
 
+    /// [`Worker::post`] of collective traffic, whose failure names this rank.
+    pub(crate) fn post_control(&mut self, to: usize, msg: Message) -> Result<(), RuntimeError> {
+        self.post(to, msg)
+            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+    }
+
     /// Sends `msg` (already addressed) to `to`, or into the own mailbox.
     pub fn post(&mut self, to: usize, mut msg: Message) -> Result<(), String> {
         msg.from = self.rank;
@@ -280,12 +291,8 @@ impl Worker {
         action: Option<Action>,
         what: &dyn Fn() -> String,
     ) -> Result<Message, RuntimeError> {
-        let started = Instant::now();
-        let since = self.now();
-        let deadline = started + self.recv_timeout;
-        let r = self.wait_inner(key, action, what, started, since, deadline, None);
-        self.comm.wait_seconds += started.elapsed().as_secs_f64();
-        r.map(|m| m.expect("no interruption asked for"))
+        self.wait_or(key, action, what, None)
+            .map(|m| m.expect("no interruption asked for"))
     }
 
     /// As [`Worker::wait_for`], but gives up (`None`) as soon as `interrupt` holds.
@@ -294,12 +301,12 @@ impl Worker {
         key: Key,
         action: Option<Action>,
         what: &dyn Fn() -> String,
-        interrupt: &dyn Fn(&Worker) -> bool,
+        interrupt: Option<&dyn Fn(&Worker) -> bool>,
     ) -> Result<Option<Message>, RuntimeError> {
         let started = Instant::now();
         let since = self.now();
         let deadline = started + self.recv_timeout;
-        let r = self.wait_inner(key, action, what, started, since, deadline, Some(interrupt));
+        let r = self.wait_inner(key, action, what, started, since, deadline, interrupt);
         self.comm.wait_seconds += started.elapsed().as_secs_f64();
         r
     }
@@ -442,12 +449,14 @@ impl Worker {
                 "the {kind} of stage {s}, microbatch {j}, from stage {from_stage} on rank {from}"
             )
         };
-        let key = (tag, s, (round << 24) | j as u64, from);
+        let key = (tag, s, pipe_index(round, j), from);
         let m = match settle_first {
-            Some(step) => match self.wait_or(key, Some(action), &what, &|w| w.stats_ready(step))? {
-                Some(m) => m,
-                None => return Ok(None),
-            },
+            Some(step) => {
+                match self.wait_or(key, Some(action), &what, Some(&|w| w.stats_ready(step)))? {
+                    Some(m) => m,
+                    None => return Ok(None),
+                }
+            }
             None => self.wait_for(key, Some(action), &what)?,
         };
         Tensor::from_vec(&m.shape, m.data)
@@ -480,7 +489,7 @@ impl Worker {
             tag,
             from: self.rank,
             stage,
-            index: (round << 24) | mb as u64,
+            index: pipe_index(round, mb),
             shape: tensor.shape().to_vec(),
             data: tensor.into_vec(),
             bytes: Vec::new(),
@@ -504,7 +513,7 @@ impl Worker {
         eval: bool,
         attempt: u64,
     ) -> Result<Ran, RuntimeError> {
-        let round = pipe_round(pipe_index(step, eval, attempt, 0));
+        let round = pipe_round(step, eval, attempt);
         let mut forwards: Vec<(usize, usize)> = Vec::new();
         let mut losses = Vec::new();
         let mut timeline = Vec::with_capacity(order.len());
@@ -518,7 +527,6 @@ impl Worker {
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
-            self.current = Some(a);
             RUNNING.with(|r| r.set(Some(a)));
             if self.replica == 0 {
                 match &self.fault {
@@ -541,20 +549,19 @@ impl Worker {
                 // travelled during those forwards): keep, or throw this attempt away. Every
                 // rank reaches the same verdict and so starts the same attempt.
                 if !self.settle_kept()? {
-                    return Ok(Ran::Again(timeline, forwards));
+                    return Ok(Ran::Again(forwards));
                 }
             }
             // Inputs first (waiting is idle time), then compute.
             let input = match a.kind {
                 Kind::F if s > 0 => {
-                    let speculating = self.pending.map(|(p, _)| p);
-                    match self.wait_input(Tag::Activation, a, round, speculating)? {
+                    match self.wait_input(Tag::Activation, a, round, self.pending)? {
                         Some(x) => Some(x),
                         None => {
                             // The verdict came before the input: settle it now, since the
                             // sender may have started the step again.
                             if !self.settle_kept()? {
-                                return Ok(Ran::Again(timeline, forwards));
+                                return Ok(Ran::Again(forwards));
                             }
                             self.wait_input(Tag::Activation, a, round, None)?
                         }
@@ -679,14 +686,13 @@ impl Worker {
                 waited: start - t_ready,
             });
         }
-        self.current = None;
         RUNNING.with(|r| r.set(None));
         Ok(Ran::Done(losses, timeline, peak))
     }
 
     /// Settles the pending verdict; true if the optimistic step was kept.
     fn settle_kept(&mut self) -> Result<bool, RuntimeError> {
-        Ok(!matches!(self.settle()?, Some(s) if s.scale != Some(1.0)))
+        Ok(!matches!(self.settle()?, Some(s) if Verdict::of(s.scale) != Verdict::Keep))
     }
 
     /// Throws away a speculative attempt at a step: what its forwards saved, and its
@@ -705,7 +711,7 @@ impl Worker {
     /// Drops pipeline messages of every round before `round` (discarded attempts).
     fn purge(&mut self, round: u64) {
         self.mailbox
-            .retain(|k, _| !(k.0.is_pipeline() && pipe_round(k.2) < round));
+            .retain(|k, _| !(k.0.is_pipeline() && round_of(k.2) < round));
     }
 
     /// Runs one training (or evaluation) step of the SPMD program: actions, gradient
@@ -719,34 +725,22 @@ impl Worker {
         let before = self.comm;
         // Evaluation reads the weights everywhere: the pending verdict first. Training steps
         // settle it lazily, before their first backward pass.
-        let mut settled = if eval { self.settle()? } else { None };
-        self.purge(pipe_round(pipe_index(step, eval, 0, 0)));
-        let mut timeline = Vec::new();
+        if eval {
+            self.settle()?;
+        }
+        self.purge(pipe_round(step, eval, 0));
         let mut attempt = 0;
-        let (losses, peak_bytes) = loop {
-            let pending = self.pending;
-            let ran = self.run_actions(step, order, eval, attempt)?;
-            if pending.is_some() && self.pending.is_none() {
-                settled = self.settled.last().copied();
-            }
-            match ran {
-                Ran::Done(losses, t, peak) => {
-                    timeline.extend(t);
-                    break (losses, peak);
-                }
-                Ran::Again(_wasted, forwards) => {
-                    // The discarded forwards are not this step's passes: their time shows as
-                    // idle, and they stay out of the pass-time medians.
-                    let round = pipe_round(pipe_index(step, eval, attempt, 0));
-                    self.discard_attempt(&forwards, round);
+        let (losses, timeline, peak_bytes) = loop {
+            match self.run_actions(step, order, eval, attempt)? {
+                Ran::Done(losses, timeline, peak) => break (losses, timeline, peak),
+                Ran::Again(forwards) => {
+                    self.discard_attempt(&forwards, pipe_round(step, eval, attempt));
                     attempt += 1;
                 }
             }
         };
         // A schedule without backward passes here still settles before the next step.
-        if let Some(s) = self.settle()? {
-            settled = Some(s);
-        }
+        self.settle()?;
         let summary = if eval {
             let s = self.exchange_stats(step, true, &losses, false)?;
             self.zero_grads();
@@ -760,7 +754,7 @@ impl Worker {
             timeline,
             peak_bytes,
             summary,
-            settled,
+            settled: std::mem::take(&mut self.settled),
             comm: self.comm.since(&before),
         })
     }

@@ -518,11 +518,10 @@ pub fn run(a: &TrainArgs) -> Result<(), String> {
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String> {
+fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<(), String> {
     let (ctx, mpi) = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
     let rank = ctx.transport.rank();
     let size = ctx.transport.size();
-    let _ = launched; // the launcher's count; MPI's own is the one that counts
     if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
         // Every rank says it (each may be read in its own log), and all finalize MPI.
         say(&format!("error: rank {rank}: {e}\n"));
@@ -540,22 +539,9 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, launched: usize) -> Result<(), String>
     };
     let transport = ctx.transport.describe();
     // A panic must end the job too, not leave the other ranks waiting for this one.
+    let abort = ctx.abort.clone();
     let run = |observer: Option<&mut dyn Observer>| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            training::run(job, ctx, observer)
-        }))
-        .unwrap_or_else(|p| {
-            let cause = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(RuntimeError::Panic {
-                rank,
-                action: nobubble_runtime::worker::running_action(),
-                cause,
-            })
-        })
+        launch::guard(rank, &abort, || training::run(job, ctx, observer))
     };
     if rank == 0 {
         header(a, job, &transport);

@@ -90,6 +90,12 @@ fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, Run
         .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
 }
 
+/// `dir/checkpoint.json` as JSON, for the checks that need one field of it before (or
+/// without) a full [`load`]; `None` if it is missing or not JSON.
+fn meta_json(dir: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(dir.join(META)).ok()?).ok()
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -100,9 +106,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// Whether `dir` holds nothing but a checkpoint's own files (so it may be replaced or
 /// removed): `Ok(())`, or the reason it may not, naming what is foreign. A missing directory
 /// is fine; so is an empty one. Tensor files without a `checkpoint.json` are someone else's
-/// (another tool writes `model.safetensors` too) unless `staging`: an interrupted save leaves
-/// exactly that in its staging directory.
-pub fn is_ours(dir: &Path, staging: bool) -> Result<(), String> {
+/// (another tool writes `model.safetensors` too) unless `partial`: an interrupted save leaves
+/// exactly that in its staging directory, a cut-short removal in the previous one.
+pub fn is_ours(dir: &Path, partial: bool) -> Result<(), String> {
     let meta = match std::fs::symlink_metadata(dir) {
         Err(_) => return Ok(()),
         Ok(m) => m,
@@ -131,17 +137,12 @@ pub fn is_ours(dir: &Path, staging: bool) -> Result<(), String> {
         }
         has_meta |= name == META;
     }
-    if any && !has_meta && !staging {
+    if any && !has_meta && !partial {
         return Err("it holds checkpoint files but no checkpoint.json".into());
     }
-    if has_meta {
-        let text = std::fs::read(dir.join(META)).map_err(|e| format!("cannot read {META}: {e}"))?;
-        let format = serde_json::from_slice::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(str::to_string));
-        if format.as_deref() != Some(FORMAT) {
-            return Err(format!("its {META} is not a nobubble checkpoint's"));
-        }
+    let format = meta_json(dir).and_then(|v| Some(v.get("format")?.as_str()?.to_string()));
+    if has_meta && format.as_deref() != Some(FORMAT) {
+        return Err(format!("its {META} is not a nobubble checkpoint's"));
     }
     Ok(())
 }
@@ -150,8 +151,8 @@ pub fn is_ours(dir: &Path, staging: bool) -> Result<(), String> {
 /// holding anything but a checkpoint's own files — and the same for the staging and
 /// previous directories beside it, which a save replaces. Cheap: run it before training too.
 pub fn check_save_target(dir: &Path) -> Result<(), RuntimeError> {
-    for (d, what, staging) in [
-        (dir.to_path_buf(), "the --save directory", false),
+    for (d, what, partial) in [
+        (dir.to_path_buf(), "a checkpoint directory", false),
         (
             staging_dir(dir),
             "the staging directory of an interrupted save",
@@ -164,7 +165,7 @@ pub fn check_save_target(dir: &Path) -> Result<(), RuntimeError> {
             true,
         ),
     ] {
-        if let Err(why) = is_ours(&d, staging) {
+        if let Err(why) = is_ours(&d, partial) {
             return Err(RuntimeError::Config(format!(
                 "{} ({what}) cannot be replaced: {why}; choose another --save directory, or move \
                  that out of the way",
@@ -184,12 +185,9 @@ pub fn check_save_model(
     if overwrite || !dir.join(META).is_file() {
         return Ok(());
     }
-    let text = std::fs::read(dir.join(META)).map_err(|e| io_err("read", &dir.join(META), e))?;
-    let saved = serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| {
-            serde_json::from_value::<nobubble_nn::GptConfig>(v.get("model")?.clone()).ok()
-        });
+    let saved = meta_json(dir).and_then(|v| {
+        serde_json::from_value::<nobubble_nn::GptConfig>(v.get("model")?.clone()).ok()
+    });
     match saved {
         Some(m) if m == *model => Ok(()),
         _ => Err(RuntimeError::Config(format!(
@@ -567,7 +565,6 @@ pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathB
     std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
     let name = step_dir_name(ckpt.meta.step);
     let dir = run.join(&name);
-    latest_step(run)?;
     save(&dir, ckpt)?;
     replace_latest(run, &name)?;
     if keep_last > 0 {
@@ -662,11 +659,7 @@ pub fn peek_step(dir: &Path) -> Option<u64> {
     } else {
         previous_dir(&at)
     };
-    let text = std::fs::read(src.join(META)).ok()?;
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .ok()?
-        .get("step")?
-        .as_u64()
+    meta_json(&src)?.get("step")?.as_u64()
 }
 
 /// [`load`] of [`resolve`]`(dir)`.

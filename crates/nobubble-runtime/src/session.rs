@@ -8,7 +8,7 @@ use crate::error::RuntimeError;
 use crate::pipeline::{Compute, RunConfig, StepRecord};
 use crate::rank::Rank;
 use crate::transport::Transport;
-use crate::worker::RankStep;
+use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::ByteCorpus;
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
@@ -306,49 +306,48 @@ impl Session {
 }
 
 /// The median time (ms) of each pass kind on each stage this rank ran in `steps`:
-/// (stage, [F, I, W, B]).
+/// (stage, [F, I, W, B]), for the stages it ran.
 pub fn local_medians(steps: &[RankStep], stages: usize) -> Vec<(usize, [Option<f64>; 4])> {
-    let mut samples: Vec<[Vec<f64>; 4]> = (0..stages).map(|_| Default::default()).collect();
-    for rec in steps {
-        for slot in &rec.timeline {
-            samples[slot.action.stage][kind_index(slot.action.kind)]
-                .push((slot.end - slot.start) * 1e3);
-        }
-    }
-    samples
+    slot_medians(steps.iter().flat_map(|r| &r.timeline), stages)
         .into_iter()
         .enumerate()
-        .filter(|(_, k)| k.iter().any(|v| !v.is_empty()))
-        .map(|(s, kinds)| (s, kinds.map(median)))
+        .filter(|(_, kinds)| kinds.iter().any(Option::is_some))
         .collect()
-}
-
-fn kind_index(k: Kind) -> usize {
-    match k {
-        Kind::F => 0,
-        Kind::I => 1,
-        Kind::W => 2,
-        Kind::B => 3,
-    }
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 /// The median measured time (ms) of each pass kind on each stage over `records`, as
 /// [F, I, W, B]; `None` where that kind never ran. Re-planning on measurements and the
 /// measured-against-simulated reports all start from these.
 pub fn median_pass_ms(records: &[StepRecord], stages: usize) -> Vec<[Option<f64>; 4]> {
+    slot_medians(
+        records.iter().flat_map(|r| r.timeline.iter().flatten()),
+        stages,
+    )
+}
+
+fn slot_medians<'a>(
+    slots: impl Iterator<Item = &'a MeasuredSlot>,
+    stages: usize,
+) -> Vec<[Option<f64>; 4]> {
     let mut samples: Vec<[Vec<f64>; 4]> = (0..stages).map(|_| Default::default()).collect();
-    for rec in records {
-        for slot in rec.timeline.iter().flatten() {
-            samples[slot.action.stage][kind_index(slot.action.kind)]
-                .push((slot.end - slot.start) * 1e3);
-        }
+    for slot in slots {
+        let k = match slot.action.kind {
+            Kind::F => 0,
+            Kind::I => 1,
+            Kind::W => 2,
+            Kind::B => 3,
+        };
+        samples[slot.action.stage][k].push((slot.end - slot.start) * 1e3);
     }
-    samples.into_iter().map(|kinds| kinds.map(median)).collect()
+    samples
+        .into_iter()
+        .map(|kinds| {
+            kinds.map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied()
+            })
+        })
+        .collect()
 }
 
 /// Bytes as B, KiB, MiB or GiB with one decimal, for messages.

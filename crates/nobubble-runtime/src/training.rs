@@ -136,7 +136,6 @@ impl Report {
             })
             .collect::<Result<_, RuntimeError>>()?;
         Ok(RankStep {
-            losses: Vec::new(),
             timeline,
             peak_bytes: self.peak_bytes,
             summary: None,

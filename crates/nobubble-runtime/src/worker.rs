@@ -91,8 +91,6 @@ impl CommStats {
 /// What a rank reports after a step.
 #[derive(Clone, Debug)]
 pub struct RankStep {
-    /// Loss of each microbatch whose last stage is here, by *global* microbatch index.
-    pub losses: Vec<(usize, f32)>,
     /// The rank's measured actions.
     pub timeline: Vec<MeasuredSlot>,
     /// Peak activation bytes held by the rank's stages during the step.
@@ -750,7 +748,6 @@ impl Worker {
             self.optimizer_step(step, &losses)?
         };
         Ok(RankStep {
-            losses,
             timeline,
             peak_bytes,
             summary,

@@ -14,11 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes `content` to standard output, turning a failure into a message.
-pub fn stdout(content: &str) -> Result<(), String> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(content.as_bytes())
-        .and_then(|_| out.flush())
+pub fn stdout(content: &[u8]) -> Result<(), String> {
+    write_all(&mut std::io::stdout().lock(), content)
         .map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+fn write_all(w: &mut dyn Write, content: &[u8]) -> std::io::Result<()> {
+    w.write_all(content)?;
+    w.flush()
 }
 
 /// Writes `content` to `path` (see the module documentation); `-` is standard output.
@@ -26,20 +29,16 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let text = path.to_string_lossy();
     if text == "-" || text == "/dev/stdout" {
-        return stdout(&String::from_utf8_lossy(content));
+        return stdout(content);
     }
     if text == "/dev/stderr" {
-        let mut err = std::io::stderr().lock();
-        return err
-            .write_all(content)
-            .and_then(|_| err.flush())
-            .map_err(fail);
+        return write_all(&mut std::io::stderr().lock(), content).map_err(fail);
     }
     // A path naming an open descriptor: write through it, after what is there (following it to
     // the file behind, and replacing that, would lose what the shell appended so far).
     if text.starts_with("/dev/fd/") || (text.starts_with("/proc/") && text.contains("/fd/")) {
         let mut f = OpenOptions::new().append(true).open(path).map_err(fail)?;
-        return f.write_all(content).and_then(|_| f.flush()).map_err(fail);
+        return write_all(&mut f, content).map_err(fail);
     }
     // Follow symlinks to what they name: the link stays, its target gets the content.
     let target = match std::fs::symlink_metadata(path) {
@@ -60,7 +59,7 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
         Ok(m) if !m.is_file() => {
             // A device, FIFO or socket: write through it.
             let mut f = OpenOptions::new().write(true).open(&target).map_err(fail)?;
-            f.write_all(content).and_then(|_| f.flush()).map_err(fail)
+            write_all(&mut f, content).map_err(fail)
         }
         _ => replace_atomically(&target, content).map_err(fail),
     }

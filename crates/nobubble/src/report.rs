@@ -175,7 +175,7 @@ pub fn render(
 /// through, symlinks followed) or stdout.
 pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
     match output {
-        None => crate::output::stdout(content),
+        None => crate::output::stdout(content.as_bytes()),
         Some(path) => {
             crate::output::write(path, content.as_bytes())?;
             if !["-", "/dev/stdout", "/dev/stderr"].contains(&path.to_string_lossy().as_ref()) {

@@ -664,7 +664,7 @@ fn finish(a: &TrainArgs, r: &TrainReport, printer: Printer) -> Result<(), String
         let mut line = format!(
             "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
             c.sent as f64 / per_step,
-            human(c.sent_bytes as f64 / per_step),
+            nobubble_runtime::session::human_bytes(c.sent_bytes as f64 / per_step),
             1e3 * c.send_seconds / per_step,
             1e3 * c.wait_seconds / per_step,
             c.mean_latency_ms()
@@ -692,8 +692,4 @@ fn finish(a: &TrainArgs, r: &TrainReport, printer: Printer) -> Result<(), String
         ));
     }
     Ok(())
-}
-
-fn human(b: f64) -> String {
-    nobubble_runtime::session::human_bytes(b)
 }

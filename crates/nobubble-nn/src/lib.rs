@@ -34,7 +34,9 @@ pub use backend::{Backend, CpuBackend};
 pub use config::{GptConfig, StageLayout};
 pub use data::ByteCorpus;
 pub use error::{MicrobatchId, NnError, Result};
-pub use model::{build_stages, split_model, split_model_v, Stage, StageInput, StageOutput};
+pub use model::{
+    build_stages, build_stages_where, split_model, split_model_v, Stage, StageInput, StageOutput,
+};
 pub use optim::{AdamW, AdamWConfig, AdamWState, ParamMoments};
 pub use reference::{ReferenceTrainer, TrainConfig};
 pub use tensor::Tensor;

@@ -93,6 +93,21 @@ impl std::fmt::Debug for Stage {
 /// the same config and seed holds the same weights. Stages use a single-thread CPU
 /// backend (see [`Stage::set_backend`]).
 pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<Vec<Stage>> {
+    Ok(build_stages_where(config, seed, counts, |_| true)?
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect())
+}
+
+/// As [`build_stages`], building (and initializing) only the stages `keep` selects: a rank
+/// of a pipeline holds a few stages of a model that need never fit in its memory whole.
+/// Returns them with their indices; their weights are those of the whole model's build.
+pub fn build_stages_where(
+    config: &GptConfig,
+    seed: u64,
+    counts: &[usize],
+    keep: impl Fn(usize) -> bool,
+) -> Result<Vec<(usize, Stage)>> {
     config.validate()?;
     let counts = block_counts(
         config.layers,
@@ -101,26 +116,28 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
     )?;
     let p = counts.len();
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::single_thread());
-    let mut first_block = 0;
-    let mut stages = Vec::with_capacity(p);
-    for (index, &count) in counts.iter().enumerate() {
+    let mut stages = Vec::new();
+    for (index, &count) in counts.iter().enumerate().filter(|(i, _)| keep(*i)) {
+        let first_block: usize = counts[..index].iter().sum();
         let c = config;
         let blocks = (first_block..first_block + count)
             .map(|i| Block::new(i, c.hidden, c.heads, c.seq_len, c.layers, c.ln_eps, seed))
             .collect();
-        stages.push(Stage {
+        stages.push((
             index,
-            num_stages: p,
-            first_block,
-            config: config.clone(),
-            embedding: (index == 0).then(|| Embedding::new(c.vocab, c.seq_len, c.hidden, seed)),
-            blocks,
-            head: (index == p - 1).then(|| LmHead::new(c.hidden, c.vocab, c.ln_eps, seed)),
-            backend: backend.clone(),
-            in_flight: BTreeMap::new(),
-            grad_tree: None,
-        });
-        first_block += count;
+            Stage {
+                index,
+                num_stages: p,
+                first_block,
+                config: config.clone(),
+                embedding: (index == 0).then(|| Embedding::new(c.vocab, c.seq_len, c.hidden, seed)),
+                blocks,
+                head: (index == p - 1).then(|| LmHead::new(c.hidden, c.vocab, c.ln_eps, seed)),
+                backend: backend.clone(),
+                in_flight: BTreeMap::new(),
+                grad_tree: None,
+            },
+        ));
     }
     Ok(stages)
 }

@@ -11,7 +11,7 @@ use crate::transport::Transport;
 use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
-use nobubble_nn::{build_stages, ByteCorpus};
+use nobubble_nn::{build_stages_where, ByteCorpus};
 use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -92,16 +92,16 @@ impl Rank {
                         config.model.layers
                     ))
                 })?;
-                let all = build_stages(&config.model, config.train.seed, &counts)
-                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                let mine = build_stages_where(&config.model, config.train.seed, &counts, |s| {
+                    schedule.placement[s] == prank
+                })
+                .map_err(|e| RuntimeError::Config(e.to_string()))?;
                 let mut stages = BTreeMap::new();
-                for (s, mut st) in all.into_iter().enumerate() {
-                    if schedule.placement[s] == prank {
-                        // Each microbatch's loss counts 1/(D·m) of the global batch's.
-                        st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
-                        st.set_microbatches(m);
-                        stages.insert(s, st);
-                    }
+                for (s, mut st) in mine {
+                    // Each microbatch's loss counts 1/(D·m) of the global batch's.
+                    st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
+                    st.set_microbatches(m);
+                    stages.insert(s, st);
                 }
                 let optimizers = stages
                     .iter()

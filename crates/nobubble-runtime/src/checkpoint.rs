@@ -191,8 +191,9 @@ impl Checkpoint {
                 t.microbatches, train.microbatches
             )));
         }
-        // What the optimizer will actually continue with comes from the checkpoint: it must
-        // make sense, and agree with itself.
+        // The checkpoint's record of its optimizer must make sense and agree with itself: a
+        // value out of range means the file was damaged or edited. (The run continues with its
+        // own hyper-parameters; a difference is warned about below.)
         let o = &self.meta.optimizer_config;
         let bad = [
             ("lr", o.lr.is_finite() && o.lr >= 0.0),
@@ -218,12 +219,13 @@ impl Checkpoint {
             )));
         }
         let mut warnings = Vec::new();
-        let r = &train.optimizer;
+        let (saved_opt, r) = (&t.optimizer, &train.optimizer);
         for (name, saved, now) in [
-            ("beta1", o.beta1, r.beta1),
-            ("beta2", o.beta2, r.beta2),
-            ("eps", o.eps, r.eps),
-            ("weight decay", o.weight_decay, r.weight_decay),
+            ("peak learning rate", saved_opt.lr, r.lr),
+            ("beta1", saved_opt.beta1, r.beta1),
+            ("beta2", saved_opt.beta2, r.beta2),
+            ("eps", saved_opt.eps, r.eps),
+            ("weight decay", saved_opt.weight_decay, r.weight_decay),
         ] {
             if saved != now {
                 warnings.push(format!(
@@ -236,9 +238,6 @@ impl Checkpoint {
                 "data seed {} differs from the checkpoint's {}",
                 train.data_seed, t.data_seed
             ));
-        }
-        if t.optimizer != train.optimizer {
-            warnings.push("AdamW hyper-parameters differ from the checkpoint's".into());
         }
         if t.warmup_steps != train.warmup_steps {
             warnings.push(format!(

@@ -159,7 +159,7 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
     }
     let model = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
     let (p, m) = (2, 8);
-    println!("\nreal compute: model {}, p = {p}, m = {m}, one thread per rank; step makespan, median of steps after 2 of warm-up", a.model);
+    println!("\nreal compute: model {}, p = {p}, m = {m}, one thread per rank; step makespan, median of the steps run under the final plan (re-planned after 2; the first step dropped)", a.model);
     let mut results = Vec::new();
     for kind in std::iter::once(ScheduleKind::OneFOneB).chain(
         kinds

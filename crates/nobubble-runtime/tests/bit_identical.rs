@@ -1,6 +1,7 @@
 //! Pipelined training under every schedule gives the reference trainer's losses and final
 //! weights, bit for bit.
 
+mod common;
 use nobubble_nn::config::block_counts;
 use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::{Compute, Pipeline, RunConfig};
@@ -47,18 +48,7 @@ fn reference(stages: usize, m: usize, steps: usize) -> (Vec<u32>, Vec<(String, V
     let losses = (0..steps)
         .map(|_| r.train_step().unwrap().loss.to_bits())
         .collect();
-    let weights = r
-        .stages()
-        .iter()
-        .flat_map(|s| {
-            s.params().into_iter().map(|p| {
-                (
-                    p.name.clone(),
-                    p.value.data().iter().map(|v| v.to_bits()).collect(),
-                )
-            })
-        })
-        .collect();
+    let weights = common::weight_bits(r.stages());
     (losses, weights)
 }
 

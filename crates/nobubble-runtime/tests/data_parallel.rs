@@ -2,6 +2,7 @@
 //! replica of D·m microbatches, and of the unpipelined reference over the global batch —
 //! with synchronous and post-validated steps, clipped steps and a skipped (NaN) step.
 
+mod common;
 use nobubble_nn::config::block_counts;
 use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::worker::Rollback;
@@ -80,18 +81,7 @@ fn reference(stages: usize, m: usize, steps: usize, max_norm: f32) -> Run {
             (s.loss.to_bits(), s.clip_scale.to_bits(), s.skipped)
         })
         .collect();
-    let weights = r
-        .stages()
-        .iter()
-        .flat_map(|s| {
-            s.params().into_iter().map(|p| {
-                (
-                    p.name.clone(),
-                    p.value.data().iter().map(|v| v.to_bits()).collect(),
-                )
-            })
-        })
-        .collect();
+    let weights = common::weight_bits(r.stages());
     (steps, weights)
 }
 

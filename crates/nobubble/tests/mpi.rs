@@ -62,6 +62,15 @@ fn bounded(mut cmd: Command, limit: Duration) -> (Output, Duration) {
     (child.wait_with_output().unwrap(), took)
 }
 
+/// Runs `cmd`, which must fail, and within 20 s; its stderr.
+fn fails_within_20s(cmd: Command) -> String {
+    let (out, took) = bounded(cmd, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    stderr
+}
+
 fn ok(cmd: Command) -> Output {
     let (out, _) = bounded(cmd, Duration::from_secs(120));
     assert!(
@@ -274,10 +283,7 @@ fn a_rank_that_dies_ends_the_job_naming_it() {
         "--inject-fault",
         "exit-at:1F2",
     ]);
-    let (out, took) = bounded(c, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let stderr = fails_within_20s(c);
     assert!(
         stderr.contains("error: rank 0")
             && stderr.contains("waited 2.0 s")
@@ -302,10 +308,7 @@ fn a_panicking_rank_ends_the_job_with_its_rank_and_action() {
         "--inject-fault",
         "panic-at:1I2",
     ]);
-    let (out, took) = bounded(c, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let stderr = fails_within_20s(c);
     assert!(
         stderr.contains(
             "error: rank 1, stage 1, action 1I2: the worker panicked: injected fault at 1I2"

@@ -94,10 +94,9 @@ fn plan_with(
 }
 
 impl Session {
-    /// Plans with provisional costs, starts the workers, measures memory and, for real
-    /// compute, re-plans with the measured bytes under the memory limit (failing before any
-    /// training if the schedule cannot fit).
-    /// A collective: every rank of the job calls it.
+    /// Plans with provisional costs, builds this rank, measures memory (all ranks') and, for
+    /// real compute, re-plans with the measured bytes under the memory limit (failing before
+    /// any training if the schedule cannot fit). A collective: every rank of the job calls it.
     pub fn start(
         opts: SessionOptions,
         transport: Box<dyn Transport>,

@@ -199,14 +199,17 @@ impl Pipeline {
         let origin = Instant::now();
         let mut ranks = Vec::with_capacity(world);
         for t in InProcess::connect(world) {
+            let ctx = crate::launch::RankContext {
+                transport: Box::new(t),
+                origin,
+                abort: abort.clone(),
+            };
             ranks.push(Rank::new(
                 &config,
                 schedule,
-                Box::new(t),
+                ctx,
                 corpus.clone(),
                 eval.clone(),
-                origin,
-                abort.clone(),
             )?);
         }
         let (reply_tx, replies) = channel();

@@ -6,17 +6,17 @@
 
 use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
+use crate::launch::RankContext;
 use crate::pipeline::{Compute, RunConfig};
-use crate::transport::Transport;
 use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
 use nobubble_nn::{build_stages_where, ByteCorpus};
 use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::AtomicBool;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the runtime needs of any schedule it runs: valid structure, weight gradients
 /// accumulated in microbatch order (bit-identity), and the training's microbatch count.
@@ -59,17 +59,19 @@ pub struct Rank {
 
 impl Rank {
     /// Builds this rank's stages (or emulated engine) for `schedule` and connects it through
-    /// `transport`; `origin` is the clock all timelines use (shared by threads; set after a
-    /// barrier by processes), `abort` the flag in-process ranks share.
+    /// `ctx` (its transport, the clock all timelines use, the abort flag in-process ranks share).
     pub fn new(
         config: &RunConfig,
         schedule: &Schedule,
-        transport: Box<dyn Transport>,
+        ctx: RankContext,
         corpus: Arc<ByteCorpus>,
         eval: Arc<ByteCorpus>,
-        origin: Instant,
-        abort: Arc<AtomicBool>,
     ) -> Result<Rank, RuntimeError> {
+        let RankContext {
+            transport,
+            origin,
+            abort,
+        } = ctx;
         check_runnable(schedule, config.train.microbatches)?;
         if config.train.microbatches >= 1 << 24 {
             return Err(RuntimeError::Config(format!(

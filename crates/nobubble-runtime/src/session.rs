@@ -5,18 +5,16 @@
 //! [`crate::training`] is the loop over this.
 
 use crate::error::RuntimeError;
+use crate::launch::RankContext;
 use crate::pipeline::{Compute, RunConfig, StepRecord};
 use crate::rank::Rank;
-use crate::transport::Transport;
 use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::ByteCorpus;
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
     generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule, ScheduleKind,
 };
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -99,11 +97,9 @@ impl Session {
     /// any training if the schedule cannot fit). A collective: every rank of the job calls it.
     pub fn start(
         opts: SessionOptions,
-        transport: Box<dyn Transport>,
+        ctx: RankContext,
         corpus: Arc<ByteCorpus>,
         eval: Arc<ByteCorpus>,
-        origin: Instant,
-        abort: Arc<AtomicBool>,
     ) -> Result<Session, RuntimeError> {
         let provisional = opts
             .emulated
@@ -125,15 +121,7 @@ impl Session {
             },
             None => Compute::Real,
         };
-        let mut rank = Rank::new(
-            &opts.run,
-            &plan.schedule,
-            transport,
-            corpus,
-            eval,
-            origin,
-            abort,
-        )?;
+        let mut rank = Rank::new(&opts.run, &plan.schedule, ctx, corpus, eval)?;
         let stage_bytes = rank.measure_memory()?;
         let real = opts.emulated.is_none();
         let mut session = Session {

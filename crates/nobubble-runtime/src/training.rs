@@ -157,11 +157,9 @@ pub fn run(
 ) -> Result<Option<TrainReport>, RuntimeError> {
     let mut session = Session::start(
         job.session.clone(),
-        ctx.transport,
+        ctx,
         job.corpus.clone(),
         job.eval.clone(),
-        ctx.origin,
-        ctx.abort,
     )?;
     let root = session.rank.rank() == 0;
     let real = job.session.emulated.is_none();

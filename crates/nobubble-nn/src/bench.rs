@@ -182,6 +182,27 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     })
 }
 
+/// The FLOP/s one thread reaches on a square 256×256 GEMM, the best of repeated runs for
+/// about `seconds`: the peak that MFU figures on this machine are measured against.
+pub fn gemm_peak_flops(seconds: f64) -> f64 {
+    let n = 256;
+    let be = CpuBackend::single_thread();
+    let a = random(&[n, n], 11);
+    let b = random(&[n, n], 12);
+    let mut out = Tensor::zeros(&[n, n]);
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    for rep in 0.. {
+        let t0 = Instant::now();
+        be.matmul(out.mat_mut(), a.mat(), b.mat(), 1.0, false);
+        best = best.min(t0.elapsed().as_secs_f64());
+        if rep >= 3 && start.elapsed().as_secs_f64() >= seconds {
+            break;
+        }
+    }
+    2.0 * (n * n * n) as f64 / best.max(1e-12)
+}
+
 /// Measured per-stage costs for the planner: median F, I, W times of one microbatch
 /// on this stage's backend, and the activation bytes held after F (M_B) and after I
 /// (M_W).

@@ -200,4 +200,23 @@ impl Worker {
     pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.receive_from_all(1, step, "report of step")
     }
+
+    /// Rank 0: posts its decision about the boundary after `step` to every rank (itself
+    /// included) without waiting; the others read it with [`Worker::read_decision`] when they
+    /// reach that boundary. Posted a step ahead, it never holds a rank back.
+    pub fn post_decision(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
+        for to in 0..self.transport.size() {
+            let msg = control(Tag::Collective, 2, step, Vec::new(), bytes.clone());
+            self.post_control(to, msg)?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0's decision posted for `step`.
+    pub fn read_decision(&mut self, step: u64) -> Result<Vec<u8>, RuntimeError> {
+        let what = || format!("rank 0's decision after step {step}");
+        Ok(self
+            .wait_for((Tag::Collective, 2, step, 0), None, &what)?
+            .bytes)
+    }
 }

@@ -16,6 +16,7 @@ pub mod checkpoint_fs;
 pub mod collective;
 pub mod error;
 pub mod launch;
+pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod optimizer_step;

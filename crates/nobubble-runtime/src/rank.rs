@@ -261,6 +261,16 @@ impl Rank {
         self.worker.post_report(step, bytes)
     }
 
+    /// Rank 0: posts its decision about the boundary after `step` to every rank.
+    pub fn post_decision(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
+        self.worker.post_decision(step, bytes)
+    }
+
+    /// Rank 0's decision posted for `step`.
+    pub fn read_decision(&mut self, step: u64) -> Result<Vec<u8>, RuntimeError> {
+        self.worker.read_decision(step)
+    }
+
     /// Rank 0: every rank's report of `step`, in rank order.
     pub fn collect_reports(&mut self, step: u64) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.worker.collect_reports(step)

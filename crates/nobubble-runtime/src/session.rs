@@ -23,6 +23,9 @@ pub struct SessionOptions {
     pub run: RunConfig,
     /// Schedule family.
     pub kind: ScheduleKind,
+    /// A user's schedule (`train --schedule FILE.csv`): run as given, never re-planned;
+    /// `kind` is then ignored.
+    pub file: Option<Schedule>,
     /// Pipeline ranks.
     pub ranks: usize,
     /// Chunks per rank for interleaved schedules.
@@ -34,6 +37,16 @@ pub struct SessionOptions {
     pub emulated: Option<CostSpec>,
     /// Emulated latency of collective traffic (gradient reduction, step statistics), ms.
     pub collective_ms: f64,
+}
+
+impl SessionOptions {
+    /// The schedule's name for messages: the family, or the user's file.
+    pub fn schedule_name(&self) -> String {
+        match &self.file {
+            Some(s) => s.name.clone(),
+            None => self.kind.name().to_string(),
+        }
+    }
 }
 
 /// Why and how the schedule was last planned.
@@ -77,7 +90,10 @@ fn plan_with(
         chunks: opts.chunks,
         ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
     };
-    let schedule = generate(&req, spec).map_err(|e| RuntimeError::Config(e.to_string()))?;
+    let schedule = match &opts.file {
+        Some(s) => s.clone(),
+        None => generate(&req, spec).map_err(|e| RuntimeError::Config(e.to_string()))?,
+    };
     let costs = CostModel::for_schedule(spec, &schedule)
         .map_err(|e| RuntimeError::Config(e.to_string()))?;
     let sim = simulate(&schedule, &costs).map_err(|e| RuntimeError::Config(e.to_string()))?;
@@ -207,7 +223,7 @@ impl Session {
                 return Err(RuntimeError::Config(format!(
                     "{} needs {} of activations on rank {r}, over --mem-limit {}; \
                      use --schedule zb-auto (plans within the limit) or 1f1b, or raise the limit",
-                    self.options.kind.name(),
+                    self.options.schedule_name(),
                     human_bytes(*peak),
                     human_bytes(bytes)
                 )));
@@ -229,7 +245,11 @@ impl Session {
         &mut self,
         steps: &[RankStep],
     ) -> Result<Option<Plan>, RuntimeError> {
-        if !self.options.kind.uses_costs() || steps.is_empty() || self.options.emulated.is_some() {
+        if self.options.file.is_some()
+            || !self.options.kind.uses_costs()
+            || steps.is_empty()
+            || self.options.emulated.is_some()
+        {
             return Ok(None);
         }
         let n = self.plan.schedule.stages;
@@ -283,10 +303,20 @@ impl Session {
 
     /// Mean loss over `sets` held-out sets of microbatches (a collective).
     pub fn validation_loss(&mut self, sets: u64) -> Result<f32, RuntimeError> {
+        self.validation_loss_with(sets, &mut |_, _| {})
+    }
+
+    /// [`Session::validation_loss`], calling `progress(done, total)` after each set.
+    pub fn validation_loss_with(
+        &mut self,
+        sets: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<f32, RuntimeError> {
         let mut total = 0.0f64;
         for k in 0..sets.max(1) {
             let r = self.rank.step(&self.plan.schedule, k, true)?;
             total += r.summary.map_or(f32::NAN, |s| s.loss) as f64;
+            progress(k + 1, sets.max(1));
         }
         Ok((total / sets.max(1) as f64) as f32)
     }

@@ -20,6 +20,7 @@ use nobubble_schedule::{Action, CostModel, Kind, RankCost};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,6 +47,25 @@ pub struct TrainJob {
     pub corpus: Arc<ByteCorpus>,
     /// Held-out text.
     pub eval: Arc<ByteCorpus>,
+    /// Set (to the signal's number) to ask the job to stop: rank 0's value is read between
+    /// steps and agreed by every rank, so all stop after the same step. `None`: never asked.
+    pub stop: Option<Arc<AtomicUsize>>,
+    /// Stop after this many steps in a row with a non-finite loss (0 = never).
+    pub max_nan_steps: u64,
+}
+
+/// Why a job ended before `--steps`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stop {
+    /// Asked to stop by this signal (SIGINT 2, SIGTERM 15).
+    Signal(i32),
+    /// The loss was not finite for this many steps in a row, ending at `last` (0-based).
+    NonFinite {
+        /// Consecutive non-finite steps.
+        steps: u64,
+        /// The last of them.
+        last: u64,
+    },
 }
 
 /// What rank 0 tells the user while a job runs.
@@ -55,6 +75,10 @@ pub trait Observer {
     /// A finished step, with the schedule it ran under. An error stops the job (e.g. the log
     /// file cannot be written).
     fn step(&mut self, record: &StepRecord, schedule: &str) -> Result<(), String>;
+    /// The plan now in use (at the start and after a re-plan).
+    fn planned(&mut self, _plan: &Plan) {}
+    /// Progress of a phase with a known length (`validation`): `done` of `total`.
+    fn progress(&mut self, _phase: &str, _done: u64, _total: u64) {}
 }
 
 /// The final report of a job (rank 0).
@@ -87,6 +111,8 @@ pub struct TrainReport {
     pub transport: String,
     /// Data-parallel replicas.
     pub replicas: usize,
+    /// Why the job ended early, if it did.
+    pub stopped: Option<Stop>,
 }
 
 /// One rank's share of a step's record, posted to rank 0.
@@ -187,8 +213,11 @@ pub fn run(
             ),
         );
     }
+    if let Some(o) = observer.as_deref_mut() {
+        o.planned(&session.plan);
+    }
     let val_before = if real && job.eval_sets > 0 {
-        Some(session.validation_loss(job.eval_sets)?)
+        Some(validation(&mut session, job.eval_sets, &mut observer)?)
     } else {
         None
     };
@@ -205,11 +234,37 @@ pub fn run(
     let mut replanned = false;
     let mut plan_first_step = first_step;
     let started = Instant::now();
+    let mut stopped = None;
+    let mut saved_at = None;
     for step in first_step..job.steps {
+        if let Some(reason) = stop_before(&mut session, job, step, first_step, &summaries)? {
+            stopped = Some(reason);
+            break;
+        }
         let t0 = Instant::now();
         let rs = session.step()?;
         let wall = t0.elapsed().as_secs_f64();
-        summaries.extend(rs.summary.iter().chain(&rs.settled).map(|s| (s.step, *s)));
+        for s in rs.summary.iter().chain(&rs.settled) {
+            if root && !s.loss.is_finite() {
+                note(
+                    &mut observer,
+                    format!(
+                        "warning: step {}: the training loss is {}{}",
+                        s.step + 1,
+                        s.loss,
+                        if job.max_nan_steps > 0 {
+                            format!(
+                                " (the run stops after {} such steps in a row: --max-nan-steps)",
+                                job.max_nan_steps
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ),
+                );
+            }
+            summaries.insert(s.step, *s);
+        }
         session
             .rank
             .post_report(step, serde_json::to_vec(&Report::of(&rs)).map_err(fail)?)?;
@@ -245,6 +300,7 @@ pub fn run(
                     )));
                 }
                 save(&mut session, job, dir, &mut observer)?;
+                saved_at = Some(step + 1);
             }
         }
         let measured = step + 1 - first_step;
@@ -276,6 +332,33 @@ pub fn run(
                 if !same {
                     plan_first_step = step + 1;
                 }
+                if let Some(o) = observer.as_deref_mut() {
+                    o.planned(&plan);
+                }
+            }
+        }
+    }
+    if let Some(reason) = stopped {
+        if root {
+            let why = match reason {
+                Stop::Signal(sig) => format!("signal {sig}"),
+                Stop::NonFinite { steps, .. } => format!("{steps} non-finite losses in a row"),
+            };
+            note(
+                &mut observer,
+                format!("stopping after step {} ({why})", session.step),
+            );
+        }
+        // An interrupted run keeps what it trained: saved like a last step (a diverged one
+        // is not saved; the checkpoints already there are kept).
+        if let (Stop::Signal(_), Some(dir)) = (reason, &job.save) {
+            settle_into(&mut session, &mut summaries)?;
+            let done = session.step;
+            let diverged = summaries
+                .get(&done.wrapping_sub(1))
+                .is_some_and(|s| !s.loss.is_finite());
+            if done > first_step && saved_at != Some(done) && !diverged {
+                save(&mut session, job, dir, &mut observer)?;
             }
         }
     }
@@ -292,8 +375,9 @@ pub fn run(
             &mut observer,
         )?;
     }
-    let val_after = if real && job.eval_sets > 0 {
-        Some(session.validation_loss(job.eval_sets)?)
+    // A stopped run ends promptly: no second validation pass.
+    let val_after = if real && job.eval_sets > 0 && stopped.is_none() {
+        Some(validation(&mut session, job.eval_sets, &mut observer)?)
     } else {
         None
     };
@@ -320,7 +404,7 @@ pub fn run(
     let wall_per_step = tail.iter().map(|r| r.wall).sum::<f64>() / tail.len().max(1) as f64;
     Ok(Some(TrainReport {
         first_step,
-        trained: job.steps - first_step,
+        trained: session.step - first_step,
         elapsed,
         tokens_per_step,
         final_loss: records.last().map_or(f32::NAN, |r| r.loss),
@@ -332,7 +416,71 @@ pub fn run(
         transport: session.rank.transport(),
         replicas,
         tail,
+        stopped,
     }))
+}
+
+/// The validation loss, with progress shown at rank 0.
+fn validation(
+    session: &mut Session,
+    sets: u64,
+    observer: &mut Option<&mut dyn Observer>,
+) -> Result<f32, RuntimeError> {
+    session.validation_loss_with(sets, &mut |done, total| {
+        if let Some(o) = observer.as_deref_mut() {
+            o.progress("validation", done, total);
+        }
+    })
+}
+
+/// Whether every rank stops before `step`, decided alike on all ranks.
+///
+/// A stop request is read on rank 0 only (a signal reaches the processes of a job at
+/// different moments, or only one of them): rank 0 posts what it saw at the start of each step
+/// and every rank acts on it a step later, so nobody waits for it. Non-finite losses are in
+/// every rank's step summaries, so each counts them itself.
+fn stop_before(
+    session: &mut Session,
+    job: &TrainJob,
+    step: u64,
+    first_step: u64,
+    summaries: &BTreeMap<u64, StepSummary>,
+) -> Result<Option<Stop>, RuntimeError> {
+    if job.max_nan_steps > 0 {
+        let mut run = 0;
+        let mut last = None;
+        for (k, s) in summaries.range(first_step..step).rev() {
+            if s.loss.is_finite() {
+                break;
+            }
+            last.get_or_insert(*k);
+            run += 1;
+        }
+        if run >= job.max_nan_steps {
+            return Ok(Some(Stop::NonFinite {
+                steps: run,
+                last: last.unwrap_or(step),
+            }));
+        }
+    }
+    let Some(flag) = &job.stop else {
+        return Ok(None);
+    };
+    let mut stop = None;
+    if step > first_step {
+        let d = session.rank.read_decision(step - 1)?;
+        let sig = i32::from_le_bytes(d.try_into().map_err(|_| fail("damaged stop decision"))?);
+        if sig != 0 {
+            stop = Some(Stop::Signal(sig));
+        }
+    }
+    if stop.is_none() && session.rank.rank() == 0 {
+        let sig = i32::try_from(flag.load(Ordering::SeqCst)).unwrap_or(i32::MAX);
+        session
+            .rank
+            .post_decision(step, sig.to_le_bytes().to_vec())?;
+    }
+    Ok(stop)
 }
 
 /// Settles a pending post-validated step and files every summary settled since the last step

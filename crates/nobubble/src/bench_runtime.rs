@@ -68,6 +68,7 @@ fn train(
                 data_parallel: 1,
             },
             kind,
+            file: None,
             ranks: p,
             chunks: 2,
             mem_limit: None,
@@ -83,6 +84,8 @@ fn train(
         resume: None,
         corpus: Arc::new(ByteCorpus::builtin()),
         eval: Arc::new(ByteCorpus::builtin()),
+        stop: None,
+        max_nan_steps: 0,
     };
     launch::threads(p, |ctx| training::run(&job, ctx, None))
         .map_err(|e| e.to_string())?

@@ -13,7 +13,10 @@ mod output;
 mod plan;
 mod report;
 mod sample;
+mod signals;
 mod train;
+mod train_report;
+mod train_watch;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -63,7 +66,11 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Check(a) => check::run(a),
-        Command::Train(a) => train::run(a),
+        Command::Train(a) => match train::run(a) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
         Command::Sample(a) => sample::run(a),
         Command::Bench(b) => bench::run(b),
     };

@@ -3,36 +3,48 @@
 //! (`mpirun -np N nobubble train …`) — runs [`nobubble_runtime::training::run`] on each, and
 //! prints rank 0's progress and report.
 
+use crate::train_watch::{Watch, WatchOptions};
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
-use nobubble_runtime::training::{self, mib, Observer, TrainJob, TrainReport};
+use nobubble_runtime::metrics::{model_flops_per_step, Metrics, MetricsServer};
+use nobubble_runtime::training::{self, Observer, TrainJob};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::Fault;
-use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions, StepRecord};
-use nobubble_schedule::{CostSpec, RankCost, ScheduleKind};
-use serde_json::json;
-use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions};
+use nobubble_schedule::export::csv;
+use nobubble_schedule::{CostSpec, RankCost, Schedule, ScheduleKind};
+#[cfg(feature = "mpi")]
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Arguments of `train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Schedule (see `nobubble plan --help`); automatic ones are re-planned on measured costs.
-    #[arg(long, short = 's', default_value = "zb-auto")]
+    /// Schedule: a name (see `nobubble plan --help`; PyTorch's class names such as
+    /// Schedule1F1B work too), or a schedule file in PyTorch's compute-only CSV format
+    /// (`nobubble plan -f csv` writes one), whose rows set the ranks, placement and
+    /// microbatches. Automatic schedules are re-planned on measured costs.
+    #[arg(
+        long,
+        short = 's',
+        visible_alias = "pipeline-schedule",
+        default_value = "zb-auto"
+    )]
     pub schedule: String,
-    /// Pipeline ranks (a thread each, or a process each under mpirun).
-    #[arg(long, short = 'p', default_value_t = 2)]
-    pub stages: usize,
+    /// Pipeline ranks, a thread each, or a process each under mpirun [default: 2, or the
+    /// --schedule file's rows].
+    #[arg(long, short = 'p')]
+    pub stages: Option<usize>,
     /// Data-parallel replicas of the pipeline: the job has stages × data-parallel ranks, and
     /// each step takes data-parallel × microbatches microbatches.
     #[arg(long, default_value_t = 1)]
     pub data_parallel: usize,
-    /// Microbatches per step.
-    #[arg(long, short = 'm', default_value_t = 8)]
-    pub microbatches: usize,
+    /// Microbatches per step [default: 8, or the --schedule file's].
+    #[arg(long, short = 'm')]
+    pub microbatches: Option<usize>,
     /// Model chunks per rank (interleaved schedules).
     #[arg(long, default_value_t = 2)]
     pub chunks: usize,
@@ -103,6 +115,25 @@ pub struct TrainArgs {
     /// Write one JSON line per step.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Write the final report as JSON (tokens/s, step time and bubble measured and
+    /// simulated, MFU, memory per rank measured and predicted, losses, the schedule used).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Draw the last step's measured timeline above the simulator's plan for the same step
+    /// (same scale and colours as `plan -f svg`), as SVG.
+    #[arg(long)]
+    pub timeline_svg: Option<PathBuf>,
+    /// Serve live metrics in the Prometheus format at http://HOST:PORT/metrics while
+    /// training (e.g. 127.0.0.1:9464; port 0 picks a free one).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Peak FLOP/s of all ranks together, the denominator of MFU [default: a GEMM probe of
+    /// one core at start × the ranks].
+    #[arg(long)]
+    pub peak_flops: Option<f64>,
+    /// Stop with an error after this many steps in a row with a non-finite loss (0 = never).
+    #[arg(long, default_value_t = 3)]
+    pub max_nan_steps: u64,
     /// Save checkpoints (weights, optimizer state, step, configuration) into this run
     /// directory, one `step-NNNNNN/` per save and `latest` naming the newest, at the end and
     /// every --save-every steps; written atomically.
@@ -226,16 +257,20 @@ fn corpora(a: &TrainArgs, m: &GptConfig) -> Result<(ByteCorpus, ByteCorpus), Str
 
 /// The job the flags describe, checked before anything starts.
 fn job(a: &TrainArgs) -> Result<TrainJob, String> {
-    let kind = ScheduleKind::from_name(&a.schedule).map_err(|e| e.to_string())?;
-    if a.stages == 0 || a.microbatches == 0 || a.steps == 0 || a.data_parallel == 0 {
+    let (kind, file) = schedule_choice(a)?;
+    let stages = file.as_ref().map_or(a.stages.unwrap_or(2), |s| s.ranks);
+    let microbatches = file
+        .as_ref()
+        .map_or(a.microbatches.unwrap_or(8), |s| s.microbatches);
+    if stages == 0 || microbatches == 0 || a.steps == 0 || a.data_parallel == 0 {
         return Err(
             "--stages, --data-parallel, --microbatches and --steps must be at least 1".into(),
         );
     }
-    if a.stages * a.data_parallel > 4096 {
+    if stages * a.data_parallel > 4096 {
         return Err(format!(
             "--stages {} × --data-parallel {} is more ranks than this runtime supports (4096)",
-            a.stages, a.data_parallel
+            stages, a.data_parallel
         ));
     }
     let model = model_config(a)?;
@@ -308,12 +343,25 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             .and_then(|_| fs::check_run_steps(dir, saves, overwrite))
             .map_err(|e| format!("--save: {e}"))?;
     }
-    if let Some(path) = &a.trace {
+    for (flag, path) in [
+        ("--trace", &a.trace),
+        ("--report", &a.report),
+        ("--timeline-svg", &a.timeline_svg),
+        ("--log", &a.log),
+    ] {
+        let Some(path) = path else { continue };
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
         if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
             return Err(format!(
-                "cannot write --trace {}: its directory does not exist or it is a directory",
+                "cannot write {flag} {}: its directory does not exist or it is a directory",
                 path.display()
+            ));
+        }
+    }
+    if let Some(f) = a.peak_flops {
+        if !(f.is_finite() && f > 0.0) {
+            return Err(format!(
+                "--peak-flops must be a positive FLOP/s figure (e.g. 2e11), got {f}"
             ));
         }
     }
@@ -350,7 +398,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     let train = TrainConfig {
         seed: a.seed,
         data_seed: a.seed.wrapping_add(1),
-        microbatches: a.microbatches,
+        microbatches,
         optimizer: AdamWConfig {
             lr: a.lr,
             ..AdamWConfig::default()
@@ -376,7 +424,8 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
                 data_parallel: a.data_parallel,
             },
             kind,
-            ranks: a.stages,
+            file,
+            ranks: stages,
             chunks: a.chunks,
             mem_limit,
             emulated,
@@ -391,138 +440,132 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         resume: a.resume.clone(),
         corpus: Arc::new(corpus),
         eval: Arc::new(eval),
+        stop: None,
+        max_nan_steps: a.max_nan_steps,
     })
 }
 
-/// Rank 0's view of the run: progress lines, the JSON log, the trace.
-struct Printer {
-    steps: u64,
-    tokens_per_step: f64,
-    tty: bool,
-    log: Option<std::io::BufWriter<std::fs::File>>,
-    trace: bool,
-    trace_events: Vec<serde_json::Value>,
-    trace_offset: f64,
-    at_line_start: bool,
+/// `--schedule`: a family by name, or a schedule file (validated, and checked to be
+/// trainable) whose name is its file stem.
+fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), String> {
+    let path = Path::new(&a.schedule);
+    let looks_like_file = a.schedule.ends_with(".csv") || a.schedule.contains('/');
+    if !(looks_like_file || path.is_file()) {
+        return Ok((
+            ScheduleKind::from_name(&a.schedule).map_err(|e| {
+                format!("{e}; or give a schedule file in PyTorch's compute-only CSV format")
+            })?,
+            None,
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--schedule: cannot read {}: {e}", path.display()))?;
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("custom")
+        .to_string();
+    let invalid = |e: String| format!("--schedule {}: invalid schedule: {e}", path.display());
+    let schedule = csv::read(&text, &name).map_err(|e| invalid(e.to_string()))?;
+    nobubble_schedule::check_weight_order(&schedule).map_err(|e| invalid(e.to_string()))?;
+    for (flag, given, from_file) in [
+        ("--stages", a.stages, schedule.ranks),
+        ("--microbatches", a.microbatches, schedule.microbatches),
+    ] {
+        if given.is_some_and(|g| g != from_file) {
+            return Err(format!(
+                "{flag} {} disagrees with --schedule {}, which has {from_file}; leave {flag} out \
+                 (the file sets it)",
+                given.unwrap_or(0),
+                path.display()
+            ));
+        }
+    }
+    // The kind only names what is never consulted for a file (no re-planning).
+    Ok((ScheduleKind::OneFOneB, Some(schedule)))
 }
 
-impl Printer {
-    fn new(a: &TrainArgs, job: &TrainJob) -> Result<Printer, String> {
-        let m = &job.session.run.model;
-        Ok(Printer {
-            steps: a.steps,
-            tokens_per_step: (a.microbatches * a.data_parallel * m.microbatch_size * m.seq_len)
-                as f64,
-            tty: std::io::stderr().is_terminal(),
-            log: match &a.log {
-                Some(p) => Some(std::io::BufWriter::new(
-                    std::fs::File::create(p)
-                        .map_err(|e| format!("cannot create --log {}: {e}", p.display()))?,
-                )),
-                None => None,
-            },
-            trace: a.trace.is_some(),
-            trace_events: Vec::new(),
-            trace_offset: 0.0,
-            at_line_start: true,
-        })
-    }
-
-    fn end_line(&mut self) {
-        if !self.at_line_start {
-            eprintln!();
-            self.at_line_start = true;
-        }
-    }
-}
-
-impl Observer for Printer {
-    fn note(&mut self, text: &str) {
-        self.end_line();
-        eprintln!("{text}");
-    }
-
-    fn step(&mut self, rec: &StepRecord, schedule: &str) -> Result<(), String> {
-        let tps = self.tokens_per_step / rec.wall;
-        let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
-        if let Some(w) = self.log.as_mut() {
-            let line = json!({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
-                "skipped": rec.skipped, "clip_scale": rec.clip_scale, "tokens_per_s": tps, "step_seconds": rec.wall,
-                "span_seconds": rec.makespan, "bubble_fraction": rec.bubble_fraction,
-                "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,
-                "sent_bytes": rec.comm.iter().map(|c| c.sent_bytes).collect::<Vec<_>>(),
-                "wait_seconds": rec.comm.iter().map(|c| c.wait_seconds).collect::<Vec<_>>(),
-                "reduce_seconds": rec.comm.iter().map(|c| c.reduce_seconds).collect::<Vec<_>>()});
-            writeln!(w, "{line}").map_err(|e| format!("cannot write --log: {e}"))?;
-        }
-        if self.trace {
-            for (rank, slots) in rec.timeline.iter().enumerate() {
-                for s in slots {
-                    self.trace_events.push(json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
-                        "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
-                        "ts": (self.trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
-                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}));
-                }
-            }
-            self.trace_offset += rec.wall.max(rec.makespan);
-        }
-        let step = rec.step;
-        let line = format!(
-            "step {:>4}/{}  loss {:.4}  {:>8.0} tok/s  bubble {:>5.1}%  peak act {}",
-            step + 1,
-            self.steps,
-            rec.loss,
-            tps,
-            100.0 * rec.bubble_fraction,
-            mib(peak as f64)
-        );
-        if self.tty {
-            eprint!("\r{line}   ");
-            self.at_line_start = false;
-        } else if step.is_multiple_of(10) || step + 1 == self.steps {
-            eprintln!("{line}");
-        }
-        Ok(())
-    }
-}
-
-/// Runs `train`.
-pub fn run(a: &TrainArgs) -> Result<(), String> {
+/// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run).
+pub fn run(a: &TrainArgs) -> Result<u8, String> {
     let launched = launch::launched_world_size();
-    let job = job(a)?;
+    let mut job = job(a)?;
+    job.stop = Some(crate::signals::install()?);
     match launched {
         Some(n) if cfg!(feature = "mpi") || n > 1 => run_mpi(a, &job, n),
         // One process under a launcher, without MPI built in: the ranks are threads.
         _ => {
             header(a, &job, "threads");
-            let world = a.stages * a.data_parallel;
+            let world = job.session.ranks * a.data_parallel;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let (watch, _server) = watch(a, &job, world.min(cores))?;
+            let slot = std::sync::Mutex::new(Some(watch));
             let results = launch::threads(world, |ctx: RankContext| {
                 if ctx.transport.rank() == 0 {
-                    let mut printer = Printer::new(a, &job).map_err(RuntimeError::Config)?;
-                    let report = training::run(&job, ctx, Some(&mut printer))?;
-                    printer.end_line();
-                    Ok(report.map(|r| (r, printer)))
+                    let mut watch = slot
+                        .lock()
+                        .ok()
+                        .and_then(|mut w| w.take())
+                        .ok_or_else(|| RuntimeError::Config("internal: two ranks 0".into()))?;
+                    let report = training::run(&job, ctx, Some(&mut watch))?;
+                    Ok(report.map(|r| (r, watch)))
                 } else {
                     training::run(&job, ctx, None).map(|_| None)
                 }
             })
             .map_err(|e| e.to_string())?;
-            let (report, printer) = results
+            let (report, watch) = results
                 .into_iter()
                 .flatten()
                 .next()
                 .ok_or("internal: rank 0 made no report")?;
-            finish(a, &report, printer)
+            crate::train_report::finish(a, &job, &report, watch)
         }
     }
 }
 
+/// Rank 0's watcher and, with --metrics-addr, the server showing its metrics (kept alive by
+/// the caller until the report is out). `cores` is what the ranks compute on, for MFU.
+fn watch(
+    a: &TrainArgs,
+    job: &TrainJob,
+    cores: usize,
+) -> Result<(Watch, Option<MetricsServer>), String> {
+    let model = &job.session.run.model;
+    let global_microbatches = job.session.run.train.microbatches * a.data_parallel;
+    let real = job.session.emulated.is_none();
+    let peak_flops = match a.peak_flops {
+        Some(f) => Some(f),
+        None if real => Some(nobubble_nn::bench::gemm_peak_flops(0.2) * cores as f64),
+        None => None,
+    };
+    let metrics = a.metrics_addr.as_ref().map(|_| Metrics::new());
+    let server = match (&a.metrics_addr, &metrics) {
+        (Some(addr), Some(m)) => {
+            let server = MetricsServer::start(addr, m.clone())?;
+            eprintln!("serving metrics at http://{}/metrics", server.addr());
+            Some(server)
+        }
+        _ => None,
+    };
+    let watch = Watch::new(WatchOptions {
+        steps: a.steps,
+        tokens_per_step: (global_microbatches * model.microbatch_size * model.seq_len) as f64,
+        flops_per_step: model_flops_per_step(model, global_microbatches),
+        peak_flops,
+        log: a.log.as_deref(),
+        trace: a.trace.is_some(),
+        metrics,
+        stop: job.stop.clone(),
+    })?;
+    Ok((watch, server))
+}
+
 #[cfg(feature = "mpi")]
-fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<(), String> {
+fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String> {
     let (ctx, mpi) = nobubble_runtime::mpi::rank_context().map_err(|e| e.to_string())?;
     let rank = ctx.transport.rank();
     let size = ctx.transport.size();
-    if let Err(e) = nobubble_runtime::check_world(size, a.stages, a.data_parallel) {
+    if let Err(e) = nobubble_runtime::check_world(size, job.session.ranks, a.data_parallel) {
         // Every rank says it (each may be read in its own log), and all finalize MPI.
         say(&format!("error: rank {rank}: {e}\n"));
         drop(ctx);
@@ -545,19 +588,21 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<(), String
     };
     if rank == 0 {
         header(a, job, &transport);
-        let mut printer = Printer::new(a, job).unwrap_or_else(|e| fail(e));
-        match run(Some(&mut printer)) {
+        // Each rank of an MPI job computes on a core of its own.
+        let (mut watch, server) = watch(a, job, size).unwrap_or_else(|e| fail(e));
+        match run(Some(&mut watch)) {
             Ok(Some(report)) => {
-                printer.end_line();
-                finish(a, &report, printer).unwrap_or_else(|e| fail(e));
-                Ok(())
+                let code =
+                    crate::train_report::finish(a, job, &report, watch).unwrap_or_else(|e| fail(e));
+                drop(server);
+                Ok(code)
             }
             Ok(None) => fail("internal: rank 0 made no report".into()),
             Err(e) => fail(e.to_string()),
         }
     } else {
         match run(None) {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(0),
             Err(e) => fail(e.to_string()),
         }
     }
@@ -571,7 +616,7 @@ fn say(line: &str) {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &TrainArgs, _: &TrainJob, launched: usize) -> Result<(), String> {
+fn run_mpi(_: &TrainArgs, _: &TrainJob, launched: usize) -> Result<u8, String> {
     Err(format!(
         "this nobubble was built without MPI, but an MPI or Slurm launcher started it as one of \
          {launched} processes; rebuild with `cargo build --release --features mpi` (needs \
@@ -586,11 +631,14 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
     } else {
         String::new()
     };
+    let schedule = match &job.session.file {
+        Some(s) => format!("{} (from {}, {} stages)", s.name, a.schedule, s.stages),
+        None => job.session.kind.name().to_string(),
+    };
     eprintln!(
-        "nobubble train: {} on {} ranks{dp} ({transport}), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
-        job.session.kind.name(),
-        a.stages,
-        a.microbatches,
+        "nobubble train: {schedule} on {} ranks{dp} ({transport}), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
+        job.session.ranks,
+        job.session.run.train.microbatches,
         model.microbatch_size,
         model.seq_len,
         a.model,
@@ -600,96 +648,4 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         model.parameter_count() as f64 / 1e6,
         if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
     );
-}
-
-/// Prints rank 0's report and writes the trace.
-fn finish(a: &TrainArgs, r: &TrainReport, printer: Printer) -> Result<(), String> {
-    let mut printer = printer;
-    let tail = &r.tail;
-    let mean =
-        |f: &dyn Fn(&StepRecord) -> f64| tail.iter().map(f).sum::<f64>() / tail.len().max(1) as f64;
-    let span_ms = mean(&|r| r.makespan) * 1e3;
-    let bubble = mean(&|r| r.bubble_fraction);
-    let sim = &r.simulated.metrics;
-    println!(
-        "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
-        r.trained,
-        r.elapsed,
-        r.tokens_per_step * r.trained as f64 / r.elapsed
-    );
-    let real = a.compute == "real";
-    if real {
-        println!("final training loss {:.4}", r.final_loss);
-    }
-    if let Some((before, after)) = r.validation {
-        let when = if r.first_step > 0 {
-            format!("at step {}, where this run resumed", r.first_step)
-        } else {
-            "before training".to_string()
-        };
-        println!("validation loss {after:.4} ({when} {before:.4})");
-    }
-    println!(
-        "step time: measured {:.2} ms per step (wall), {:.2} ms per iteration (span of its passes); simulated {:.2} ms from the measured pass times ({:+.1}%)",
-        r.wall_per_step * 1e3,
-        span_ms,
-        sim.makespan,
-        100.0 * (span_ms / sim.makespan - 1.0)
-    );
-    println!(
-        "bubble fraction: measured {:.1}%, simulated {:.1}%; bubble rate (longest rank span): measured {:.1}%, simulated {:.1}%",
-        100.0 * bubble,
-        100.0 * sim.bubble_fraction,
-        100.0 * mean(&|r| r.bubble_rate),
-        100.0 * sim.bubble_rate
-    );
-    if real {
-        let ranks = r.plan.schedule.ranks;
-        for rank in 0..ranks {
-            let m = tail
-                .iter()
-                .map(|x| x.peak_bytes.get(rank).copied().unwrap_or(0))
-                .max()
-                .unwrap_or(0);
-            println!(
-                "rank {rank}: peak activation memory {} (planner predicted {})",
-                mib(m as f64),
-                mib(r.plan.predicted_peak[rank])
-            );
-        }
-    }
-    println!("communication ({}):", r.transport);
-    for (rank, c) in r.comm.iter().enumerate() {
-        let per_step = (r.trained.max(1)) as f64;
-        let mut line = format!(
-            "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
-            c.sent as f64 / per_step,
-            nobubble_runtime::session::human_bytes(c.sent_bytes as f64 / per_step),
-            1e3 * c.send_seconds / per_step,
-            1e3 * c.wait_seconds / per_step,
-            c.mean_latency_ms()
-        );
-        if r.replicas > 1 {
-            line.push_str(&format!(
-                "; gradient reduction {:.2} ms per step",
-                1e3 * c.reduce_seconds / per_step
-            ));
-        }
-        println!("{line}");
-    }
-    if let Some(w) = printer.log.as_mut() {
-        w.flush().map_err(|e| format!("cannot write --log: {e}"))?;
-    }
-    if let Some(path) = &a.trace {
-        let text = serde_json::to_string(&json!({"traceEvents": printer.trace_events}))
-            .expect("serializes");
-        crate::report::emit(Some(path), &text)?;
-    }
-    if real && !r.final_loss.is_finite() {
-        return Err(format!(
-            "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
-            r.final_loss
-        ));
-    }
-    Ok(())
 }

@@ -2,10 +2,13 @@
 //! one block per pass scaled to its time, microbatch numbers inside, idle time visible.
 
 use super::chunk_index;
+use crate::action::Action;
 use crate::action::Kind;
 use crate::error::fmt_num;
 use crate::schedule::Schedule;
 use crate::sim::Simulation;
+use crate::sim::Slot;
+use std::collections::HashSet;
 use std::fmt::Write;
 
 const WIDTH: f64 = 1400.0;
@@ -67,16 +70,40 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
         fmt_num(peak),
         m.messages
     );
-    // Legend.
+    legend(&mut svg, schedule, 52.0);
+    let critical: HashSet<Action> = sim.critical_path.iter().copied().collect();
+    draw_rows(
+        &mut svg,
+        schedule,
+        &sim.timeline,
+        &critical,
+        TOP,
+        scale,
+        m.makespan,
+    );
+    draw_axis(
+        &mut svg,
+        TOP + rows_h + 4.0,
+        scale,
+        m.makespan,
+        "time (cost-model units)",
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The colour key (pass kinds used, idle, critical path) at height `y`.
+fn legend(svg: &mut String, schedule: &Schedule, y: f64) {
     let used: Vec<Kind> = Kind::ALL
         .into_iter()
         .filter(|k| schedule.orders.iter().flatten().any(|a| a.kind == *k))
         .collect();
+    let ty = y + 11.0;
     let mut x = LEFT;
     for k in used {
         let _ = writeln!(
             svg,
-            r#"<rect x="{x}" y="52" width="14" height="14" fill="{}"/><text x="{}" y="63" font-size="12">{} ({})</text>"#,
+            r#"<rect x="{x}" y="{y}" width="14" height="14" fill="{}"/><text x="{}" y="{ty}" font-size="12">{} ({})</text>"#,
             colour(k, 0),
             x + 18.0,
             k.letter(),
@@ -86,25 +113,36 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
     }
     let _ = writeln!(
         svg,
-        r##"<rect x="{x}" y="52" width="14" height="14" fill="#eeeeee" stroke="#bbbbbb"/><text x="{}" y="63" font-size="12">idle</text>"##,
+        r##"<rect x="{x}" y="{y}" width="14" height="14" fill="#eeeeee" stroke="#bbbbbb"/><text x="{}" y="{ty}" font-size="12">idle</text>"##,
         x + 18.0
     );
     x += 70.0;
     let _ = writeln!(
         svg,
-        r#"<rect x="{x}" y="52" width="14" height="14" fill="white" stroke="black" stroke-width="2"/><text x="{}" y="63" font-size="12">critical path</text>"#,
+        r#"<rect x="{x}" y="{y}" width="14" height="14" fill="white" stroke="black" stroke-width="2"/><text x="{}" y="{ty}" font-size="12">critical path</text>"#,
         x + 18.0
     );
     if schedule.stages > schedule.ranks {
         x += 120.0;
         let _ = writeln!(
             svg,
-            r#"<text x="{x}" y="63" font-size="12">lighter shade: second chunk of a rank</text>"#
+            r#"<text x="{x}" y="{ty}" font-size="12">lighter shade: second chunk of a rank</text>"#
         );
     }
-    let critical: std::collections::HashSet<_> = sim.critical_path.iter().copied().collect();
-    for (rank, slots) in sim.timeline.iter().enumerate() {
-        let y = TOP + rank as f64 * (ROW + GAP);
+}
+
+/// One row per rank from `top`: the idle background up to `span`, then each pass.
+fn draw_rows(
+    svg: &mut String,
+    schedule: &Schedule,
+    timeline: &[Vec<Slot>],
+    critical: &HashSet<Action>,
+    top: f64,
+    scale: f64,
+    span: f64,
+) {
+    for (rank, slots) in timeline.iter().enumerate() {
+        let y = top + rank as f64 * (ROW + GAP);
         let _ = writeln!(
             svg,
             r#"<text x="{}" y="{}" font-size="12" text-anchor="end">rank {rank}</text>"#,
@@ -114,7 +152,7 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
         let _ = writeln!(
             svg,
             "<rect x=\"{LEFT}\" y=\"{y}\" width=\"{}\" height=\"{ROW}\" fill=\"#eeeeee\"/>",
-            m.makespan * scale
+            span * scale
         );
         for slot in slots {
             let a = slot.action;
@@ -144,16 +182,18 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
             }
         }
     }
-    // Time axis with about ten round ticks.
-    let axis_y = TOP + rows_h + 4.0;
+}
+
+/// A time axis at height `axis_y` from 0 to `span`, with about ten round ticks.
+fn draw_axis(svg: &mut String, axis_y: f64, scale: f64, span: f64, unit: &str) {
     let _ = writeln!(
         svg,
         r#"<line x1="{LEFT}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="black"/>"#,
-        LEFT + m.makespan * scale
+        LEFT + span * scale
     );
-    let step = nice_step(m.makespan / 10.0);
+    let step = nice_step(span / 10.0);
     let mut t = 0.0;
-    while t <= m.makespan * (1.0 + 1e-9) {
+    while t <= span * (1.0 + 1e-9) {
         let tx = LEFT + t * scale;
         let _ = writeln!(
             svg,
@@ -166,10 +206,80 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
     }
     let _ = writeln!(
         svg,
-        r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">time (cost-model units)</text>"#,
+        r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
         LEFT + (WIDTH - LEFT - RIGHT) / 2.0,
-        axis_y + 36.0
+        axis_y + 36.0,
+        escape(unit)
     );
+}
+
+/// A measured timeline (`measured`, e.g. one training step, in ms) drawn above the
+/// simulator's plan for the same schedule (`plan`, same unit), on one time scale, so a reader
+/// sees where the run departed from the plan. `title` names what was measured.
+pub fn render_measured(
+    schedule: &Schedule,
+    measured: &[Vec<Slot>],
+    plan: &Simulation,
+    title: &str,
+) -> String {
+    let measured_span = measured.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
+    let span = measured_span.max(plan.metrics.makespan);
+    let scale = (WIDTH - LEFT - RIGHT) / span.max(f64::MIN_POSITIVE);
+    let rows_h = schedule.ranks as f64 * (ROW + GAP);
+    let panel = 28.0 + rows_h;
+    let height = TOP + 2.0 * panel + 60.0;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} stages on {} ranks, {} microbatches: measured vs planned</text>"#,
+        escape(&schedule.name),
+        schedule.stages,
+        schedule.ranks,
+        schedule.microbatches
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="42" font-size="13">measured span {:.2} · plan's makespan {:.2} ({:+.1}%) · plan's bubble fraction {:.2}%</text>"#,
+        measured_span,
+        plan.metrics.makespan,
+        100.0 * (measured_span / plan.metrics.makespan.max(f64::MIN_POSITIVE) - 1.0),
+        100.0 * plan.metrics.bubble_fraction
+    );
+    legend(&mut svg, schedule, 52.0);
+    let plan_critical: HashSet<Action> = plan.critical_path.iter().copied().collect();
+    let panels = [
+        (title, measured, measured_span, HashSet::new()),
+        (
+            "planned: the simulator on the measured median pass times",
+            &plan.timeline[..],
+            plan.metrics.makespan,
+            plan_critical,
+        ),
+    ];
+    for (k, (label, timeline, end, critical)) in panels.iter().enumerate() {
+        let top = TOP + k as f64 * panel;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{LEFT}" y="{}" font-size="13" font-weight="bold">{}</text>"#,
+            top + 14.0,
+            escape(label)
+        );
+        draw_rows(
+            &mut svg,
+            schedule,
+            timeline,
+            critical,
+            top + 22.0,
+            scale,
+            *end,
+        );
+    }
+    draw_axis(&mut svg, TOP + 2.0 * panel + 4.0, scale, span, "time (ms)");
     svg.push_str("</svg>\n");
     svg
 }

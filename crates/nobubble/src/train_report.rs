@@ -1,0 +1,245 @@
+//! The end of `train` on rank 0: the text report on stdout, and the files asked for —
+//! `--trace` (Chrome), `--report` (JSON), `--timeline-svg` (measured above planned).
+
+use crate::train::TrainArgs;
+use crate::train_watch::Watch;
+use nobubble_runtime::training::{mib, Stop, TrainJob, TrainReport};
+use nobubble_runtime::StepRecord;
+use nobubble_schedule::export::svg;
+use nobubble_schedule::sim::Slot;
+use serde_json::{json, Value};
+
+/// Means over the steps the report covers (the final plan's, warm-up left out).
+struct Summary {
+    span_s: f64,
+    bubble: f64,
+    bubble_rate: f64,
+    mfu: Option<f64>,
+}
+
+fn summary(r: &TrainReport, watch: &Watch, job: &TrainJob) -> Summary {
+    let tail = &r.tail;
+    let mean =
+        |f: &dyn Fn(&StepRecord) -> f64| tail.iter().map(f).sum::<f64>() / tail.len().max(1) as f64;
+    let model = &job.session.run.model;
+    let flops = nobubble_runtime::metrics::model_flops_per_step(
+        model,
+        job.session.run.train.microbatches * r.replicas,
+    );
+    Summary {
+        span_s: mean(&|r| r.makespan),
+        bubble: mean(&|r| r.bubble_fraction),
+        bubble_rate: mean(&|r| r.bubble_rate),
+        mfu: watch
+            .peak_flops
+            .map(|peak| flops / r.wall_per_step.max(f64::MIN_POSITIVE) / peak),
+    }
+}
+
+/// Prints the report and writes the files; returns the exit status: 0, or 128 + the signal
+/// that stopped the run. A run stopped by non-finite losses is an error.
+pub fn finish(
+    a: &TrainArgs,
+    job: &TrainJob,
+    r: &TrainReport,
+    mut watch: Watch,
+) -> Result<u8, String> {
+    watch.finish()?;
+    let s = summary(r, &watch, job);
+    let sim = &r.simulated.metrics;
+    let real = job.session.emulated.is_none();
+    println!(
+        "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
+        r.trained,
+        r.elapsed,
+        r.tokens_per_step * r.trained as f64 / r.elapsed.max(f64::MIN_POSITIVE)
+    );
+    if real {
+        println!("final training loss {:.4}", r.final_loss);
+    }
+    if let Some((before, after)) = r.validation {
+        let when = if r.first_step > 0 {
+            format!("at step {}, where this run resumed", r.first_step)
+        } else {
+            "before training".to_string()
+        };
+        println!("validation loss {after:.4} ({when} {before:.4})");
+    }
+    let span_ms = s.span_s * 1e3;
+    println!(
+        "step time: measured {:.2} ms per step (wall), {:.2} ms per iteration (span of its passes); simulated {:.2} ms from the measured pass times ({:+.1}%)",
+        r.wall_per_step * 1e3,
+        span_ms,
+        sim.makespan,
+        100.0 * (span_ms / sim.makespan - 1.0)
+    );
+    println!(
+        "bubble fraction: measured {:.1}%, simulated {:.1}%; bubble rate (longest rank span): measured {:.1}%, simulated {:.1}%",
+        100.0 * s.bubble,
+        100.0 * sim.bubble_fraction,
+        100.0 * s.bubble_rate,
+        100.0 * sim.bubble_rate
+    );
+    if let (Some(mfu), Some(peak)) = (s.mfu, watch.peak_flops) {
+        println!(
+            "MFU {:.1}% (model FLOPs per second over a peak of {:.1} GFLOP/s for all ranks{})",
+            100.0 * mfu,
+            peak / 1e9,
+            if a.peak_flops.is_some() {
+                ", --peak-flops"
+            } else {
+                ", measured by a GEMM probe"
+            }
+        );
+    }
+    let ranks = r.plan.schedule.ranks;
+    let measured_peak = |rank: usize| {
+        r.tail
+            .iter()
+            .map(|x| x.peak_bytes.get(rank).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    };
+    if real {
+        for rank in 0..ranks {
+            println!(
+                "rank {rank}: peak activation memory {} (planner predicted {})",
+                mib(measured_peak(rank) as f64),
+                mib(r.plan.predicted_peak[rank])
+            );
+        }
+    }
+    println!("communication ({}):", r.transport);
+    for (rank, c) in r.comm.iter().enumerate() {
+        let per_step = (r.trained.max(1)) as f64;
+        let mut line = format!(
+            "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
+            c.sent as f64 / per_step,
+            nobubble_runtime::session::human_bytes(c.sent_bytes as f64 / per_step),
+            1e3 * c.send_seconds / per_step,
+            1e3 * c.wait_seconds / per_step,
+            c.mean_latency_ms()
+        );
+        if r.replicas > 1 {
+            line.push_str(&format!(
+                "; gradient reduction {:.2} ms per step",
+                1e3 * c.reduce_seconds / per_step
+            ));
+        }
+        println!("{line}");
+    }
+    if let Some(path) = &a.trace {
+        let text =
+            serde_json::to_string(&json!({"traceEvents": watch.trace_events})).expect("serializes");
+        crate::report::emit(Some(path), &text)?;
+    }
+    if let Some(path) = &a.report {
+        let peaks: Vec<Value> = (0..ranks)
+            .map(|rank| {
+                json!({"rank": rank, "measured_bytes": real.then(|| measured_peak(rank)),
+                    "predicted_bytes": real.then(|| r.plan.predicted_peak[rank])})
+            })
+            .collect();
+        let report = json_report(a, job, r, &s, watch.peak_flops, peaks);
+        let text = serde_json::to_string_pretty(&report).expect("serializes") + "\n";
+        crate::report::emit(Some(path), &text)?;
+    }
+    if let Some(path) = &a.timeline_svg {
+        let Some(last) = r.tail.last() else {
+            return Err("--timeline-svg: no step was recorded to draw".into());
+        };
+        let measured: Vec<Vec<Slot>> = last
+            .timeline
+            .iter()
+            .map(|slots| {
+                slots
+                    .iter()
+                    .map(|m| Slot {
+                        action: m.action,
+                        start: m.start * 1e3,
+                        end: m.end * 1e3,
+                        waited_for: None,
+                    })
+                    .collect()
+            })
+            .collect();
+        let title = format!("measured: step {} of this run", last.step + 1);
+        let picture = svg::render_measured(&r.plan.schedule, &measured, &r.simulated, &title);
+        crate::report::emit(Some(path), &picture)?;
+    }
+    match r.stopped {
+        Some(Stop::Signal(sig)) => {
+            eprintln!(
+                "stopped by signal {sig} after step {}; resume with --resume{}",
+                r.first_step + r.trained,
+                if a.save.is_some() {
+                    " on the --save directory"
+                } else {
+                    " (this run had no --save, so nothing was saved)"
+                }
+            );
+            return Ok(128u8.saturating_add(u8::try_from(sig).unwrap_or(127)));
+        }
+        Some(Stop::NonFinite { steps, last }) => {
+            return Err(format!(
+                "stopped: the training loss was not finite for {steps} steps in a row (up to step {}); \
+                 lower --lr, keep --max-grad-norm, or check the data (--max-nan-steps sets how many are tolerated)",
+                last + 1
+            ));
+        }
+        None => {}
+    }
+    if real && !r.final_loss.is_finite() {
+        return Err(format!(
+            "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
+            r.final_loss
+        ));
+    }
+    Ok(0)
+}
+
+/// `--report`: stable field names, seconds and bytes.
+fn json_report(
+    a: &TrainArgs,
+    job: &TrainJob,
+    r: &TrainReport,
+    s: &Summary,
+    peak: Option<f64>,
+    peaks: Vec<Value>,
+) -> Value {
+    let sim = &r.simulated.metrics;
+    let schedule = &r.plan.schedule;
+    let real = job.session.emulated.is_none();
+    json!({
+        "schedule": schedule.name,
+        "schedule_file": job.session.file.as_ref().map(|_| &a.schedule),
+        "ranks": schedule.ranks,
+        "stages": schedule.stages,
+        "microbatches": schedule.microbatches,
+        "data_parallel": r.replicas,
+        "transport": r.transport,
+        "compute": if real { "real" } else { "emulated" },
+        "first_step": r.first_step,
+        "steps_trained": r.trained,
+        "stopped": match r.stopped {
+            None => Value::Null,
+            Some(Stop::Signal(sig)) => json!({"signal": sig}),
+            Some(Stop::NonFinite { steps, last }) => json!({"non_finite_steps": steps, "last_step": last}),
+        },
+        "elapsed_seconds": r.elapsed,
+        "tokens_per_second": r.tokens_per_step * r.trained as f64 / r.elapsed.max(f64::MIN_POSITIVE),
+        "steps_measured": r.tail.len(),
+        "step_seconds": {"measured_wall": r.wall_per_step, "measured_span": s.span_s, "simulated": sim.makespan / 1e3},
+        "bubble_fraction": {"measured": s.bubble, "simulated": sim.bubble_fraction},
+        "bubble_rate": {"measured": s.bubble_rate, "simulated": sim.bubble_rate},
+        "mfu": s.mfu,
+        "peak_flops": peak,
+        "peak_flops_source": peak.map(|_| if a.peak_flops.is_some() { "--peak-flops" } else { "GEMM probe" }),
+        "peak_activation_memory": peaks,
+        "loss": {
+            "final_training": real.then_some(r.final_loss).filter(|l| l.is_finite()),
+            "validation_before": r.validation.map(|v| v.0),
+            "validation_after": r.validation.map(|v| v.1),
+        },
+    })
+}

@@ -1,0 +1,238 @@
+//! What rank 0 shows while `train` runs: a progress bar (a terminal) or a line every ten
+//! steps (a log file), the JSON lines of `--log`, the Chrome trace of `--trace`, and the
+//! Prometheus metrics of `--metrics-addr`. One [`StepRates`] per step feeds all of them, so
+//! they agree.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use nobubble_runtime::metrics::{Metrics, StepRates};
+use nobubble_runtime::training::{mib, Observer};
+use nobubble_runtime::{Plan, StepRecord};
+use serde_json::json;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Rank 0's view of the run.
+pub struct Watch {
+    steps: u64,
+    tokens_per_step: f64,
+    flops_per_step: f64,
+    /// Peak FLOP/s of all ranks; `None` for emulated compute (no model FLOPs run).
+    pub peak_flops: Option<f64>,
+    tty: bool,
+    log: Option<std::io::BufWriter<std::fs::File>>,
+    trace: bool,
+    /// Chrome trace events of every recorded step.
+    pub trace_events: Vec<serde_json::Value>,
+    trace_offset: f64,
+    metrics: Option<Metrics>,
+    bar: Option<ProgressBar>,
+    validation_bar: Option<ProgressBar>,
+    stop: Option<Arc<AtomicUsize>>,
+    stop_noticed: bool,
+    /// MFU of every recorded step, for the report.
+    pub mfu: Vec<f64>,
+}
+
+/// What the watcher needs to know about the job.
+pub struct WatchOptions<'a> {
+    /// Total steps of the job and the step it starts at.
+    pub steps: u64,
+    /// Tokens and model FLOPs of one step (all replicas).
+    pub tokens_per_step: f64,
+    /// Model FLOPs of one step.
+    pub flops_per_step: f64,
+    /// Peak FLOP/s of all ranks (`None`: emulated compute).
+    pub peak_flops: Option<f64>,
+    /// `--log` file.
+    pub log: Option<&'a Path>,
+    /// Whether `--trace` was asked for.
+    pub trace: bool,
+    /// Metrics to update (`--metrics-addr`).
+    pub metrics: Option<Metrics>,
+    /// The stop request the signal handlers set.
+    pub stop: Option<Arc<AtomicUsize>>,
+}
+
+impl Watch {
+    /// A watcher; creates the `--log` file.
+    pub fn new(o: WatchOptions) -> Result<Watch, String> {
+        let tty = std::io::stderr().is_terminal();
+        Ok(Watch {
+            steps: o.steps,
+            tokens_per_step: o.tokens_per_step,
+            flops_per_step: o.flops_per_step,
+            peak_flops: o.peak_flops,
+            tty,
+            log: match o.log {
+                Some(p) => Some(std::io::BufWriter::new(
+                    std::fs::File::create(p)
+                        .map_err(|e| format!("cannot create --log {}: {e}", p.display()))?,
+                )),
+                None => None,
+            },
+            trace: o.trace,
+            trace_events: Vec::new(),
+            trace_offset: 0.0,
+            metrics: o.metrics,
+            bar: None,
+            validation_bar: None,
+            stop: o.stop,
+            stop_noticed: false,
+            mfu: Vec::new(),
+        })
+    }
+
+    /// Prints a line without tearing the progress bar.
+    fn say(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    /// Flushes `--log` and takes the progress bar off the screen.
+    pub fn finish(&mut self) -> Result<(), String> {
+        if let Some(bar) = self.bar.take() {
+            bar.finish();
+        }
+        if let Some(w) = self.log.as_mut() {
+            w.flush().map_err(|e| format!("cannot write --log: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn notice_stop(&mut self) {
+        let sig = self.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        if sig != 0 && !self.stop_noticed {
+            self.stop_noticed = true;
+            let name = if sig == 15 { "SIGTERM" } else { "SIGINT" };
+            self.say(&format!(
+                "{name} received: finishing the current step, then the log, trace, checkpoint \
+                 (with --save) and report; send it again to quit at once"
+            ));
+        }
+    }
+
+    fn bar(&mut self, first: u64) -> &ProgressBar {
+        let (steps, tty) = (self.steps, self.tty);
+        self.bar.get_or_insert_with(|| {
+            let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+            if !tty {
+                bar.set_draw_target(ProgressDrawTarget::hidden());
+            }
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:28}] {pos}/{len} steps · ETA {eta} · {msg}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar.set_position(first);
+            bar.reset_eta();
+            bar
+        })
+    }
+}
+
+impl Observer for Watch {
+    fn note(&mut self, text: &str) {
+        self.say(text);
+    }
+
+    fn planned(&mut self, plan: &Plan) {
+        if let Some(m) = &self.metrics {
+            m.set_planned_bubble(plan.simulated_bubble_fraction);
+        }
+    }
+
+    fn progress(&mut self, phase: &str, done: u64, total: u64) {
+        if !self.tty {
+            return;
+        }
+        let bar = self.validation_bar.get_or_insert_with(|| {
+            let bar = ProgressBar::new(total);
+            bar.set_style(
+                ProgressStyle::with_template("{elapsed_precise} {msg} [{bar:28}] {pos}/{len}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_message(phase.to_string());
+            bar
+        });
+        bar.set_position(done);
+        if done >= total {
+            bar.finish_and_clear();
+            self.validation_bar = None;
+        }
+    }
+
+    fn step(&mut self, rec: &StepRecord, schedule: &str) -> Result<(), String> {
+        let rates = StepRates::of(
+            rec,
+            self.tokens_per_step,
+            self.flops_per_step,
+            self.peak_flops.unwrap_or(f64::NAN),
+        );
+        let mfu = self.peak_flops.map(|_| rates.mfu);
+        if let Some(m) = &self.metrics {
+            m.record_step(
+                rec,
+                &StepRates {
+                    mfu: mfu.unwrap_or(0.0),
+                    ..rates
+                },
+            );
+        }
+        if let Some(x) = mfu {
+            self.mfu.push(x);
+        }
+        let tps = rates.tokens_per_second;
+        let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
+        if let Some(w) = self.log.as_mut() {
+            let line = json!({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
+                "skipped": rec.skipped, "clip_scale": rec.clip_scale, "tokens_per_s": tps, "step_seconds": rec.wall,
+                "span_seconds": rec.makespan, "bubble_fraction": rec.bubble_fraction, "mfu": mfu,
+                "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,
+                "sent_bytes": rec.comm.iter().map(|c| c.sent_bytes).collect::<Vec<_>>(),
+                "wait_seconds": rec.comm.iter().map(|c| c.wait_seconds).collect::<Vec<_>>(),
+                "reduce_seconds": rec.comm.iter().map(|c| c.reduce_seconds).collect::<Vec<_>>()});
+            // One write per line: an interrupted run never leaves half a line behind.
+            let mut text = line.to_string();
+            text.push('\n');
+            w.write_all(text.as_bytes())
+                .and_then(|_| w.flush())
+                .map_err(|e| format!("cannot write --log: {e}"))?;
+        }
+        if self.trace {
+            for (rank, slots) in rec.timeline.iter().enumerate() {
+                for s in slots {
+                    self.trace_events.push(json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
+                        "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
+                        "ts": (self.trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
+                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}));
+                }
+            }
+            self.trace_offset += rec.wall.max(rec.makespan);
+        }
+        let mfu_text = mfu.map_or(String::new(), |x| format!("  MFU {:.1}%", 100.0 * x));
+        let summary = format!(
+            "loss {:.4}  {:>6.0} tok/s  bubble {:>5.1}%{mfu_text}  peak act {}",
+            rec.loss,
+            tps,
+            100.0 * rec.bubble_fraction,
+            mib(peak as f64)
+        );
+        let step = rec.step;
+        if self.tty {
+            let bar = self.bar(step);
+            bar.set_position(step + 1);
+            bar.set_message(summary);
+        } else if step.is_multiple_of(10) || step + 1 == self.steps {
+            eprintln!("step {:>4}/{}  {summary}", step + 1, self.steps);
+        }
+        self.notice_stop();
+        Ok(())
+    }
+}

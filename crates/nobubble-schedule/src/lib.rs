@@ -11,6 +11,7 @@ pub mod cost;
 pub mod error;
 pub mod exact;
 pub mod export;
+pub mod forecast;
 pub mod generate;
 pub mod paper;
 pub mod schedule;

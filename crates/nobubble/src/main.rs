@@ -9,6 +9,7 @@ mod bench_runtime;
 mod check;
 mod compare;
 mod costs;
+mod forecast;
 mod output;
 mod plan;
 mod report;
@@ -38,6 +39,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate one schedule, simulate it and print or export it.
+    #[command(after_long_help = plan::schedules_help())]
     Plan(plan::PlanArgs),
     /// One table over every schedule that applies to a pipeline.
     Compare(compare::CompareArgs),
@@ -45,6 +47,9 @@ enum Command {
     Check(check::CheckArgs),
     /// Train a GPT on text under any schedule: ranks as threads, or as processes under mpirun.
     Train(Box<train::TrainArgs>),
+    /// What a training job costs (GPU-hours, days, dollars) under each schedule, from the
+    /// FLOP model.
+    Forecast(forecast::ForecastArgs),
     /// Continue a prompt with a model saved by `train --save`.
     Sample(sample::SampleArgs),
     /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
+        Command::Forecast(a) => forecast::run(a),
         Command::Sample(a) => sample::run(a),
         Command::Bench(b) => bench::run(b),
     };

@@ -10,8 +10,13 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct PlanArgs {
     /// Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-1p, zb-2p, zb-auto, zb-paper,
-    /// interleaved-zb, zb-v, v-half, v-min, v-auto, dualpipe-v.
-    #[arg(long, short = 's', default_value = "zb-h2")]
+    /// interleaved-zb, zb-v, v-half, v-min, v-auto, dualpipe-v, or another name listed below.
+    #[arg(
+        long,
+        short = 's',
+        visible_alias = "pipeline-schedule",
+        default_value = "zb-h2"
+    )]
     pub schedule: String,
     /// Pipeline stages (ranks, devices).
     #[arg(long, short = 'p')]
@@ -33,6 +38,28 @@ pub struct PlanArgs {
     /// Width of the text timeline in columns.
     #[arg(long, default_value_t = 100)]
     pub width: usize,
+}
+
+/// The schedule list of `plan --help`: every name, what it is, and the names users of
+/// PyTorch and deployment guides type for it.
+pub fn schedules_help() -> String {
+    let mut out = String::from("Schedules (names are case-insensitive):\n");
+    for k in ScheduleKind::ALL {
+        let others = k.other_names();
+        let aka = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" [also: {}]", others.join(", "))
+        };
+        out.push_str(&format!("  {:<17} {}{aka}\n", k.name(), k.summary()));
+    }
+    out.push_str(
+        "\nPyTorch's class names work with or without the `Schedule` prefix (ScheduleGPipe, \
+         Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, \
+         ScheduleZBVZeroBubble, ScheduleDualPipeV), everywhere a schedule is named. Pick zb-2p \
+         when memory allows 2p microbatches' activations, else zb-1f1b (= zb-1p).",
+    );
+    out
 }
 
 /// Runs `plan`.

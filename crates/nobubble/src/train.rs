@@ -8,7 +8,9 @@ use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
 use nobubble_runtime::metrics::{model_flops_per_step, Metrics, MetricsServer};
-use nobubble_runtime::training::{self, Observer, TrainJob};
+#[cfg(feature = "mpi")]
+use nobubble_runtime::training::Observer;
+use nobubble_runtime::training::{self, TrainJob};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::Fault;
 use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions};

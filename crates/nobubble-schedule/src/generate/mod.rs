@@ -165,25 +165,60 @@ impl ScheduleKind {
     /// Looks a name up; the error lists every valid name.
     pub fn from_name(name: &str) -> Result<ScheduleKind, Error> {
         let key = name.trim().to_ascii_lowercase().replace('_', "-");
-        let alias = match key.as_str() {
-            "interleaved" | "1f1b-interleaved" | "1f1b-i" => "interleaved-1f1b",
-            "zbh1" => "zb-h1",
-            "zbh2" => "zb-h2",
-            "zbv" => "zb-v",
-            "dualpipev" | "dualpipe" => "dualpipe-v",
-            "zb1p" => "zb-1p",
-            "zb2p" => "zb-2p",
-            other => other,
-        };
+        // PyTorch's class names (`Schedule1F1B`), and torchtitan's spelling without the
+        // prefix (`1F1B`, `ZBVZeroBubble`).
+        let key = key.strip_prefix("schedule").unwrap_or(&key);
+        let alias = ScheduleKind::ALIASES
+            .iter()
+            .find(|(a, _)| a.eq_ignore_ascii_case(key))
+            .map_or(key, |(_, k)| k.name());
         ScheduleKind::ALL
             .into_iter()
             .find(|k| k.name() == alias)
             .ok_or_else(|| {
                 Error::Input(format!(
-                    "unknown schedule `{name}`; valid schedules: {}",
+                    "unknown schedule `{name}`; valid schedules: {} (and the names of \
+                     `nobubble plan --help`)",
                     ScheduleKind::ALL.map(|k| k.name()).join(", ")
                 ))
             })
+    }
+
+    /// Other names accepted for a kind: PyTorch's class names (without their `Schedule`
+    /// prefix, which is stripped first), the zero-bubble paper's and other spellings.
+    pub const ALIASES: [(&'static str, ScheduleKind); 16] = [
+        ("1f1b-interleaved", ScheduleKind::Interleaved1F1B),
+        ("interleaved", ScheduleKind::Interleaved1F1B),
+        ("1f1b-i", ScheduleKind::Interleaved1F1B),
+        ("interleaved1f1b", ScheduleKind::Interleaved1F1B),
+        ("interleavedzerobubble", ScheduleKind::InterleavedZb),
+        ("zbvzerobubble", ScheduleKind::ZbV),
+        ("dualpipev", ScheduleKind::DualPipeV),
+        ("dualpipe", ScheduleKind::DualPipeV),
+        ("zbh1", ScheduleKind::ZbH1),
+        ("zbh2", ScheduleKind::ZbH2),
+        ("zbv", ScheduleKind::ZbV),
+        ("zb1p", ScheduleKind::Zb1p),
+        ("zb2p", ScheduleKind::Zb2p),
+        // Zero bubble at 1F1B's memory, as deployment guides name it.
+        ("zb-1f1b", ScheduleKind::Zb1p),
+        ("zb1f1b", ScheduleKind::Zb1p),
+        ("1f1b-zb", ScheduleKind::Zb1p),
+    ];
+
+    /// The names users of other systems type for this kind, for help texts.
+    pub fn other_names(self) -> Vec<&'static str> {
+        let pytorch: &[&str] = match self {
+            ScheduleKind::GPipe => &["ScheduleGPipe"],
+            ScheduleKind::OneFOneB => &["Schedule1F1B"],
+            ScheduleKind::Interleaved1F1B => &["ScheduleInterleaved1F1B"],
+            ScheduleKind::InterleavedZb => &["ScheduleInterleavedZeroBubble"],
+            ScheduleKind::ZbV => &["ScheduleZBVZeroBubble"],
+            ScheduleKind::DualPipeV => &["ScheduleDualPipeV"],
+            ScheduleKind::Zb1p => &["zb-1f1b"],
+            _ => &[],
+        };
+        pytorch.to_vec()
     }
 }
 
@@ -296,4 +331,41 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     }?;
     crate::validate::normalize_weight_order(&mut schedule);
     Ok(schedule)
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::ScheduleKind;
+
+    #[test]
+    fn pytorch_class_names_and_guide_names_resolve() {
+        for (name, kind) in [
+            ("Schedule1F1B", ScheduleKind::OneFOneB),
+            ("ScheduleGPipe", ScheduleKind::GPipe),
+            ("ScheduleInterleaved1F1B", ScheduleKind::Interleaved1F1B),
+            ("Interleaved1F1B", ScheduleKind::Interleaved1F1B),
+            ("ScheduleInterleavedZeroBubble", ScheduleKind::InterleavedZb),
+            ("ScheduleZBVZeroBubble", ScheduleKind::ZbV),
+            ("ZBVZeroBubble", ScheduleKind::ZbV),
+            ("ScheduleDualPipeV", ScheduleKind::DualPipeV),
+            ("zb-1f1b", ScheduleKind::Zb1p),
+            ("ZB_2P", ScheduleKind::Zb2p),
+            (" zb-h1 ", ScheduleKind::ZbH1),
+        ] {
+            assert_eq!(ScheduleKind::from_name(name).unwrap(), kind, "{name}");
+        }
+        for kind in ScheduleKind::ALL {
+            assert_eq!(ScheduleKind::from_name(kind.name()).unwrap(), kind);
+            for other in kind.other_names() {
+                assert_eq!(ScheduleKind::from_name(other).unwrap(), kind, "{other}");
+            }
+        }
+        let e = ScheduleKind::from_name("ScheduleLoopedBFS")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown schedule `ScheduleLoopedBFS`") && e.contains("zb-v"),
+            "{e}"
+        );
+    }
 }

@@ -1,0 +1,434 @@
+//! What a training job costs under each schedule (`nobubble forecast`): pass times from the
+//! paper's FLOP counts (REFERENCE §1) and an achieved-MFU assumption, each schedule planned
+//! and simulated, and the job's GPU-hours, days and price against 1F1B.
+//!
+//!
+//! The model: every rank holds `layers / p` transformer layers (fractional when it does not
+//! divide: the split is taken as perfectly even), a pass runs at `mfu × peak`, and an
+//! iteration lasts the longest rank span (post-validated optimizer steps overlap iterations)
+//! or the makespan (a synchronous step), as asked. With a vocabulary,
+//! the LM head's three matrix products are added to the last rank — which is what unbalances
+//! real pipelines. Data parallelism multiplies the tokens per step; its gradient all-reduce is
+//! taken as overlapped (not modelled).
+
+use crate::cost::{CostModel, CostSpec, RankCost};
+use crate::error::Error;
+use crate::generate::{generate, Request, ScheduleKind};
+use crate::sim::simulate;
+use crate::validate::peak_memory;
+use serde::Serialize;
+
+/// The model whose training is forecast.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelShape {
+    /// Layers, hidden size, attention heads, sequence length, vocabulary (0: no LM head).
+    Layers {
+        /// Transformer layers.
+        layers: usize,
+        /// Hidden size.
+        hidden: usize,
+        /// Attention heads.
+        heads: usize,
+        /// Vocabulary size (0 leaves the head out).
+        vocab: usize,
+    },
+    /// Only a parameter count: F = I = W = 2 FLOPs per parameter and token (attention
+    /// ignored, the `6·N·T` rule), and no activation sizes.
+    Parameters(f64),
+}
+
+/// Everything a forecast needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForecastInput {
+    /// The model.
+    pub model: ModelShape,
+    /// Sequence length (tokens).
+    pub seq_len: usize,
+    /// Sequences per microbatch.
+    pub microbatch_size: usize,
+    /// Tokens to train on.
+    pub tokens: f64,
+    /// Dense peak FLOP/s of one GPU.
+    pub peak_flops: f64,
+    /// Fraction of the peak a pass achieves (the non-pipeline part of MFU), in (0, 1].
+    pub mfu: f64,
+    /// Pipeline ranks.
+    pub stages: usize,
+    /// Microbatches per pipeline per step.
+    pub microbatches: usize,
+    /// Data-parallel replicas.
+    pub data_parallel: usize,
+    /// Price of one GPU-hour.
+    pub usd_per_gpu_hour: f64,
+    /// Time of one transfer between ranks, seconds.
+    pub comm_seconds: f64,
+    /// Activation memory per GPU: bytes (`ModelShape::Layers`), or multiples of M_B.
+    pub mem_limit: Option<MemLimit>,
+    /// What an iteration costs.
+    pub step_time: StepTime,
+}
+
+/// What one iteration of a job costs in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepTime {
+    /// The longest rank span: post-validated optimizer steps (`train --post-validate`, the
+    /// paper's §4) let consecutive iterations overlap, so each adds its busiest rank's span.
+    Span,
+    /// The makespan: a synchronous optimizer step waits for the whole iteration to drain.
+    Makespan,
+}
+
+/// A memory limit per GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemLimit {
+    /// Bytes of activations.
+    Bytes(f64),
+    /// Multiples of one rank's M_B (one microbatch's activations of a 1F1B stage).
+    Microbatches(f64),
+}
+
+/// One schedule's forecast.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ForecastRow {
+    /// Schedule name.
+    pub schedule: String,
+    /// Bubble of an iteration: 1 − the busiest rank's compute time / the step time (with
+    /// [`StepTime::Span`] the paper's bubble rate).
+    pub bubble: f64,
+    /// Seconds per iteration (the simulated longest rank span or makespan, see
+    /// [`StepTime`]).
+    pub step_seconds: f64,
+    /// Iterations to train on the tokens.
+    pub steps: f64,
+    /// GPU-hours of the job.
+    pub gpu_hours: f64,
+    /// Wall-clock days.
+    pub days: f64,
+    /// Price in the given currency.
+    pub cost: f64,
+    /// Fraction of 1F1B's cost saved (negative: dearer).
+    pub saving_vs_1f1b: f64,
+    /// Peak activation memory of the busiest GPU: bytes, or multiples of M_B when the
+    /// model has no shape.
+    pub peak_activation: f64,
+    /// The memory limit the automatic schedule was planned under (multiples of M_B).
+    pub planned_limit: Option<f64>,
+    /// Whether it fits the memory limit (true without a limit).
+    pub fits: bool,
+}
+
+/// The schedules a forecast compares, 1F1B first.
+pub const SCHEDULES: [ScheduleKind; 6] = [
+    ScheduleKind::OneFOneB,
+    ScheduleKind::ZbH1,
+    ScheduleKind::Zb1p,
+    ScheduleKind::Zb2p,
+    ScheduleKind::ZbV,
+    ScheduleKind::ZbAuto,
+];
+
+fn input_error(msg: String) -> Error {
+    Error::Input(msg)
+}
+
+/// Per-rank pass costs (seconds; memory in bytes or M_B units) from the FLOP model.
+pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
+    let p = x.stages as f64;
+    let (s, b) = (x.seq_len as f64, x.microbatch_size as f64);
+    let speed = x.peak_flops * x.mfu;
+    let stages = match x.model {
+        ModelShape::Layers {
+            layers,
+            hidden,
+            heads,
+            vocab,
+        } => {
+            let (h, a) = (hidden as f64, heads as f64);
+            let per_layer = layers as f64 / p;
+            let f = s * b * h * (24.0 * h + 4.0 * s) * per_layer;
+            let i = s * b * h * (24.0 * h + 8.0 * s) * per_layer;
+            let w = 24.0 * s * b * h * h * per_layer;
+            let mem_b = s * b * (34.0 * h + 5.0 * a * s) * per_layer;
+            let mem_w = 32.0 * s * b * h * per_layer;
+            let head = 2.0 * s * b * h * vocab as f64;
+            (0..x.stages)
+                .map(|r| {
+                    let extra = if r + 1 == x.stages { head } else { 0.0 };
+                    RankCost {
+                        f: (f + extra) / speed,
+                        i: (i + extra) / speed,
+                        w: (w + extra) / speed,
+                        mem_b,
+                        mem_w: mem_w.min(mem_b),
+                    }
+                })
+                .collect()
+        }
+        ModelShape::Parameters(n) => {
+            let t = 2.0 * n / p * s * b / speed;
+            vec![
+                RankCost {
+                    f: t,
+                    i: t,
+                    w: t,
+                    mem_b: 1.0,
+                    mem_w: 0.5,
+                };
+                x.stages
+            ]
+        }
+    };
+    Ok(CostSpec {
+        comm: x.comm_seconds,
+        stages,
+    })
+}
+
+fn check(x: &ForecastInput) -> Result<(), Error> {
+    let positive = |name: &str, v: f64| {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(input_error(format!(
+                "{name} must be a positive number, got {v}"
+            )))
+        }
+    };
+    positive("--tokens", x.tokens)?;
+    positive("the peak FLOP/s", x.peak_flops)?;
+    positive("--usd-per-gpu-hour", x.usd_per_gpu_hour)?;
+    if !(x.mfu.is_finite() && x.mfu > 0.0 && x.mfu <= 1.0) {
+        return Err(input_error(format!(
+            "--mfu is a fraction of the peak in (0, 1], e.g. 0.5; got {}",
+            x.mfu
+        )));
+    }
+    if x.stages == 0 || x.microbatches == 0 || x.data_parallel == 0 {
+        return Err(input_error(
+            "--stages, --microbatches and --data-parallel must be at least 1".into(),
+        ));
+    }
+    if x.seq_len == 0 || x.microbatch_size == 0 {
+        return Err(input_error(
+            "--seq-len and --microbatch-size must be at least 1".into(),
+        ));
+    }
+    if !(x.comm_seconds.is_finite() && x.comm_seconds >= 0.0) {
+        return Err(input_error(format!(
+            "--comm-ms must be zero or positive, got {}",
+            x.comm_seconds * 1e3
+        )));
+    }
+    match x.model {
+        ModelShape::Layers {
+            layers,
+            hidden,
+            heads,
+            ..
+        } => {
+            if layers == 0 || hidden == 0 || heads == 0 {
+                return Err(input_error(
+                    "--layers, --hidden and --heads must be at least 1".into(),
+                ));
+            }
+            if layers < x.stages {
+                return Err(input_error(format!(
+                    "{layers} layers cannot fill {} pipeline stages; use fewer --stages",
+                    x.stages
+                )));
+            }
+        }
+        ModelShape::Parameters(n) => {
+            positive("--params", n)?;
+            if let Some(MemLimit::Bytes(_)) = x.mem_limit {
+                return Err(input_error(
+                    "a --mem-limit in bytes needs the model's shape (--layers, --hidden, \
+                     --heads) to size activations; with --params give it in microbatches \
+                     (a plain number, multiples of M_B)"
+                        .into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Plans every schedule of [`SCHEDULES`] that applies and prices the job under each.
+pub fn forecast(x: &ForecastInput) -> Result<Vec<ForecastRow>, Error> {
+    check(x)?;
+    let spec = rank_costs(x)?;
+    let mem_b = spec.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
+    let limit_x = x.mem_limit.map(|l| match l {
+        MemLimit::Bytes(bytes) => bytes / mem_b.max(f64::MIN_POSITIVE),
+        MemLimit::Microbatches(k) => k,
+    });
+    if let Some(l) = limit_x.filter(|l| *l < 1.0) {
+        return Err(input_error(format!(
+            "--mem-limit holds {l:.2} microbatches' activations of a stage; a pipeline needs at \
+             least 1: raise it, or shorten --seq-len or --microbatch-size"
+        )));
+    }
+    let gpus = (x.stages * x.data_parallel) as f64;
+    let tokens_per_step = (x.microbatches * x.microbatch_size * x.seq_len * x.data_parallel) as f64;
+    let steps = (x.tokens / tokens_per_step).ceil();
+    let mut rows = Vec::new();
+    for kind in SCHEDULES {
+        let req = Request {
+            mem_limit: limit_x,
+            ..Request::new(kind, x.stages, x.microbatches)
+        };
+        // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out.
+        let Ok(schedule) = generate(&req, &spec) else {
+            continue;
+        };
+        let costs = CostModel::for_schedule(&spec, &schedule)?;
+        let sim = simulate(&schedule, &costs)?;
+        let peak = peak_memory(&schedule, &costs)
+            .into_iter()
+            .fold(0.0, f64::max);
+        let fits = limit_x.is_none_or(|l| peak <= l * mem_b * (1.0 + 1e-9));
+        let step_seconds = match x.step_time {
+            StepTime::Makespan => sim.metrics.makespan,
+            StepTime::Span => sim.metrics.span.iter().copied().fold(0.0, f64::max),
+        };
+        let hours = steps * step_seconds / 3600.0;
+        rows.push(ForecastRow {
+            schedule: schedule.name.clone(),
+            bubble: 1.0 - sim.metrics.busy.iter().copied().fold(0.0, f64::max) / step_seconds,
+            step_seconds,
+            steps,
+            gpu_hours: hours * gpus,
+            days: hours / 24.0,
+            cost: hours * gpus * x.usd_per_gpu_hour,
+            saving_vs_1f1b: 0.0,
+            peak_activation: peak,
+            planned_limit: kind.planning_limit(x.stages, limit_x),
+            fits,
+        });
+    }
+    if let Some(base) = rows.first().map(|r| r.cost) {
+        for r in &mut rows {
+            r.saving_vs_1f1b = 1.0 - r.cost / base;
+        }
+    }
+    Ok(rows)
+}
+
+/// Dense BF16 peak FLOP/s of the GPUs people price jobs in (vendor data sheets, without
+/// sparsity).
+pub fn gpu_peak_flops(name: &str) -> Option<f64> {
+    let tflops = match name.to_ascii_lowercase().as_str() {
+        "a100" => 312.0,
+        "h100" => 989.0,
+        "h200" => 989.0,
+        "b200" => 2250.0,
+        _ => return None,
+    };
+    Some(tflops * 1e12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_example() -> ForecastInput {
+        ForecastInput {
+            model: ModelShape::Layers {
+                layers: 32,
+                hidden: 4096,
+                heads: 32,
+                vocab: 0,
+            },
+            seq_len: 1024,
+            microbatch_size: 1,
+            tokens: 1e9,
+            peak_flops: 312e12,
+            mfu: 0.5,
+            stages: 8,
+            microbatches: 16,
+            data_parallel: 1,
+            usd_per_gpu_hour: 2.0,
+            comm_seconds: 0.0,
+            mem_limit: None,
+            step_time: StepTime::Span,
+        }
+    }
+
+    fn row<'a>(rows: &'a [ForecastRow], name: &str) -> &'a ForecastRow {
+        rows.iter().find(|r| r.schedule == name).unwrap()
+    }
+
+    #[test]
+    fn the_seed_example_one_f_one_b_closed_form_and_zb_2p_near_zero() {
+        let rows = forecast(&seed_example()).unwrap();
+        // (p−1)/(m+p−1) = 7/23 for uniform stages without communication.
+        let one = row(&rows, "1f1b");
+        assert!((one.bubble - 7.0 / 23.0).abs() < 1e-9, "{}", one.bubble);
+        assert!(row(&rows, "zb-2p").bubble < 0.01);
+        // By hand: a stage's F+I+W = 4 layers × (72·s·h² + 12·s²·h) FLOPs.
+        let (s, h) = (1024.0f64, 4096.0f64);
+        let fiw = 4.0 * (72.0 * s * h * h + 12.0 * s * s * h) / (312e12 * 0.5);
+        let step = 16.0 * fiw / (1.0 - 7.0 / 23.0);
+        assert!((one.step_seconds / step - 1.0).abs() < 1e-9);
+        let steps = (1e9f64 / (16.0 * 1024.0)).ceil();
+        assert_eq!(one.steps, steps);
+        let hours = steps * step / 3600.0 * 8.0;
+        assert!((one.gpu_hours / hours - 1.0).abs() < 1e-9);
+        assert!((one.cost - 2.0 * hours).abs() < 1e-6 * hours);
+        assert_eq!(one.saving_vs_1f1b, 0.0);
+        let zb = row(&rows, "zb-2p");
+        assert!((zb.saving_vs_1f1b - (1.0 - zb.cost / one.cost)).abs() < 1e-12);
+        // Its iterations are 16 (F+I+W) long against 1F1B's 23: 7/23 saved, minus the
+        // little bubble left.
+        assert!(zb.saving_vs_1f1b > 0.29, "{}", zb.saving_vs_1f1b);
+        // A synchronous step also pays zb-2p's fill and drain: less saved.
+        let mut x = seed_example();
+        x.step_time = StepTime::Makespan;
+        let rows = forecast(&x).unwrap();
+        assert_eq!(row(&rows, "1f1b").step_seconds, one.step_seconds);
+        let sync = row(&rows, "zb-2p").saving_vs_1f1b;
+        assert!(sync > 0.1 && sync < zb.saving_vs_1f1b - 0.05, "{sync}");
+    }
+
+    #[test]
+    fn a_byte_limit_is_planned_and_fixed_patterns_over_it_are_flagged() {
+        let mut x = seed_example();
+        let mem_b = rank_costs(&x).unwrap().stages[0].mem_b;
+        x.mem_limit = Some(MemLimit::Bytes(10.0 * mem_b));
+        let rows = forecast(&x).unwrap();
+        let auto = row(&rows, "zb-auto");
+        assert_eq!(auto.planned_limit, Some(10.0));
+        assert!(auto.fits && auto.peak_activation <= 10.0 * mem_b * (1.0 + 1e-9));
+        assert!(!row(&rows, "zb-2p").fits);
+        assert!(row(&rows, "1f1b").fits);
+    }
+
+    #[test]
+    fn bad_inputs_name_the_flag() {
+        let mut x = seed_example();
+        x.mfu = 1.5;
+        assert!(forecast(&x).unwrap_err().to_string().contains("--mfu"));
+        let mut x = seed_example();
+        x.model = ModelShape::Parameters(1e9);
+        x.mem_limit = Some(MemLimit::Bytes(1e9));
+        assert!(forecast(&x).unwrap_err().to_string().contains("--params"));
+        let mut x = seed_example();
+        x.stages = 64;
+        assert!(forecast(&x)
+            .unwrap_err()
+            .to_string()
+            .contains("64 pipeline stages"));
+    }
+
+    #[test]
+    fn parameter_count_gives_equal_passes() {
+        let mut x = seed_example();
+        x.model = ModelShape::Parameters(8e9);
+        let spec = rank_costs(&x).unwrap();
+        let c = spec.stages[0];
+        assert_eq!((c.f, c.i), (c.w, c.w));
+        // 2 FLOPs per parameter of the stage and token.
+        assert!((c.f - 2.0 * 1e9 * 1024.0 / (312e12 * 0.5)).abs() < 1e-12);
+    }
+}

@@ -169,6 +169,28 @@ pub fn generate(
     temperature: f32,
     seed: u64,
 ) -> Result<Vec<u32>> {
+    generate_with(
+        stages,
+        be,
+        prompt,
+        count,
+        temperature,
+        seed,
+        &mut |_| Ok(()),
+    )
+}
+
+/// [`generate`], handing each token to `on_token` as soon as it is sampled (to stream it);
+/// an error from `on_token` stops the generation.
+pub fn generate_with(
+    stages: &[Stage],
+    be: &dyn Backend,
+    prompt: &[u32],
+    count: usize,
+    temperature: f32,
+    seed: u64,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<Vec<u32>> {
     let mut rng = SplitMix64::new(seed);
     let mut context = prompt.to_vec();
     let mut out = Vec::with_capacity(count);
@@ -177,6 +199,7 @@ pub fn generate(
         let t = sample_token(&logits, temperature, &mut rng)?;
         context.push(t);
         out.push(t);
+        on_token(t)?;
     }
     Ok(out)
 }

@@ -114,7 +114,12 @@ pub fn plan(
         chunks,
         mem_limit: cost_args.mem_limit,
     };
-    let schedule = generate(&req, &spec).map_err(|e| e.to_string())?;
+    let label = format!(
+        "planning {} for {ranks} ranks and {microbatches} microbatches",
+        kind.name()
+    );
+    let schedule = crate::progress::while_working(&label, || generate(&req, &spec))
+        .map_err(|e| e.to_string())?;
     let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
     Ok(Planned {

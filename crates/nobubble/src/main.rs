@@ -12,6 +12,7 @@ mod costs;
 mod forecast;
 mod output;
 mod plan;
+mod progress;
 mod report;
 mod sample;
 mod signals;

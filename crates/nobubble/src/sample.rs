@@ -2,9 +2,11 @@
 //! prompt byte by byte.
 
 use clap::Args;
-use nobubble_nn::generate::generate;
+use indicatif::{ProgressBar, ProgressStyle};
+use nobubble_nn::generate::generate_with;
 use nobubble_nn::CpuBackend;
 use nobubble_runtime::checkpoint_fs::load_resolved;
+use std::io::IsTerminal;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -52,22 +54,53 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
     );
     let prompt: Vec<u32> = a.prompt.bytes().map(u32::from).collect();
     let be = CpuBackend::with_threads(threads);
-    let out = generate(
+    // The bytes are streamed as they come; a progress bar on stderr only when stdout goes
+    // elsewhere (a file, a pipe) and stderr is a terminal.
+    let bar = if std::io::stderr().is_terminal() && !std::io::stdout().is_terminal() {
+        let bar = ProgressBar::new(a.tokens as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} sampling [{bar:28}] {pos}/{len} bytes · ETA {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut stdout = std::io::stdout().lock();
+    let write_failed = |e: std::io::Error| format!("cannot write the sample: {e}");
+    stdout
+        .write_all(a.prompt.as_bytes())
+        .and_then(|_| stdout.flush())
+        .map_err(write_failed)?;
+    let mut io_error = None;
+    let streamed = generate_with(
         std::slice::from_ref(&stage),
         &be,
         &prompt,
         a.tokens,
         a.temperature,
         a.seed,
-    )
-    .map_err(|e| e.to_string())?;
-    let bytes: Vec<u8> = a
-        .prompt
-        .bytes()
-        .chain(out.iter().map(|&t| t as u8))
-        .collect();
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{}", String::from_utf8_lossy(&bytes))
+        &mut |t| {
+            bar.inc(1);
+            stdout
+                .write_all(&[t as u8])
+                .and_then(|_| stdout.flush())
+                .map_err(|e| {
+                    let msg = write_failed(e);
+                    io_error = Some(msg.clone());
+                    nobubble_nn::NnError::Config(msg)
+                })
+        },
+    );
+    bar.finish_and_clear();
+    if let Some(e) = io_error {
+        return Err(e);
+    }
+    streamed.map_err(|e| e.to_string())?;
+    writeln!(stdout)
         .and_then(|_| stdout.flush())
-        .map_err(|e| format!("cannot write the sample: {e}"))
+        .map_err(write_failed)
 }

@@ -12,17 +12,11 @@
 
 use crate::pipeline::StepRecord;
 use nobubble_nn::GptConfig;
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
+use prometheus::{
+    exponential_buckets, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts,
+    IntCounter, IntGauge, Opts, Registry, TextEncoder,
+};
 use std::sync::{Arc, Mutex};
-
-type FloatGauge = Gauge<f64, AtomicU64>;
-type RankLabels = Vec<(String, String)>;
 
 /// Model FLOPs of one optimizer step (forward and both backward halves, every microbatch of
 /// every replica): the paper's per-block counts plus the LM head's three matrix products.
@@ -57,17 +51,17 @@ impl StepRates {
 }
 
 struct Handles {
-    bubble: FloatGauge,
-    planned_bubble: FloatGauge,
-    mfu: FloatGauge,
-    memory: Family<RankLabels, FloatGauge>,
-    tokens: FloatGauge,
+    bubble: Gauge,
+    planned_bubble: Gauge,
+    mfu: Gauge,
+    memory: GaugeVec,
+    tokens: Gauge,
     step_seconds: Histogram,
-    loss: FloatGauge,
-    grad_norm: FloatGauge,
-    skipped: Counter,
-    idle: Family<RankLabels, Counter<f64, AtomicU64>>,
-    step: Gauge,
+    loss: Gauge,
+    grad_norm: Gauge,
+    skipped: IntCounter,
+    idle: CounterVec,
+    step: IntGauge,
 }
 
 struct State {
@@ -87,80 +81,86 @@ impl Default for Metrics {
     }
 }
 
+/// Every name and help text is a valid constant, so building them cannot fail.
+const VALID: &str = "metric definitions are valid";
+
 impl Metrics {
     /// Empty metrics, registered under their exposition names.
     pub fn new() -> Metrics {
+        let gauge = |name: &str, help: &str| Gauge::new(name, help).expect(VALID);
+        let per_rank =
+            |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &["rank"]).expect(VALID);
         let m = Handles {
-            bubble: FloatGauge::default(),
-            planned_bubble: FloatGauge::default(),
-            mfu: FloatGauge::default(),
-            memory: Family::default(),
-            tokens: FloatGauge::default(),
+            bubble: gauge(
+                "pipeline_bubble_fraction",
+                "Measured bubble fraction of the last step: idle share of all ranks' time within the span of its passes",
+            ),
+            planned_bubble: gauge(
+                "nobubble_planned_bubble_fraction",
+                "Bubble fraction the simulator predicts for the plan in use",
+            ),
+            mfu: gauge(
+                "gpu_flop_utilization_mfu",
+                "Model FLOPs per second of the last step over the peak FLOP/s of all ranks (CPU cores on CPU runs; the name is kept for dashboards)",
+            ),
+            memory: per_rank(
+                "active_microbatch_memory_mb",
+                "Peak activation memory of the last step per rank, MiB",
+            ),
+            tokens: gauge(
+                "nobubble_tokens_per_second",
+                "Training tokens per second of wall time in the last step (all replicas)",
+            ),
             // 1 ms to about 65 s.
-            step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-            loss: FloatGauge::default(),
-            grad_norm: FloatGauge::default(),
-            skipped: Counter::default(),
-            idle: Family::default(),
-            step: Gauge::default(),
+            step_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "nobubble_step_seconds",
+                    "Wall time of an optimizer step, seconds",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 17).expect(VALID)),
+            )
+            .expect(VALID),
+            loss: gauge("nobubble_loss", "Training loss of the last step"),
+            grad_norm: gauge(
+                "nobubble_grad_norm",
+                "Global gradient norm of the last step, before clipping",
+            ),
+            skipped: IntCounter::new(
+                "nobubble_skipped_steps_total",
+                "Steps whose update was skipped (non-finite gradients)",
+            )
+            .expect(VALID),
+            idle: CounterVec::new(
+                Opts::new(
+                    "nobubble_rank_idle_seconds_total",
+                    "Idle time of a rank within its steps' spans, seconds",
+                ),
+                &["rank"],
+            )
+            .expect(VALID),
+            step: IntGauge::new(
+                "nobubble_step",
+                "The last step recorded (0-based, as in --log)",
+            )
+            .expect(VALID),
         };
-        let mut r = Registry::default();
-        r.register(
-            "pipeline_bubble_fraction",
-            "Measured bubble fraction of the last step: idle share of all ranks' time within the span of its passes",
-            m.bubble.clone(),
-        );
-        r.register(
-            "nobubble_planned_bubble_fraction",
-            "Bubble fraction the simulator predicts for the plan in use",
-            m.planned_bubble.clone(),
-        );
-        r.register(
-            "gpu_flop_utilization_mfu",
-            "Model FLOPs per second of the last step over the peak FLOP/s of all ranks (CPU cores on CPU runs; the name is kept for dashboards)",
-            m.mfu.clone(),
-        );
-        r.register(
-            "active_microbatch_memory_mb",
-            "Peak activation memory of the last step per rank, MiB",
-            m.memory.clone(),
-        );
-        r.register(
-            "nobubble_tokens_per_second",
-            "Training tokens per second of wall time in the last step (all replicas)",
-            m.tokens.clone(),
-        );
-        r.register(
-            "nobubble_step_seconds",
-            "Wall time of an optimizer step, seconds",
-            m.step_seconds.clone(),
-        );
-        r.register(
-            "nobubble_loss",
-            "Training loss of the last step",
-            m.loss.clone(),
-        );
-        r.register(
-            "nobubble_grad_norm",
-            "Global gradient norm of the last step, before clipping",
-            m.grad_norm.clone(),
-        );
-        // The client library appends `_total` to counters.
-        r.register(
-            "nobubble_skipped_steps",
-            "Steps whose update was skipped (non-finite gradients)",
-            m.skipped.clone(),
-        );
-        r.register(
-            "nobubble_rank_idle_seconds",
-            "Idle time of a rank within its steps' spans, seconds",
-            m.idle.clone(),
-        );
-        r.register(
-            "nobubble_step",
-            "The last step recorded (0-based, as in --log)",
-            m.step.clone(),
-        );
+        let r = Registry::new();
+        let collectors: [Box<dyn prometheus::core::Collector>; 11] = [
+            Box::new(m.bubble.clone()),
+            Box::new(m.planned_bubble.clone()),
+            Box::new(m.mfu.clone()),
+            Box::new(m.memory.clone()),
+            Box::new(m.tokens.clone()),
+            Box::new(m.step_seconds.clone()),
+            Box::new(m.loss.clone()),
+            Box::new(m.grad_norm.clone()),
+            Box::new(m.skipped.clone()),
+            Box::new(m.idle.clone()),
+            Box::new(m.step.clone()),
+        ];
+        for c in collectors {
+            r.register(c).expect("metric names are distinct");
+        }
         Metrics {
             state: Arc::new(Mutex::new(State { registry: r, m })),
         }
@@ -186,12 +186,12 @@ impl Metrics {
         }
         for (rank, bytes) in rec.peak_bytes.iter().enumerate() {
             m.memory
-                .get_or_create(&rank_label(rank))
+                .with_label_values(&[rank.to_string()])
                 .set(*bytes as f64 / 1048576.0);
         }
         for (rank, busy) in rec.busy.iter().enumerate() {
             m.idle
-                .get_or_create(&rank_label(rank))
+                .with_label_values(&[rank.to_string()])
                 .inc_by((rec.makespan - busy).max(0.0));
         }
         m.step.set(rec.step as i64);
@@ -202,17 +202,15 @@ impl Metrics {
         self.lock().m.planned_bubble.set(fraction);
     }
 
-    /// The exposition text (OpenMetrics flavour of the Prometheus text format).
+    /// The exposition text (the Prometheus text format, version 0.0.4).
     pub fn encode(&self) -> String {
         let s = self.lock();
-        let mut out = String::new();
-        encode(&mut out, &s.registry).expect("writing to a String cannot fail");
-        out
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&s.registry.gather(), &mut out)
+            .expect("writing to memory cannot fail");
+        String::from_utf8(out).expect("the encoder writes UTF-8")
     }
-}
-
-fn rank_label(rank: usize) -> RankLabels {
-    vec![("rank".to_string(), rank.to_string())]
 }
 
 /// An HTTP endpoint serving [`Metrics`] at `/metrics` until dropped.
@@ -267,10 +265,8 @@ fn serve(server: &tiny_http::Server, metrics: &Metrics) {
     for req in server.incoming_requests() {
         let path = req.url().split('?').next().unwrap_or("");
         let response = match path {
-            "/metrics" => tiny_http::Response::from_string(metrics.encode()).with_header(header(
-                "Content-Type",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )),
+            "/metrics" => tiny_http::Response::from_string(metrics.encode())
+                .with_header(header("Content-Type", prometheus::TEXT_FORMAT)),
             "/" => tiny_http::Response::from_string(
                 "<html><body>nobubble training run: <a href=\"/metrics\">/metrics</a></body></html>",
             )

@@ -76,6 +76,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         .and_then(|_| stdout.flush())
         .map_err(write_failed)?;
     let mut io_error = None;
+    let mut pending = Vec::new();
     let streamed = generate_with(
         std::slice::from_ref(&stage),
         &be,
@@ -85,8 +86,10 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         a.seed,
         &mut |t| {
             bar.inc(1);
+            pending.push(t as u8);
+            let text = take_decoded(&mut pending, false);
             stdout
-                .write_all(&[t as u8])
+                .write_all(text.as_bytes())
                 .and_then(|_| stdout.flush())
                 .map_err(|e| {
                     let msg = write_failed(e);
@@ -100,7 +103,78 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         return Err(e);
     }
     streamed.map_err(|e| e.to_string())?;
-    writeln!(stdout)
+    let rest = take_decoded(&mut pending, true);
+    writeln!(stdout, "{rest}")
         .and_then(|_| stdout.flush())
         .map_err(write_failed)
+}
+
+/// Takes what of `pending` decodes as UTF-8 now: complete characters, and U+FFFD for each
+/// invalid sequence, exactly as `String::from_utf8_lossy` would for the whole text; an
+/// incomplete character at the end waits for its next bytes (unless `end`).
+fn take_decoded(pending: &mut Vec<u8>, end: bool) -> String {
+    let mut out = String::new();
+    loop {
+        match std::str::from_utf8(pending) {
+            Ok(text) => {
+                out.push_str(text);
+                pending.clear();
+                return out;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                out.push_str(std::str::from_utf8(&pending[..valid]).expect("valid prefix"));
+                match e.error_len() {
+                    Some(bad) => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        pending.drain(..valid + bad);
+                    }
+                    None if end => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        pending.clear();
+                        return out;
+                    }
+                    None => {
+                        pending.drain(..valid);
+                        return out;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_decoded;
+
+    #[test]
+    fn streaming_decoding_equals_lossy_decoding_of_the_whole() {
+        let mut seed = 7u64;
+        for _ in 0..500 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let n = (seed >> 50) as usize % 40;
+            let bytes: Vec<u8> = (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // Mostly UTF-8 lead and continuation bytes, to make partial characters.
+                    [
+                        b'a', 0xc3, 0xa9, 0xe2, 0x82, 0xac, 0xf0, 0x9f, 0x98, 0x80, 0xff,
+                    ][(seed >> 40) as usize % 11]
+                })
+                .collect();
+            let mut pending = Vec::new();
+            let mut streamed = String::new();
+            for b in &bytes {
+                pending.push(*b);
+                streamed.push_str(&take_decoded(&mut pending, false));
+            }
+            streamed.push_str(&take_decoded(&mut pending, true));
+            assert_eq!(streamed, String::from_utf8_lossy(&bytes), "{bytes:x?}");
+        }
+    }
 }

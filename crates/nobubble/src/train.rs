@@ -469,7 +469,9 @@ fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), St
         .to_string();
     let invalid = |e: String| format!("--schedule {}: invalid schedule: {e}", path.display());
     let schedule = csv::read(&text, &name).map_err(|e| invalid(e.to_string()))?;
-    nobubble_schedule::check_weight_order(&schedule).map_err(|e| invalid(e.to_string()))?;
+    nobubble_schedule::check_structure(&schedule)
+        .and_then(|_| nobubble_schedule::check_weight_order(&schedule))
+        .map_err(|e| invalid(e.to_string()))?;
     for (flag, given, from_file) in [
         ("--stages", a.stages, schedule.ranks),
         ("--microbatches", a.microbatches, schedule.microbatches),

@@ -96,6 +96,8 @@ impl Watch {
     pub fn finish(&mut self) -> Result<(), String> {
         if let Some(bar) = self.bar.take() {
             bar.finish();
+            // The finished bar stays; what follows starts on a line of its own.
+            eprintln!();
         }
         if let Some(w) = self.log.as_mut() {
             w.flush().map_err(|e| format!("cannot write --log: {e}"))?;
@@ -124,7 +126,7 @@ impl Watch {
             }
             bar.set_style(
                 ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:28}] {pos}/{len} steps · ETA {eta} · {msg}",
+                    "{elapsed_precise} [{bar:20}] {pos}/{len} ETA {eta} {wide_msg}",
                 )
                 .expect("valid template")
                 .progress_chars("=> "),
@@ -148,8 +150,15 @@ impl Observer for Watch {
     }
 
     fn progress(&mut self, phase: &str, done: u64, total: u64) {
+        self.notice_stop();
         if !self.tty {
             return;
+        }
+        // The training bar, if any, is done: leave it on screen, finished, above this one.
+        if let Some(bar) = self.bar.take() {
+            bar.finish();
+            // The finished bar stays; what follows starts on a line of its own.
+            eprintln!();
         }
         let bar = self.validation_bar.get_or_insert_with(|| {
             let bar = ProgressBar::new(total);
@@ -216,21 +225,30 @@ impl Observer for Watch {
             }
             self.trace_offset += rec.wall.max(rec.makespan);
         }
-        let mfu_text = mfu.map_or(String::new(), |x| format!("  MFU {:.1}%", 100.0 * x));
-        let summary = format!(
-            "loss {:.4}  {:>6.0} tok/s  bubble {:>5.1}%{mfu_text}  peak act {}",
-            rec.loss,
-            tps,
-            100.0 * rec.bubble_fraction,
-            mib(peak as f64)
-        );
         let step = rec.step;
         if self.tty {
+            // Short enough for an 80-column terminal.
+            let mfu_text = mfu.map_or(String::new(), |x| format!(" · MFU {:.0}%", 100.0 * x));
+            let summary = format!(
+                "loss {:.3} · {:.0} tok/s · bubble {:.1}%{mfu_text}",
+                rec.loss,
+                tps,
+                100.0 * rec.bubble_fraction,
+            );
             let bar = self.bar(step);
             bar.set_position(step + 1);
             bar.set_message(summary);
         } else if step.is_multiple_of(10) || step + 1 == self.steps {
-            eprintln!("step {:>4}/{}  {summary}", step + 1, self.steps);
+            let mfu_text = mfu.map_or(String::new(), |x| format!("  MFU {:.1}%", 100.0 * x));
+            eprintln!(
+                "step {:>4}/{}  loss {:.4}  {:>6.0} tok/s  bubble {:>5.1}%{mfu_text}  peak act {}",
+                step + 1,
+                self.steps,
+                rec.loss,
+                tps,
+                100.0 * rec.bubble_fraction,
+                mib(peak as f64)
+            );
         }
         self.notice_stop();
         Ok(())

@@ -447,3 +447,102 @@ fn checkpoints_move_between_processes_and_threads() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn rank_0_serves_every_ranks_metrics_and_an_interrupted_job_stops_cleanly() {
+    let d = temp("ops");
+    let (log, run_dir) = (d.join("log.jsonl"), d.join("run"));
+    let mut cmd = mpirun(2, &[]);
+    cmd.args([
+        "train",
+        "--model",
+        "micro",
+        "-m",
+        "2",
+        "--eval-sets",
+        "1",
+        "--steps",
+        "1000000",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .arg("--log")
+    .arg(&log)
+    .arg("--save")
+    .arg(&run_dir);
+    let stderr_path = d.join("stderr.txt");
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("start mpirun");
+    let t = Instant::now();
+    let give_up = |child: &mut std::process::Child, what: &str| -> ! {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{what}; stderr:\n{}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        )
+    };
+    // The address rank 0 listens on, then a scrape that shows both ranks.
+    let url = loop {
+        let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        if let Some(u) = err
+            .lines()
+            .find_map(|l| l.strip_prefix("serving metrics at "))
+        {
+            break u.trim().to_string();
+        }
+        if t.elapsed() > Duration::from_secs(60) || child.try_wait().unwrap().is_some() {
+            give_up(&mut child, "no metrics address");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = loop {
+        if let Ok(mut r) = ureq::get(&url).call() {
+            let body = r.body_mut().read_to_string().unwrap();
+            if body.contains("active_microbatch_memory_mb{rank=\"1\"}") {
+                break body;
+            }
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            give_up(&mut child, "no scrape with rank 1");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for rank in 0..2 {
+        assert!(text.contains(&format!(
+            "nobubble_rank_idle_seconds_total{{rank=\"{rank}\"}}"
+        )));
+    }
+    // Ctrl-C to mpirun, as a user would: it passes SIGTERM to the ranks, which stop after an
+    // agreed step, save, and report.
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let stopped = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if stopped.elapsed() > Duration::from_secs(30) {
+            give_up(&mut child, "the job did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(err.contains("stopping after step"), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let k = lines.len();
+    assert!(k >= 1);
+    assert_eq!(
+        std::fs::read_to_string(run_dir.join("latest"))
+            .unwrap()
+            .trim(),
+        format!("step-{k:06}")
+    );
+}

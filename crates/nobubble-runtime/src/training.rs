@@ -52,6 +52,9 @@ pub struct TrainJob {
     pub stop: Option<Arc<AtomicUsize>>,
     /// Stop after this many steps in a row with a non-finite loss (0 = never).
     pub max_nan_steps: u64,
+    /// Let a save replace a checkpoint already in the run directory (`--overwrite`); checked
+    /// again for the save of an interrupted run, whose step was not known in advance.
+    pub overwrite: bool,
 }
 
 /// Why a job ended before `--steps`.
@@ -97,8 +100,10 @@ pub struct TrainReport {
     pub tail: Vec<StepRecord>,
     /// The loss of the last step.
     pub final_loss: f32,
-    /// Validation loss before training (or at the resumed step) and after.
-    pub validation: Option<(f32, f32)>,
+    /// Validation loss before training (or at the resumed step).
+    pub validation_before: Option<f32>,
+    /// Validation loss after training (not measured when the run was stopped early).
+    pub validation_after: Option<f32>,
     /// The final plan.
     pub plan: Plan,
     /// The plan's schedule simulated with the median measured pass times.
@@ -113,6 +118,8 @@ pub struct TrainReport {
     pub replicas: usize,
     /// Why the job ended early, if it did.
     pub stopped: Option<Stop>,
+    /// The step of the last checkpoint this job saved, if any.
+    pub saved_at: Option<u64>,
 }
 
 /// One rank's share of a step's record, posted to rank 0.
@@ -121,11 +128,14 @@ struct Report {
     timeline: Vec<(usize, char, usize, f64, f64, f64)>,
     peak_bytes: usize,
     comm: CommStats,
+    /// The signal this rank was asked to stop by (0: none), for rank 0 to act on.
+    stop: i32,
 }
 
 impl Report {
-    fn of(r: &RankStep) -> Report {
+    fn of(r: &RankStep, stop: i32) -> Report {
         Report {
+            stop,
             timeline: r
                 .timeline
                 .iter()
@@ -236,6 +246,9 @@ pub fn run(
     let started = Instant::now();
     let mut stopped = None;
     let mut saved_at = None;
+    let mut remote_stop = 0;
+    // The plan the steps before a re-plan ran under, for a report with none after it.
+    let mut previous_plan: Option<Plan> = None;
     for step in first_step..job.steps {
         if let Some(reason) = stop_before(&mut session, job, step, first_step, &summaries)? {
             stopped = Some(reason);
@@ -265,9 +278,10 @@ pub fn run(
             }
             summaries.insert(s.step, *s);
         }
+        let report = Report::of(&rs, requested(job));
         session
             .rank
-            .post_report(step, serde_json::to_vec(&Report::of(&rs)).map_err(fail)?)?;
+            .post_report(step, serde_json::to_vec(&report).map_err(fail)?)?;
         unrecorded.push((step, wall, session.plan.schedule.name.clone()));
         if !replanned && job.replan_after > 0 {
             // Kept only until the one re-plan that reads them.
@@ -283,6 +297,7 @@ pub fn run(
                 &mut records,
                 step.saturating_sub(1),
                 &mut observer,
+                &mut remote_stop,
             )?;
         }
         let last = step + 1 == job.steps;
@@ -307,6 +322,7 @@ pub fn run(
         if !replanned && !last && job.replan_after > 0 && measured == job.replan_after {
             replanned = true;
             let before = session.plan.schedule.orders.clone();
+            let old = session.plan.clone();
             let plan = session.replan_on_measurements(&local)?;
             local = Vec::new();
             if let Some(plan) = plan {
@@ -331,11 +347,30 @@ pub fn run(
                 );
                 if !same {
                     plan_first_step = step + 1;
+                    previous_plan = Some(old);
                 }
                 if let Some(o) = observer.as_deref_mut() {
                     o.planned(&plan);
                 }
             }
+        }
+        if job.stop.is_some() && root {
+            // Last in the step (after its collectives, so that an error in them is every
+            // rank's): rank 0 asks every rank to stop after this step if it, or any rank
+            // whose report it has read, was asked to.
+            let sig = requested(job).max(remote_stop);
+            session
+                .rank
+                .post_decision(step, sig.to_le_bytes().to_vec())?;
+        }
+    }
+    if stopped.is_none() && job.stop.is_some() && session.step > first_step {
+        // A stop asked for during the last step: nothing is left to skip but the final
+        // validation, and the exit status says the run was interrupted.
+        let d = session.rank.read_decision(session.step - 1)?;
+        let sig = decision(d)?;
+        if sig != 0 {
+            stopped = Some(Stop::Signal(sig));
         }
     }
     if let Some(reason) = stopped {
@@ -357,8 +392,29 @@ pub fn run(
             let diverged = summaries
                 .get(&done.wrapping_sub(1))
                 .is_some_and(|s| !s.loss.is_finite());
-            if done > first_step && saved_at != Some(done) && !diverged {
-                save(&mut session, job, dir, &mut observer)?;
+            if done > first_step && saved_at != Some(done) {
+                // The step was not known when the flags were checked: check it now, at
+                // rank 0, and tell every rank.
+                let mut refusal = String::new();
+                if root {
+                    if diverged {
+                        refusal = format!(
+                            "not saving step {done}: its training loss is not finite (the \
+                             checkpoints already saved are kept)"
+                        );
+                    } else if let Err(e) =
+                        checkpoint_fs::check_run_steps(dir, |k| k == done, job.overwrite)
+                    {
+                        refusal = format!("not saving step {done}: --save: {e}");
+                    }
+                }
+                let refusal = session.rank.broadcast(0, refusal.into_bytes())?;
+                if refusal.is_empty() {
+                    save(&mut session, job, dir, &mut observer)?;
+                    saved_at = Some(done);
+                } else {
+                    note(&mut observer, String::from_utf8_lossy(&refusal).into());
+                }
             }
         }
     }
@@ -373,6 +429,7 @@ pub fn run(
             &mut records,
             u64::MAX,
             &mut observer,
+            &mut remote_stop,
         )?;
     }
     // A stopped run ends promptly: no second validation pass.
@@ -399,8 +456,13 @@ pub fn run(
     // The first step of a job is warm-up (allocation, caches) when there are others.
     let skip = plan_since.max(1).min(records.len().saturating_sub(1));
     let tail = records[skip..].to_vec();
-    let costs = measured_costs(&tail, &session.plan.costs);
-    let simulated = nobubble_schedule::simulate(&session.plan.schedule, &costs).map_err(fail)?;
+    // Stopped right after a re-plan, no step ran under the new plan: report the one that ran.
+    let plan = match previous_plan {
+        Some(p) if plan_since == records.len() => p,
+        _ => session.plan.clone(),
+    };
+    let costs = measured_costs(&tail, &plan.costs);
+    let simulated = nobubble_schedule::simulate(&plan.schedule, &costs).map_err(fail)?;
     let wall_per_step = tail.iter().map(|r| r.wall).sum::<f64>() / tail.len().max(1) as f64;
     Ok(Some(TrainReport {
         first_step,
@@ -408,8 +470,10 @@ pub fn run(
         elapsed,
         tokens_per_step,
         final_loss: records.last().map_or(f32::NAN, |r| r.loss),
-        validation: val_before.zip(val_after),
-        plan: session.plan.clone(),
+        validation_before: val_before,
+        validation_after: val_after,
+        plan,
+        saved_at,
         simulated,
         comm,
         wall_per_step,
@@ -433,12 +497,28 @@ fn validation(
     })
 }
 
+/// The signal this process was asked to stop by (0: none).
+fn requested(job: &TrainJob) -> i32 {
+    job.stop.as_ref().map_or(0, |f| {
+        i32::try_from(f.load(Ordering::SeqCst)).unwrap_or(i32::MAX)
+    })
+}
+
+fn decision(bytes: Vec<u8>) -> Result<i32, RuntimeError> {
+    Ok(i32::from_le_bytes(
+        bytes
+            .try_into()
+            .map_err(|_| fail("damaged stop decision"))?,
+    ))
+}
+
 /// Whether every rank stops before `step`, decided alike on all ranks.
 ///
-/// A stop request is read on rank 0 only (a signal reaches the processes of a job at
-/// different moments, or only one of them): rank 0 posts what it saw at the start of each step
-/// and every rank acts on it a step later, so nobody waits for it. Non-finite losses are in
-/// every rank's step summaries, so each counts them itself.
+/// A signal reaches the processes of a job at different moments, or only some of them, so
+/// rank 0 decides: at the end of each step it posts whether it, or any rank whose step report
+/// it has read, was asked to stop, and every rank reads that before its next step. No rank
+/// waits for it in practice: its next step's first pass needs rank 0's next forward anyway.
+/// Non-finite losses are in every rank's step summaries, so each counts them itself.
 fn stop_before(
     session: &mut Session,
     job: &TrainJob,
@@ -463,24 +543,11 @@ fn stop_before(
             }));
         }
     }
-    let Some(flag) = &job.stop else {
+    if job.stop.is_none() || step == first_step {
         return Ok(None);
-    };
-    let mut stop = None;
-    if step > first_step {
-        let d = session.rank.read_decision(step - 1)?;
-        let sig = i32::from_le_bytes(d.try_into().map_err(|_| fail("damaged stop decision"))?);
-        if sig != 0 {
-            stop = Some(Stop::Signal(sig));
-        }
     }
-    if stop.is_none() && session.rank.rank() == 0 {
-        let sig = i32::try_from(flag.load(Ordering::SeqCst)).unwrap_or(i32::MAX);
-        session
-            .rank
-            .post_decision(step, sig.to_le_bytes().to_vec())?;
-    }
-    Ok(stop)
+    let sig = decision(session.rank.read_decision(step - 1)?)?;
+    Ok((sig != 0).then_some(Stop::Signal(sig)))
 }
 
 /// Settles a pending post-validated step and files every summary settled since the last step
@@ -503,6 +570,7 @@ fn record_ready(
     records: &mut Vec<StepRecord>,
     upto: u64,
     observer: &mut Option<&mut dyn Observer>,
+    remote_stop: &mut i32,
 ) -> Result<(), RuntimeError> {
     while let Some((step, wall, schedule)) = unrecorded.first().cloned() {
         if step > upto {
@@ -516,9 +584,9 @@ fn record_ready(
             .collect_reports(step)?
             .into_iter()
             .map(|b| {
-                serde_json::from_slice::<Report>(&b)
-                    .map_err(fail)?
-                    .into_rank_step()
+                let r = serde_json::from_slice::<Report>(&b).map_err(fail)?;
+                *remote_stop = (*remote_stop).max(r.stop);
+                r.into_rank_step()
             })
             .collect::<Result<Vec<_>, _>>()?;
         let rec = StepRecord::assemble(summary, &reports, wall);

@@ -314,7 +314,13 @@ impl Worker {
     /// send times from another machine's clock are never compared with this one's.
     fn ready_in(&self, key: &Key) -> Option<f64> {
         let m = self.mailbox.get(key)?;
-        let latency = self.latency_of(key.0);
+        // Rank 0's stop decisions are the launcher's bookkeeping, not the model's traffic:
+        // emulated collective latency does not apply to them.
+        let latency = if key.0 == Tag::Collective && key.1 == crate::collective::DECISIONS {
+            0.0
+        } else {
+            self.latency_of(key.0)
+        };
         Some(if latency > 0.0 {
             m.sent_at + latency - self.now()
         } else {

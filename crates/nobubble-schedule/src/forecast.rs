@@ -132,9 +132,17 @@ fn input_error(msg: String) -> Error {
     Error::Input(msg)
 }
 
-/// Per-rank pass costs (seconds; memory in bytes or M_B units) from the FLOP model.
+/// Per-rank pass costs (seconds; memory in bytes or M_B units) from the FLOP model: one
+/// entry per rank of a linear pipeline.
 pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
-    let p = x.stages as f64;
+    stage_costs(x, x.stages)
+}
+
+/// Pass costs of `n` stages that split the layers evenly, the LM head in the last one: for a
+/// V placement (`n` = 2p) the head then sits on rank 0, with the last stage, as in a real
+/// model — not halved over a rank's two chunks.
+pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
+    let p = n as f64;
     let (s, b) = (x.seq_len as f64, x.microbatch_size as f64);
     let speed = x.peak_flops * x.mfu;
     let stages = match x.model {
@@ -152,9 +160,9 @@ pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
             let mem_b = s * b * (34.0 * h + 5.0 * a * s) * per_layer;
             let mem_w = 32.0 * s * b * h * per_layer;
             let head = 2.0 * s * b * h * vocab as f64;
-            (0..x.stages)
+            (0..n)
                 .map(|r| {
-                    let extra = if r + 1 == x.stages { head } else { 0.0 };
+                    let extra = if r + 1 == n { head } else { 0.0 };
                     RankCost {
                         f: (f + extra) / speed,
                         i: (i + extra) / speed,
@@ -165,17 +173,19 @@ pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
                 })
                 .collect()
         }
-        ModelShape::Parameters(n) => {
-            let t = 2.0 * n / p * s * b / speed;
+        ModelShape::Parameters(params) => {
+            let t = 2.0 * params / p * s * b / speed;
+            // Memory in units of a linear stage's M_B: a V stage holds half of one.
+            let share = x.stages as f64 / p;
             vec![
                 RankCost {
                     f: t,
                     i: t,
                     w: t,
-                    mem_b: 1.0,
-                    mem_w: 0.5,
+                    mem_b: share,
+                    mem_w: 0.5 * share,
                 };
-                x.stages
+                n
             ]
         }
     };
@@ -208,6 +218,13 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
         return Err(input_error(
             "--stages, --microbatches and --data-parallel must be at least 1".into(),
         ));
+    }
+    if x.stages > 4096 || x.data_parallel > 1 << 20 {
+        return Err(input_error(format!(
+            "--stages {} × --data-parallel {} is beyond what this forecast models (4096 stages, \
+             2^20 replicas)",
+            x.stages, x.data_parallel
+        )));
     }
     if x.seq_len == 0 || x.microbatch_size == 0 {
         return Err(input_error(
@@ -254,8 +271,18 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
     Ok(())
 }
 
-/// Plans every schedule of [`SCHEDULES`] that applies and prices the job under each.
-pub fn forecast(x: &ForecastInput) -> Result<Vec<ForecastRow>, Error> {
+/// A forecast: a row per schedule that applies, and why the others were left out.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Forecast {
+    /// The schedules priced, 1F1B first.
+    pub rows: Vec<ForecastRow>,
+    /// (schedule, reason) for those that do not apply to this pipeline.
+    pub omitted: Vec<(String, String)>,
+}
+
+/// Plans every schedule of [`SCHEDULES`] that applies and prices the job under each; 1F1B,
+/// the baseline of the savings, must apply.
+pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
     check(x)?;
     let spec = rank_costs(x)?;
     let mem_b = spec.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
@@ -269,18 +296,32 @@ pub fn forecast(x: &ForecastInput) -> Result<Vec<ForecastRow>, Error> {
              least 1: raise it, or shorten --seq-len or --microbatch-size"
         )));
     }
-    let gpus = (x.stages * x.data_parallel) as f64;
-    let tokens_per_step = (x.microbatches * x.microbatch_size * x.seq_len * x.data_parallel) as f64;
+    let gpus = x.stages as f64 * x.data_parallel as f64;
+    let tokens_per_step = x.microbatches as f64
+        * x.microbatch_size as f64
+        * x.seq_len as f64
+        * x.data_parallel as f64;
     let steps = (x.tokens / tokens_per_step).ceil();
     let mut rows = Vec::new();
+    let mut omitted = Vec::new();
     for kind in SCHEDULES {
         let req = Request {
             mem_limit: limit_x,
             ..Request::new(kind, x.stages, x.microbatches)
         };
-        // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out.
-        let Ok(schedule) = generate(&req, &spec) else {
-            continue;
+        let spec = match kind {
+            ScheduleKind::ZbV => stage_costs(x, 2 * x.stages)?,
+            _ => spec.clone(),
+        };
+        // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out,
+        // and says why.
+        let schedule = match generate(&req, &spec) {
+            Ok(s) => s,
+            Err(e) if kind == ScheduleKind::OneFOneB => return Err(e),
+            Err(e) => {
+                omitted.push((kind.name().to_string(), e.to_string()));
+                continue;
+            }
         };
         let costs = CostModel::for_schedule(&spec, &schedule)?;
         let sim = simulate(&schedule, &costs)?;
@@ -312,7 +353,7 @@ pub fn forecast(x: &ForecastInput) -> Result<Vec<ForecastRow>, Error> {
             r.saving_vs_1f1b = 1.0 - r.cost / base;
         }
     }
-    Ok(rows)
+    Ok(Forecast { rows, omitted })
 }
 
 /// Dense BF16 peak FLOP/s of the GPUs people price jobs in (vendor data sheets, without
@@ -361,7 +402,7 @@ mod tests {
 
     #[test]
     fn the_seed_example_one_f_one_b_closed_form_and_zb_2p_near_zero() {
-        let rows = forecast(&seed_example()).unwrap();
+        let rows = forecast(&seed_example()).unwrap().rows;
         // (p−1)/(m+p−1) = 7/23 for uniform stages without communication.
         let one = row(&rows, "1f1b");
         assert!((one.bubble - 7.0 / 23.0).abs() < 1e-9, "{}", one.bubble);
@@ -385,7 +426,7 @@ mod tests {
         // A synchronous step also pays zb-2p's fill and drain: less saved.
         let mut x = seed_example();
         x.step_time = StepTime::Makespan;
-        let rows = forecast(&x).unwrap();
+        let rows = forecast(&x).unwrap().rows;
         assert_eq!(row(&rows, "1f1b").step_seconds, one.step_seconds);
         let sync = row(&rows, "zb-2p").saving_vs_1f1b;
         assert!(sync > 0.1 && sync < zb.saving_vs_1f1b - 0.05, "{sync}");
@@ -396,7 +437,7 @@ mod tests {
         let mut x = seed_example();
         let mem_b = rank_costs(&x).unwrap().stages[0].mem_b;
         x.mem_limit = Some(MemLimit::Bytes(10.0 * mem_b));
-        let rows = forecast(&x).unwrap();
+        let rows = forecast(&x).unwrap().rows;
         let auto = row(&rows, "zb-auto");
         assert_eq!(auto.planned_limit, Some(10.0));
         assert!(auto.fits && auto.peak_activation <= 10.0 * mem_b * (1.0 + 1e-9));
@@ -419,6 +460,29 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("64 pipeline stages"));
+    }
+
+    #[test]
+    fn the_lm_head_sits_on_the_last_stage_of_any_placement() {
+        let mut x = seed_example();
+        x.model = ModelShape::Layers {
+            layers: 32,
+            hidden: 4096,
+            heads: 32,
+            vocab: 50000,
+        };
+        let linear = stage_costs(&x, 8).unwrap();
+        let v = stage_costs(&x, 16).unwrap();
+        // Sixteen V stages hold half a linear stage's layers each; the head is all in the
+        // last one (rank 0 under V), none in the others.
+        let head = 2.0 * 1024.0 * 4096.0 * 50000.0 / (312e12 * 0.5);
+        assert!((linear.stages[7].f - linear.stages[0].f - head).abs() < 1e-12);
+        assert!((v.stages[15].f - v.stages[0].f - head).abs() < 1e-12);
+        assert!((2.0 * v.stages[0].f - linear.stages[0].f).abs() < 1e-12);
+        assert!((v.stages[14].f - v.stages[0].f).abs() < 1e-15);
+        let f = forecast(&x).unwrap();
+        assert!(f.rows.iter().any(|r| r.schedule == "zb-v"));
+        assert!(f.omitted.is_empty());
     }
 
     #[test]

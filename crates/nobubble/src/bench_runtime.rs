@@ -86,6 +86,7 @@ fn train(
         eval: Arc::new(ByteCorpus::builtin()),
         stop: None,
         max_nan_steps: 0,
+        overwrite: false,
     };
     launch::threads(p, |ctx| training::run(&job, ctx, None))
         .map_err(|e| e.to_string())?

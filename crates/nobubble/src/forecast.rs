@@ -163,7 +163,7 @@ fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {
         ),
     };
     let d = match (a.data_parallel, a.gpus) {
-        (Some(d), Some(g)) if d * a.stages != g => {
+        (Some(d), Some(g)) if d.checked_mul(a.stages) != Some(g) => {
             return Err(format!(
                 "--gpus {g} is not --stages {} × --data-parallel {d}; give one of them",
                 a.stages
@@ -211,11 +211,12 @@ fn memory(v: f64, shaped: bool) -> String {
 /// Runs `forecast`.
 pub fn run(a: &ForecastArgs) -> Result<(), String> {
     let (x, gpu) = input(a)?;
-    let rows = forecast(&x).map_err(|e| e.to_string())?;
+    let f = forecast(&x).map_err(|e| e.to_string())?;
+    let rows = &f.rows;
     if a.json {
         let out = json!({
             "tokens": x.tokens,
-            "gpus": x.stages * x.data_parallel,
+            "gpus": x.stages as f64 * x.data_parallel as f64,
             "stages": x.stages,
             "microbatches": x.microbatches,
             "data_parallel": x.data_parallel,
@@ -224,6 +225,7 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
             "usd_per_gpu_hour": x.usd_per_gpu_hour,
             "step_time": x.step_time,
             "schedules": rows,
+            "omitted": f.omitted.iter().map(|(k, why)| json!({"schedule": k, "reason": why})).collect::<Vec<_>>(),
         });
         return crate::output::stdout(
             (serde_json::to_string_pretty(&out).expect("serializes") + "\n").as_bytes(),
@@ -267,8 +269,11 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
         "{:<10} {:>7} {:>9} {:>12} {:>8} {:>14} {:>8} {:>11}  {}\n",
         "schedule", "bubble", "step s", "GPU-hours", "days", "cost $", "saving", "act/GPU", "fits"
     ));
-    for r in &rows {
+    for r in rows {
         out.push_str(&row(r, shaped));
+    }
+    for (k, why) in &f.omitted {
+        out.push_str(&format!("{k:<10} left out: {why}\n"));
     }
     out.push_str(&format!(
         "\nGPU-hours and cost include the bubble; the MFU of a whole run is {:.0}% × (1 − bubble).\n",

@@ -361,6 +361,12 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         }
     }
     if let Some(f) = a.peak_flops {
+        if emulated.is_some() {
+            return Err(
+                "--peak-flops is for MFU, which emulated passes (they only sleep) have none of"
+                    .into(),
+            );
+        }
         if !(f.is_finite() && f > 0.0) {
             return Err(format!(
                 "--peak-flops must be a positive FLOP/s figure (e.g. 2e11), got {f}"
@@ -444,6 +450,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         eval: Arc::new(eval),
         stop: None,
         max_nan_steps: a.max_nan_steps,
+        overwrite: a.overwrite,
     })
 }
 
@@ -451,10 +458,12 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
 /// trainable) whose name is its file stem.
 fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), String> {
     let path = Path::new(&a.schedule);
+    // A schedule's name wins over a file of that name in the current directory.
     let looks_like_file = a.schedule.ends_with(".csv") || a.schedule.contains('/');
-    if !(looks_like_file || path.is_file()) {
+    let named = ScheduleKind::from_name(&a.schedule);
+    if !looks_like_file && (named.is_ok() || !path.is_file()) {
         return Ok((
-            ScheduleKind::from_name(&a.schedule).map_err(|e| {
+            named.map_err(|e| {
                 format!("{e}; or give a schedule file in PyTorch's compute-only CSV format")
             })?,
             None,

@@ -57,13 +57,17 @@ pub fn finish(
     if real {
         println!("final training loss {:.4}", r.final_loss);
     }
-    if let Some((before, after)) = r.validation {
-        let when = if r.first_step > 0 {
-            format!("at step {}, where this run resumed", r.first_step)
-        } else {
-            "before training".to_string()
-        };
-        println!("validation loss {after:.4} ({when} {before:.4})");
+    let when = if r.first_step > 0 {
+        format!("at step {}, where this run resumed", r.first_step)
+    } else {
+        "before training".to_string()
+    };
+    match (r.validation_before, r.validation_after) {
+        (Some(before), Some(after)) => println!("validation loss {after:.4} ({when} {before:.4})"),
+        (Some(before), None) => {
+            println!("validation loss {when} {before:.4} (not measured again: the run was stopped)")
+        }
+        _ => {}
     }
     let span_ms = s.span_s * 1e3;
     println!(
@@ -148,9 +152,11 @@ pub fn finish(
         let Some(last) = r.tail.last() else {
             return Err("--timeline-svg: no step was recorded to draw".into());
         };
+        // The first replica's ranks: the schedule's (the others run the same one).
         let measured: Vec<Vec<Slot>> = last
             .timeline
             .iter()
+            .take(r.plan.schedule.ranks)
             .map(|slots| {
                 slots
                     .iter()
@@ -167,17 +173,24 @@ pub fn finish(
         let picture = svg::render_measured(&r.plan.schedule, &measured, &r.simulated, &title);
         crate::report::emit(Some(path), &picture)?;
     }
-    match r.stopped {
+    // A signal during the final validation came after the last decision: the run had
+    // finished, but the exit status still says it was interrupted.
+    let late = job
+        .stop
+        .as_ref()
+        .map_or(0, |f| f.load(std::sync::atomic::Ordering::SeqCst) as i32);
+    let stopped = r.stopped.or((late != 0).then_some(Stop::Signal(late)));
+    match stopped {
         Some(Stop::Signal(sig)) => {
-            eprintln!(
-                "stopped by signal {sig} after step {}; resume with --resume{}",
-                r.first_step + r.trained,
-                if a.save.is_some() {
-                    " on the --save directory"
-                } else {
-                    " (this run had no --save, so nothing was saved)"
+            let done = r.first_step + r.trained;
+            let resume = match (r.saved_at, &a.save) {
+                (Some(k), Some(dir)) if k == done => {
+                    format!("; continue with --resume {}", dir.display())
                 }
-            );
+                (_, Some(_)) => "; this step was not saved (see above)".to_string(),
+                (_, None) => "; nothing was saved (no --save)".to_string(),
+            };
+            eprintln!("stopped by signal {sig} after step {done}{resume}");
             return Ok(128u8.saturating_add(u8::try_from(sig).unwrap_or(127)));
         }
         Some(Stop::NonFinite { steps, last }) => {
@@ -224,7 +237,7 @@ fn json_report(
         "stopped": match r.stopped {
             None => Value::Null,
             Some(Stop::Signal(sig)) => json!({"signal": sig}),
-            Some(Stop::NonFinite { steps, last }) => json!({"non_finite_steps": steps, "last_step": last}),
+            Some(Stop::NonFinite { steps, last }) => json!({"non_finite_steps": steps, "last_log_step": last}),
         },
         "elapsed_seconds": r.elapsed,
         "tokens_per_second": r.tokens_per_step * r.trained as f64 / r.elapsed.max(f64::MIN_POSITIVE),
@@ -238,8 +251,8 @@ fn json_report(
         "peak_activation_memory": peaks,
         "loss": {
             "final_training": real.then_some(r.final_loss).filter(|l| l.is_finite()),
-            "validation_before": r.validation.map(|v| v.0),
-            "validation_after": r.validation.map(|v| v.1),
+            "validation_before": r.validation_before,
+            "validation_after": r.validation_after,
         },
     })
 }

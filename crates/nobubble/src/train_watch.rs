@@ -31,8 +31,6 @@ pub struct Watch {
     validation_bar: Option<ProgressBar>,
     stop: Option<Arc<AtomicUsize>>,
     stop_noticed: bool,
-    /// MFU of every recorded step, for the report.
-    pub mfu: Vec<f64>,
 }
 
 /// What the watcher needs to know about the job.
@@ -80,7 +78,6 @@ impl Watch {
             validation_bar: None,
             stop: o.stop,
             stop_noticed: false,
-            mfu: Vec::new(),
         })
     }
 
@@ -186,16 +183,14 @@ impl Observer for Watch {
         );
         let mfu = self.peak_flops.map(|_| rates.mfu);
         if let Some(m) = &self.metrics {
+            // No MFU (emulated passes): NaN, Prometheus' "no value", as the log's null.
             m.record_step(
                 rec,
                 &StepRates {
-                    mfu: mfu.unwrap_or(0.0),
+                    mfu: mfu.unwrap_or(f64::NAN),
                     ..rates
                 },
             );
-        }
-        if let Some(x) = mfu {
-            self.mfu.push(x);
         }
         let tps = rates.tokens_per_second;
         let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);

@@ -449,8 +449,20 @@ fn checkpoints_move_between_processes_and_threads() {
 }
 
 #[test]
-fn rank_0_serves_every_ranks_metrics_and_an_interrupted_job_stops_cleanly() {
-    let d = temp("ops");
+fn rank_0_serves_every_ranks_metrics_and_ctrl_c_on_mpirun_stops_the_job_cleanly() {
+    metrics_then_stop("ops-mpirun", false);
+}
+
+#[test]
+fn a_signal_to_another_rank_alone_stops_the_job_cleanly() {
+    metrics_then_stop("ops-rank1", true);
+}
+
+/// A job serving metrics; after a scrape that shows both ranks, SIGINT to `mpirun` (as a
+/// user's Ctrl-C) or SIGTERM to rank 1's process only. Either way every rank stops after one
+/// agreed step, rank 0 saves it and the log is whole.
+fn metrics_then_stop(name: &str, signal_rank_1: bool) {
+    let d = temp(name);
     let (log, run_dir) = (d.join("log.jsonl"), d.join("run"));
     let mut cmd = mpirun(2, &[]);
     cmd.args([
@@ -516,10 +528,16 @@ fn rank_0_serves_every_ranks_metrics_and_an_interrupted_job_stops_cleanly() {
             "nobubble_rank_idle_seconds_total{{rank=\"{rank}\"}}"
         )));
     }
-    // Ctrl-C to mpirun, as a user would: it passes SIGTERM to the ranks, which stop after an
-    // agreed step, save, and report.
+    let (sig, target) = if signal_rank_1 {
+        match child_with_rank(child.id(), 1) {
+            Some(pid) => ("-TERM", pid),
+            None => give_up(&mut child, "rank 1's process not found"),
+        }
+    } else {
+        ("-INT", child.id())
+    };
     let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([sig, &target.to_string()])
         .status()
         .unwrap();
     assert!(status.success());

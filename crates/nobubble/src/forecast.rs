@@ -106,31 +106,19 @@ fn count(flag: &str, text: &str) -> Result<f64, String> {
 }
 
 fn mem_limit(text: &str) -> Result<MemLimit, String> {
-    let t = text.trim();
-    let units = [
-        ("GiB", (1u64 << 30) as f64),
-        ("MiB", (1u64 << 20) as f64),
-        ("KiB", 1024.0),
-        ("GB", 1e9),
-        ("MB", 1e6),
-        ("KB", 1e3),
-        ("B", 1.0),
-    ];
     let bad = || {
         format!("--mem-limit: `{text}` is neither a size (40GiB, 80GB) nor a number of microbatches (12)")
     };
-    for (suffix, mult) in units {
-        if let Some(n) = t.strip_suffix(suffix) {
-            let v: f64 = n.trim().parse().map_err(|_| bad())?;
-            return (v.is_finite() && v > 0.0)
-                .then_some(MemLimit::Bytes(v * mult))
-                .ok_or_else(bad);
-        }
-    }
-    let v: f64 = t.parse().map_err(|_| bad())?;
-    (v.is_finite() && v > 0.0)
-        .then_some(MemLimit::Microbatches(v))
-        .ok_or_else(bad)
+    let (num, unit) = crate::train::split_size(text);
+    let v: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .ok_or_else(bad)?;
+    Ok(match unit {
+        Some(bytes) => MemLimit::Bytes(v * bytes),
+        None => MemLimit::Microbatches(v),
+    })
 }
 
 fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {

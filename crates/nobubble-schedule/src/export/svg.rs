@@ -46,21 +46,8 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
     let scale = (WIDTH - LEFT - RIGHT) / m.makespan.max(f64::MIN_POSITIVE);
     let rows_h = schedule.ranks as f64 * (ROW + GAP);
     let height = TOP + rows_h + 60.0;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let mut svg = open(schedule, height, "");
     let peak = m.peak_memory.iter().copied().fold(0.0, f64::max);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} stages on {} ranks, {} microbatches</text>"#,
-        escape(&schedule.name),
-        schedule.stages,
-        schedule.ranks,
-        schedule.microbatches
-    );
     let _ = writeln!(
         svg,
         r#"<text x="{LEFT}" y="42" font-size="13">makespan {} · bubble rate {:.2}% · bubble fraction {:.2}% · peak memory {} · messages {}</text>"#,
@@ -89,6 +76,26 @@ pub fn render(schedule: &Schedule, sim: &Simulation) -> String {
         "time (cost-model units)",
     );
     svg.push_str("</svg>\n");
+    svg
+}
+
+/// A picture's opening: the canvas and the title line naming the schedule, then `suffix`.
+fn open(schedule: &Schedule, height: f64, suffix: &str) -> String {
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} stages on {} ranks, {} microbatches{}</text>"#,
+        escape(&schedule.name),
+        schedule.stages,
+        schedule.ranks,
+        schedule.microbatches,
+        escape(suffix)
+    );
     svg
 }
 
@@ -228,20 +235,7 @@ pub fn render_measured(
     let rows_h = schedule.ranks as f64 * (ROW + GAP);
     let panel = 28.0 + rows_h;
     let height = TOP + 2.0 * panel + 60.0;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} stages on {} ranks, {} microbatches: measured vs planned</text>"#,
-        escape(&schedule.name),
-        schedule.stages,
-        schedule.ranks,
-        schedule.microbatches
-    );
+    let mut svg = open(schedule, height, ": measured vs planned");
     let _ = writeln!(
         svg,
         r#"<text x="{LEFT}" y="42" font-size="13">measured span {:.2} · plan's makespan {:.2} ({:+.1}%) · plan's bubble fraction {:.2}%</text>"#,

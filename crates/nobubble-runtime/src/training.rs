@@ -354,7 +354,7 @@ pub fn run(
                 }
             }
         }
-        if job.stop.is_some() && root {
+        if job.stop.is_some() && root && !last {
             // Last in the step (after its collectives, so that an error in them is every
             // rank's): rank 0 asks every rank to stop after this step if it, or any rank
             // whose report it has read, was asked to.
@@ -366,7 +366,24 @@ pub fn run(
     }
     if stopped.is_none() && job.stop.is_some() && session.step > first_step {
         // A stop asked for during the last step: nothing is left to skip but the final
-        // validation, and the exit status says the run was interrupted.
+        // validation, and the exit status says the run was interrupted. Rank 0 first reads
+        // every report, the last step's included, so a signal to any rank counts.
+        settle_into(&mut session, &mut summaries)?;
+        if root {
+            record_ready(
+                &mut session,
+                &mut unrecorded,
+                &summaries,
+                &mut records,
+                u64::MAX,
+                &mut observer,
+                &mut remote_stop,
+            )?;
+            let sig = requested(job).max(remote_stop);
+            session
+                .rank
+                .post_decision(session.step - 1, sig.to_le_bytes().to_vec())?;
+        }
         let d = session.rank.read_decision(session.step - 1)?;
         let sig = decision(d)?;
         if sig != 0 {

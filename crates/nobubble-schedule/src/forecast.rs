@@ -310,7 +310,22 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
             ..Request::new(kind, x.stages, x.microbatches)
         };
         let spec = match kind {
-            ScheduleKind::ZbV => stage_costs(x, 2 * x.stages)?,
+            ScheduleKind::ZbV => {
+                if let ModelShape::Layers { layers, .. } = x.model {
+                    if layers < 2 * x.stages {
+                        omitted.push((
+                            kind.name().to_string(),
+                            format!(
+                                "a V placement needs 2 stages per rank, {} in all, and the \
+                                 model has {layers} layers",
+                                2 * x.stages
+                            ),
+                        ));
+                        continue;
+                    }
+                }
+                stage_costs(x, 2 * x.stages)?
+            }
             _ => spec.clone(),
         };
         // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out,
@@ -483,6 +498,19 @@ mod tests {
         let f = forecast(&x).unwrap();
         assert!(f.rows.iter().any(|r| r.schedule == "zb-v"));
         assert!(f.omitted.is_empty());
+        // Eight layers cannot fill a V over eight ranks (16 stages): left out, with why.
+        x.model = ModelShape::Layers {
+            layers: 8,
+            hidden: 4096,
+            heads: 32,
+            vocab: 0,
+        };
+        let f = forecast(&x).unwrap();
+        assert!(!f.rows.iter().any(|r| r.schedule == "zb-v"));
+        assert!(f
+            .omitted
+            .iter()
+            .any(|(k, why)| k == "zb-v" && why.contains("16 in all")));
     }
 
     #[test]

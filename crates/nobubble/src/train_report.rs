@@ -45,6 +45,14 @@ pub fn finish(
     mut watch: Watch,
 ) -> Result<u8, String> {
     watch.finish()?;
+    // A signal during the final validation came after the last decision: every step had
+    // run, but the exit status (and the report) still say the run was interrupted.
+    let signal = job
+        .stop
+        .as_ref()
+        .map_or(0, |f| f.load(std::sync::atomic::Ordering::SeqCst) as i32);
+    let late = r.stopped.is_none() && signal != 0;
+    let stopped = r.stopped.or(late.then_some(Stop::Signal(signal)));
     let s = summary(r, &watch, job);
     let sim = &r.simulated.metrics;
     let real = job.session.emulated.is_none();
@@ -144,7 +152,7 @@ pub fn finish(
                     "predicted_bytes": real.then(|| r.plan.predicted_peak[rank])})
             })
             .collect();
-        let report = json_report(a, job, r, &s, watch.peak_flops, peaks);
+        let report = json_report(a, job, r, stopped, &s, watch.peak_flops, peaks);
         let text = serde_json::to_string_pretty(&report).expect("serializes") + "\n";
         crate::report::emit(Some(path), &text)?;
     }
@@ -173,14 +181,21 @@ pub fn finish(
         let picture = svg::render_measured(&r.plan.schedule, &measured, &r.simulated, &title);
         crate::report::emit(Some(path), &picture)?;
     }
-    // A signal during the final validation came after the last decision: the run had
-    // finished, but the exit status still says it was interrupted.
-    let late = job
-        .stop
-        .as_ref()
-        .map_or(0, |f| f.load(std::sync::atomic::Ordering::SeqCst) as i32);
-    let stopped = r.stopped.or((late != 0).then_some(Stop::Signal(late)));
+    if late && real && !r.final_loss.is_finite() {
+        return Err(format!(
+            "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
+            r.final_loss
+        ));
+    }
     match stopped {
+        Some(Stop::Signal(sig)) if late => {
+            eprintln!(
+                "signal {sig} came after the last step: the run had trained all its steps \
+                 (exit status {})",
+                128 + sig
+            );
+            return Ok(128u8.saturating_add(u8::try_from(sig).unwrap_or(127)));
+        }
         Some(Stop::Signal(sig)) => {
             let done = r.first_step + r.trained;
             let resume = match (r.saved_at, &a.save) {
@@ -216,6 +231,7 @@ fn json_report(
     a: &TrainArgs,
     job: &TrainJob,
     r: &TrainReport,
+    stopped: Option<Stop>,
     s: &Summary,
     peak: Option<f64>,
     peaks: Vec<Value>,
@@ -234,7 +250,7 @@ fn json_report(
         "compute": if real { "real" } else { "emulated" },
         "first_step": r.first_step,
         "steps_trained": r.trained,
-        "stopped": match r.stopped {
+        "stopped": match stopped {
             None => Value::Null,
             Some(Stop::Signal(sig)) => json!({"signal": sig}),
             Some(Stop::NonFinite { steps, last }) => json!({"non_finite_steps": steps, "last_log_step": last}),

@@ -677,3 +677,35 @@ fn forecast_matches_a_hand_calculation() {
     ]);
     assert!(e.contains("--gpu V100: unknown"), "{e}");
 }
+
+#[test]
+fn a_signal_during_the_last_step_still_counts() {
+    // One emulated step of a few seconds: the signal arrives while it runs, after which no
+    // step is left to skip — but the run says it was interrupted, in its status and report.
+    let d = temp("last");
+    let report = d.join("r.json");
+    let mut run = Run::start(&[
+        "train",
+        "--compute",
+        "emulated",
+        "--cost",
+        "300,300,300",
+        "-m",
+        "4",
+        "--steps",
+        "1",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    run.wait_until(Duration::from_secs(60), "the start", |r| {
+        r.stderr().contains("nobubble train:")
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    run.signal("-TERM");
+    let (code, out, err) = run.finish(Duration::from_secs(60));
+    assert_eq!(code, Some(143), "{err}");
+    assert!(out.contains("trained 1 steps"), "{out}");
+    assert!(err.contains("stopping after step 1 (signal 15)"), "{err}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["stopped"]["signal"], 15);
+}

@@ -122,20 +122,19 @@ pub fn finish(
         }
     }
     println!("communication ({}):", r.transport);
-    for (rank, c) in r.comm.iter().enumerate() {
-        let per_step = (r.trained.max(1)) as f64;
+    for (rank, c) in per_step_comm(r).iter().enumerate() {
         let mut line = format!(
             "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
-            c.sent as f64 / per_step,
-            nobubble_runtime::session::human_bytes(c.sent_bytes as f64 / per_step),
-            1e3 * c.send_seconds / per_step,
-            1e3 * c.wait_seconds / per_step,
-            c.mean_latency_ms()
+            c.sent,
+            nobubble_runtime::session::human_bytes(c.sent_bytes),
+            1e3 * c.send_seconds,
+            1e3 * c.wait_seconds,
+            r.comm.get(rank).map_or(0.0, |t| t.mean_latency_ms())
         );
         if r.replicas > 1 {
             line.push_str(&format!(
                 "; gradient reduction {:.2} ms per step",
-                1e3 * c.reduce_seconds / per_step
+                1e3 * c.reduce_seconds
             ));
         }
         println!("{line}");
@@ -226,6 +225,50 @@ pub fn finish(
     Ok(0)
 }
 
+/// One rank's communication in a mean step.
+struct StepComm {
+    sent: f64,
+    sent_bytes: f64,
+    send_seconds: f64,
+    wait_seconds: f64,
+    reduce_seconds: f64,
+}
+
+/// Per-rank means over the steps the report covers (each step's own traffic, so setup,
+/// validation and checkpoint traffic do not count); the whole job's totals per step when no
+/// step was recorded.
+fn per_step_comm(r: &TrainReport) -> Vec<StepComm> {
+    let of = |c: &nobubble_runtime::CommStats, k: f64| StepComm {
+        sent: c.sent as f64 / k,
+        sent_bytes: c.sent_bytes as f64 / k,
+        send_seconds: c.send_seconds / k,
+        wait_seconds: c.wait_seconds / k,
+        reduce_seconds: c.reduce_seconds / k,
+    };
+    if r.tail.is_empty() {
+        let k = r.trained.max(1) as f64;
+        return r.comm.iter().map(|c| of(c, k)).collect();
+    }
+    let k = r.tail.len() as f64;
+    (0..r.comm.len())
+        .map(|rank| {
+            let parts: Vec<StepComm> = r
+                .tail
+                .iter()
+                .filter_map(|rec| rec.comm.get(rank))
+                .map(|c| of(c, k))
+                .collect();
+            StepComm {
+                sent: parts.iter().map(|c| c.sent).sum(),
+                sent_bytes: parts.iter().map(|c| c.sent_bytes).sum(),
+                send_seconds: parts.iter().map(|c| c.send_seconds).sum(),
+                wait_seconds: parts.iter().map(|c| c.wait_seconds).sum(),
+                reduce_seconds: parts.iter().map(|c| c.reduce_seconds).sum(),
+            }
+        })
+        .collect()
+}
+
 /// `--report`: stable field names, seconds and bytes.
 fn json_report(
     a: &TrainArgs,
@@ -265,6 +308,11 @@ fn json_report(
         "peak_flops": peak,
         "peak_flops_source": peak.map(|_| if a.peak_flops.is_some() { "--peak-flops" } else { "GEMM probe" }),
         "peak_activation_memory": peaks,
+        "communication_per_step": per_step_comm(r).iter().enumerate().map(|(rank, c)| json!({
+            "rank": rank, "messages": c.sent, "sent_bytes": c.sent_bytes,
+            "send_seconds": c.send_seconds, "wait_seconds": c.wait_seconds,
+            "reduce_seconds": c.reduce_seconds,
+        })).collect::<Vec<_>>(),
         "loss": {
             "final_training": real.then_some(r.final_loss).filter(|l| l.is_finite()),
             "validation_before": r.validation_before,

@@ -626,6 +626,25 @@ fn the_report_and_the_timeline_picture_describe_the_run() {
     for p in r["peak_activation_memory"].as_array().unwrap() {
         assert_eq!(p["measured_bytes"].as_f64(), p["predicted_bytes"].as_f64());
     }
+    // Communication per step: the mean of the measured steps' own traffic, the log's last
+    // `steps_measured` lines.
+    let n = r["steps_measured"].as_u64().unwrap() as usize;
+    for (rank, c) in r["communication_per_step"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let logged: f64 = lines[lines.len() - n..]
+            .iter()
+            .map(|l| l["sent_bytes"][rank].as_f64().unwrap())
+            .sum::<f64>()
+            / n as f64;
+        assert!(
+            close(c["sent_bytes"].as_f64().unwrap(), logged),
+            "{c} vs {logged}"
+        );
+    }
     let bubble = r["bubble_fraction"]["measured"].as_f64().unwrap();
     assert!(bubble > 0.0 && bubble < 1.0);
     // Two panels, each with every pass of the step: 2 ranks × 8 microbatches × (F, B).

@@ -364,28 +364,32 @@ pub fn run(
                 .post_decision(step, sig.to_le_bytes().to_vec())?;
         }
     }
+    // The last post-validated step is settled here (unless a checkpoint already did), and
+    // rank 0 records every step, reading the last step's reports too.
+    settle_into(&mut session, &mut summaries)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    if root {
+        record_ready(
+            &mut session,
+            &mut unrecorded,
+            &summaries,
+            &mut records,
+            u64::MAX,
+            &mut observer,
+            &mut remote_stop,
+        )?;
+    }
     if stopped.is_none() && job.stop.is_some() && session.step > first_step {
-        // A stop asked for during the last step: nothing is left to skip but the final
-        // validation, and the exit status says the run was interrupted. Rank 0 first reads
-        // every report, the last step's included, so a signal to any rank counts.
-        settle_into(&mut session, &mut summaries)?;
+        // A stop asked for during the last step (of rank 0, or of any rank: every report is
+        // read now): nothing is left to skip but the final validation, and the exit status
+        // says the run was interrupted.
         if root {
-            record_ready(
-                &mut session,
-                &mut unrecorded,
-                &summaries,
-                &mut records,
-                u64::MAX,
-                &mut observer,
-                &mut remote_stop,
-            )?;
             let sig = requested(job).max(remote_stop);
             session
                 .rank
                 .post_decision(session.step - 1, sig.to_le_bytes().to_vec())?;
         }
-        let d = session.rank.read_decision(session.step - 1)?;
-        let sig = decision(d)?;
+        let sig = decision(session.rank.read_decision(session.step - 1)?)?;
         if sig != 0 {
             stopped = Some(Stop::Signal(sig));
         }
@@ -404,7 +408,6 @@ pub fn run(
         // An interrupted run keeps what it trained: saved like a last step (a diverged one
         // is not saved; the checkpoints already there are kept).
         if let (Stop::Signal(_), Some(dir)) = (reason, &job.save) {
-            settle_into(&mut session, &mut summaries)?;
             let done = session.step;
             let diverged = summaries
                 .get(&done.wrapping_sub(1))
@@ -434,20 +437,6 @@ pub fn run(
                 }
             }
         }
-    }
-    // The last post-validated step is settled here (unless a checkpoint already did).
-    settle_into(&mut session, &mut summaries)?;
-    let elapsed = started.elapsed().as_secs_f64();
-    if root {
-        record_ready(
-            &mut session,
-            &mut unrecorded,
-            &summaries,
-            &mut records,
-            u64::MAX,
-            &mut observer,
-            &mut remote_stop,
-        )?;
     }
     // A stopped run ends promptly: no second validation pass.
     let val_after = if real && job.eval_sets > 0 && stopped.is_none() {

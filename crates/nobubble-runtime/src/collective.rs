@@ -19,9 +19,6 @@ use nobubble_nn::accumulate::combine;
 use nobubble_nn::Tensor;
 use std::time::Instant;
 
-/// The collective id of rank 0's stop decisions (0: collective rounds, 1: step reports).
-pub(crate) const DECISIONS: usize = 2;
-
 fn control(tag: Tag, stage: usize, index: u64, data: Vec<f32>, bytes: Vec<u8>) -> Message {
     Message {
         tag,
@@ -209,7 +206,7 @@ impl Worker {
     /// reach that boundary. Posted a step ahead, it never holds a rank back.
     pub fn post_decision(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
         for to in 0..self.transport.size() {
-            let msg = control(Tag::Collective, DECISIONS, step, Vec::new(), bytes.clone());
+            let msg = control(Tag::Decision, 0, step, Vec::new(), bytes.clone());
             self.post_control(to, msg)?;
         }
         Ok(())
@@ -219,7 +216,7 @@ impl Worker {
     pub fn read_decision(&mut self, step: u64) -> Result<Vec<u8>, RuntimeError> {
         let what = || format!("rank 0's decision after step {step}");
         Ok(self
-            .wait_for((Tag::Collective, DECISIONS, step, 0), None, &what)?
+            .wait_for((Tag::Decision, 0, step, 0), None, &what)?
             .bytes)
     }
 }

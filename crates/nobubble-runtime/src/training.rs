@@ -57,6 +57,15 @@ pub struct TrainJob {
     pub overwrite: bool,
 }
 
+impl TrainJob {
+    /// The signal this process was asked to stop by (0: none).
+    pub fn stop_requested(&self) -> i32 {
+        self.stop.as_ref().map_or(0, |f| {
+            i32::try_from(f.load(Ordering::SeqCst)).unwrap_or(i32::MAX)
+        })
+    }
+}
+
 /// Why a job ended before `--steps`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Stop {
@@ -278,7 +287,7 @@ pub fn run(
             }
             summaries.insert(s.step, *s);
         }
-        let report = Report::of(&rs, requested(job));
+        let report = Report::of(&rs, job.stop_requested());
         session
             .rank
             .post_report(step, serde_json::to_vec(&report).map_err(fail)?)?;
@@ -358,7 +367,7 @@ pub fn run(
             // Last in the step (after its collectives, so that an error in them is every
             // rank's): rank 0 asks every rank to stop after this step if it, or any rank
             // whose report it has read, was asked to.
-            let sig = requested(job).max(remote_stop);
+            let sig = job.stop_requested().max(remote_stop);
             session
                 .rank
                 .post_decision(step, sig.to_le_bytes().to_vec())?;
@@ -384,7 +393,7 @@ pub fn run(
         // read now): nothing is left to skip but the final validation, and the exit status
         // says the run was interrupted.
         if root {
-            let sig = requested(job).max(remote_stop);
+            let sig = job.stop_requested().max(remote_stop);
             session
                 .rank
                 .post_decision(session.step - 1, sig.to_le_bytes().to_vec())?;
@@ -500,13 +509,6 @@ fn validation(
         if let Some(o) = observer.as_deref_mut() {
             o.progress("validation", done, total);
         }
-    })
-}
-
-/// The signal this process was asked to stop by (0: none).
-fn requested(job: &TrainJob) -> i32 {
-    job.stop.as_ref().map_or(0, |f| {
-        i32::try_from(f.load(Ordering::SeqCst)).unwrap_or(i32::MAX)
     })
 }
 

@@ -29,6 +29,9 @@ pub enum Tag {
     Stats = 4,
     /// A contribution to a gather, all-gather or broadcast of control bytes.
     Collective = 5,
+    /// Rank 0's stop decision after a step: the launcher's bookkeeping, not the model's
+    /// traffic, so emulated latency does not apply to it.
+    Decision = 6,
 }
 
 impl Tag {
@@ -40,6 +43,7 @@ impl Tag {
             3 => Tag::GradSum,
             4 => Tag::Stats,
             5 => Tag::Collective,
+            6 => Tag::Decision,
             _ => return None,
         })
     }

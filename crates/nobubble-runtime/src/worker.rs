@@ -252,10 +252,10 @@ impl Worker {
     }
 
     fn latency_of(&self, tag: Tag) -> f64 {
-        if tag.is_pipeline() {
-            self.latency.pipeline.as_secs_f64()
-        } else {
-            self.latency.collective.as_secs_f64()
+        match tag {
+            Tag::Activation | Tag::Gradient => self.latency.pipeline.as_secs_f64(),
+            Tag::Decision => 0.0,
+            _ => self.latency.collective.as_secs_f64(),
         }
     }
 
@@ -314,13 +314,7 @@ impl Worker {
     /// send times from another machine's clock are never compared with this one's.
     fn ready_in(&self, key: &Key) -> Option<f64> {
         let m = self.mailbox.get(key)?;
-        // Rank 0's stop decisions are the launcher's bookkeeping, not the model's traffic:
-        // emulated collective latency does not apply to them.
-        let latency = if key.0 == Tag::Collective && key.1 == crate::collective::DECISIONS {
-            0.0
-        } else {
-            self.latency_of(key.0)
-        };
+        let latency = self.latency_of(key.0);
         Some(if latency > 0.0 {
             m.sent_at + latency - self.now()
         } else {

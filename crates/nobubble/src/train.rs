@@ -370,7 +370,8 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     if let Some(f) = a.peak_flops {
         if emulated.is_some() {
             return Err(
-                "--peak-flops is for MFU, which emulated passes (they only sleep) have none of"
+                "--peak-flops sets MFU's peak, and emulated passes (they only sleep) have no MFU: \
+                 leave --peak-flops out, or train with --compute real"
                     .into(),
             );
         }

@@ -17,15 +17,11 @@ struct Summary {
     mfu: Option<f64>,
 }
 
-fn summary(r: &TrainReport, watch: &Watch, job: &TrainJob) -> Summary {
+fn summary(r: &TrainReport, watch: &Watch) -> Summary {
     let tail = &r.tail;
     let mean =
         |f: &dyn Fn(&StepRecord) -> f64| tail.iter().map(f).sum::<f64>() / tail.len().max(1) as f64;
-    let model = &job.session.run.model;
-    let flops = nobubble_runtime::metrics::model_flops_per_step(
-        model,
-        job.session.run.train.microbatches * r.replicas,
-    );
+    let flops = watch.flops_per_step;
     Summary {
         span_s: mean(&|r| r.makespan),
         bubble: mean(&|r| r.bubble_fraction),
@@ -47,13 +43,10 @@ pub fn finish(
     watch.finish()?;
     // A signal during the final validation came after the last decision: every step had
     // run, but the exit status (and the report) still say the run was interrupted.
-    let signal = job
-        .stop
-        .as_ref()
-        .map_or(0, |f| f.load(std::sync::atomic::Ordering::SeqCst) as i32);
+    let signal = job.stop_requested();
     let late = r.stopped.is_none() && signal != 0;
     let stopped = r.stopped.or(late.then_some(Stop::Signal(signal)));
-    let s = summary(r, &watch, job);
+    let s = summary(r, &watch);
     let sim = &r.simulated.metrics;
     let real = job.session.emulated.is_none();
     println!(
@@ -180,33 +173,9 @@ pub fn finish(
         let picture = svg::render_measured(&r.plan.schedule, &measured, &r.simulated, &title);
         crate::report::emit(Some(path), &picture)?;
     }
-    if late && real && !r.final_loss.is_finite() {
-        return Err(format!(
-            "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
-            r.final_loss
-        ));
-    }
+    // A run that trained all its steps and diverged says so, even if a signal came late.
+    let diverged = real && !r.final_loss.is_finite();
     match stopped {
-        Some(Stop::Signal(sig)) if late => {
-            eprintln!(
-                "signal {sig} came after the last step: the run had trained all its steps \
-                 (exit status {})",
-                128 + sig
-            );
-            return Ok(128u8.saturating_add(u8::try_from(sig).unwrap_or(127)));
-        }
-        Some(Stop::Signal(sig)) => {
-            let done = r.first_step + r.trained;
-            let resume = match (r.saved_at, &a.save) {
-                (Some(k), Some(dir)) if k == done => {
-                    format!("; continue with --resume {}", dir.display())
-                }
-                (_, Some(_)) => "; this step was not saved (see above)".to_string(),
-                (_, None) => "; nothing was saved (no --save)".to_string(),
-            };
-            eprintln!("stopped by signal {sig} after step {done}{resume}");
-            return Ok(128u8.saturating_add(u8::try_from(sig).unwrap_or(127)));
-        }
         Some(Stop::NonFinite { steps, last }) => {
             return Err(format!(
                 "stopped: the training loss was not finite for {steps} steps in a row (up to step {}); \
@@ -214,9 +183,29 @@ pub fn finish(
                 last + 1
             ));
         }
-        None => {}
+        Some(Stop::Signal(sig)) if !(late && diverged) => {
+            let status = 128u8.saturating_add(u8::try_from(sig).unwrap_or(127));
+            let done = r.first_step + r.trained;
+            if late {
+                eprintln!(
+                    "signal {sig} came after the last step: the run had trained all its steps \
+                     (exit status {status})"
+                );
+            } else {
+                let resume = match (r.saved_at, &a.save) {
+                    (Some(k), Some(dir)) if k == done => {
+                        format!("; continue with --resume {}", dir.display())
+                    }
+                    (_, Some(_)) => "; this step was not saved (see above)".to_string(),
+                    (_, None) => "; nothing was saved (no --save)".to_string(),
+                };
+                eprintln!("stopped by signal {sig} after step {done}{resume}");
+            }
+            return Ok(status);
+        }
+        _ => {}
     }
-    if real && !r.final_loss.is_finite() {
+    if diverged {
         return Err(format!(
             "the final training loss is {}: the run diverged (lower --lr, keep --max-grad-norm, or check the data)",
             r.final_loss

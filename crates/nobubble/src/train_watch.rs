@@ -17,7 +17,8 @@ use std::sync::Arc;
 pub struct Watch {
     steps: u64,
     tokens_per_step: f64,
-    flops_per_step: f64,
+    /// Model FLOPs of one step (all replicas), MFU's numerator.
+    pub flops_per_step: f64,
     /// Peak FLOP/s of all ranks; `None` for emulated compute (no model FLOPs run).
     pub peak_flops: Option<f64>,
     tty: bool,
@@ -37,9 +38,9 @@ pub struct Watch {
 pub struct WatchOptions<'a> {
     /// Total steps of the job and the step it starts at.
     pub steps: u64,
-    /// Tokens and model FLOPs of one step (all replicas).
+    /// Tokens of one step (all replicas).
     pub tokens_per_step: f64,
-    /// Model FLOPs of one step.
+    /// Model FLOPs of one step (all replicas).
     pub flops_per_step: f64,
     /// Peak FLOP/s of all ranks (`None`: emulated compute).
     pub peak_flops: Option<f64>,

@@ -323,3 +323,88 @@ fn the_paper_scheduler_at_one_and_a_half_p_finds_the_official_schedule() {
         assert!(rate <= 0.0960 + 5e-5, "{}: {rate}", kind.name());
     }
 }
+
+#[test]
+fn v_schedules_match_or_beat_the_official_ones_at_their_limits() {
+    // ../shared/data/reference-schedules: the authors' ZB-V (a cost-aware greedy), V-Half
+    // and V-Min (building blocks squeezed to their memory) for the 1.5B row, p 8, m 24.
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 18522.0,
+            i: 18086.0,
+            w: 9337.0,
+            mem_b: 201216.0,
+            mem_w: 73728.0,
+        },
+        601.0,
+    );
+    for (file, kind, limit) in [
+        ("paper01_1.5B_p8_m24_ZB-V.csv", ScheduleKind::ZbV, 8.0),
+        ("paper01_1.5B_p8_m24_V-Half.csv", ScheduleKind::VHalf, 5.0),
+        ("paper01_1.5B_p8_m24_V-Min.csv", ScheduleKind::VMin, 4.0),
+    ] {
+        let path = format!(
+            "{}/../../../shared/data/reference-schedules/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(path).expect("the shared reference schedules");
+        let reference = nobubble_schedule::export::csv::read(&text, "official").unwrap();
+        let costs = CostModel::for_schedule(&spec, &reference).unwrap();
+        check_memory(&reference, &costs, limit).unwrap();
+        let theirs = simulate(&reference, &costs).unwrap().metrics;
+        for (k, x) in [(kind, None), (ScheduleKind::VAuto, Some(limit))] {
+            let ours = plan(k, 8, 24, &spec, x);
+            check_memory(&ours, &costs, limit).unwrap();
+            let m = simulate(&ours, &costs).unwrap().metrics;
+            let (a, b) = spans(&ours, &reference, &spec);
+            assert!(
+                a <= b * (1.0 + 1e-9)
+                    && m.makespan <= theirs.makespan * (1.0 + 1e-9)
+                    && m.bubble_rate <= theirs.bubble_rate + 1e-9,
+                "{} at {limit}: span {a} vs {b}, makespan {} vs {}, bubble {} vs {}",
+                k.name(),
+                m.makespan,
+                theirs.makespan,
+                m.bubble_rate,
+                theirs.bubble_rate
+            );
+        }
+    }
+}
+
+/// The V planners over every small shape at their own limits and below: valid, within the
+/// limit, and never worse than the fixed ZB-V pattern where it fits.
+#[test]
+fn v_planners_are_valid_on_every_small_shape() {
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.3,
+            w: 0.7,
+            mem_b: 1.0,
+            mem_w: 0.4,
+        },
+        0.2,
+    );
+    for p in 1..=12 {
+        for m in [1, 2, 3, p, p + 1, 2 * p, 3 * p + 1] {
+            for kind in [ScheduleKind::ZbV, ScheduleKind::VHalf, ScheduleKind::VMin] {
+                let s = plan(kind, p, m, &spec, None);
+                let c = CostModel::for_schedule(&spec, &s).unwrap();
+                let x = kind.planning_limit(p, None).unwrap().min(m as f64);
+                check_memory(&s, &c, x)
+                    .unwrap_or_else(|e| panic!("{} p={p} m={m}: {e}", kind.name()));
+                simulate(&s, &c).unwrap();
+                let pattern = nobubble_schedule::generate::zb_v_pattern(p, m).unwrap();
+                if check_memory(&pattern, &c, x).is_ok() {
+                    let (a, b) = (score(&s, &spec), score(&pattern, &spec));
+                    assert!(
+                        a.0 <= b.0 * (1.0 + 1e-9),
+                        "{} p={p} m={m}: {a:?} vs pattern {b:?}",
+                        kind.name()
+                    );
+                }
+            }
+        }
+    }
+}

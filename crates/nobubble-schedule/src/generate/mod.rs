@@ -7,6 +7,8 @@ mod drain;
 pub mod greedy;
 mod paper_heuristic;
 mod periodic;
+mod v_blocks;
+mod v_greedy;
 pub mod v_shape;
 mod zero_bubble;
 

@@ -210,8 +210,16 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     let pattern = zb_v_pattern(p, m)?;
     let pattern_need = needed_limit(&pattern, &costs);
     let pattern_score = score(&pattern, &costs)?;
+    let mut greedy = super::v_greedy::Ladder::default();
+    let mut blocks = super::v_blocks::Ladder::new(p, m, name);
     let mut periodic = Vec::new();
     for s in super::periodic::candidates(name, &placement, p, m, &costs) {
+        let need = needed_limit(&s, &costs);
+        if let Ok(sc) = score(&s, &costs) {
+            periodic.push((s, sc, need));
+        }
+    }
+    for s in blocks.own() {
         let need = needed_limit(&s, &costs);
         if let Ok(sc) = score(&s, &costs) {
             periodic.push((s, sc, need));
@@ -222,11 +230,13 @@ pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
-        let cached = runs.all_cached();
+        let cached = runs.all_cached() && greedy.settled() && blocks.settled();
         let rejected = std::cell::Cell::new(false);
         let mut changed = false;
         let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
-        let found = runs.run(name, &placement, p, m, &costs, level);
+        let mut found = runs.run(name, &placement, p, m, &costs, level);
+        found.extend(greedy.at(p, m, &costs, level));
+        found.extend(blocks.at(level, name));
         if let Some((s, sc)) = pick_best(found, &costs, level)? {
             if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
                 level_best = Some((s, sc));

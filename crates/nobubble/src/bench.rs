@@ -186,7 +186,7 @@ fn paper(as_json: bool) -> Result<(), String> {
         optimal[0], optimal[1]
     );
     println!(
-        "\nThe paper's own scheduler, reimplemented (`zb-paper`: greedy, median costs, 12 knob"
+        "\nThe paper's own scheduler, reimplemented (`zb-paper`: greedy, median costs, 20 knob"
     );
     println!("settings), at p·M_B and 2p·M_B, beside the paper's ZB-1p and ZB-2p columns:\n");
     println!(

@@ -119,7 +119,7 @@ impl ScheduleKind {
             ScheduleKind::Zb1p => "automatic zero bubble at p·M_B (1F1B's memory)",
             ScheduleKind::Zb2p => "automatic zero bubble at 2p·M_B",
             ScheduleKind::ZbPaper => {
-                "the paper's greedy scheduler (median costs, 12 knob settings) under --mem-limit"
+                "the paper's greedy scheduler (median costs, 20 knob settings) under --mem-limit"
             }
             ScheduleKind::InterleavedZb => "interleaved with split backward, W delayed r on rank r",
             ScheduleKind::ZbV => "V placement, 2 chunks per rank, at p·M_B; ≈0 bubble when F≈I≈W",

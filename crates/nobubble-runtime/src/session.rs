@@ -12,7 +12,8 @@ use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::ByteCorpus;
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
-    generate, simulate, CostModel, CostSpec, Kind, RankCost, Request, Schedule, ScheduleKind,
+    generate, simulate, CostModel, CostSpec, Kind, Objective, Placement, RankCost, Request,
+    Schedule, ScheduleKind,
 };
 use std::sync::Arc;
 
@@ -37,6 +38,10 @@ pub struct SessionOptions {
     pub emulated: Option<CostSpec>,
     /// Emulated latency of collective traffic (gradient reduction, step statistics), ms.
     pub collective_ms: f64,
+    /// What automatic schedules minimize: the makespan under a synchronous optimizer step
+    /// (every iteration waits for the slowest rank), the longest rank span under
+    /// post-validation (iterations tile).
+    pub objective: Objective,
 }
 
 impl SessionOptions {
@@ -79,23 +84,29 @@ pub struct Session {
     pub step: u64,
 }
 
+/// Plans (or takes the user's file) and simulates. `keep` is the schedule already running:
+/// a re-plan keeps its placement, since the ranks have built their stages for it.
 fn plan_with(
     opts: &SessionOptions,
     spec: &CostSpec,
     x: Option<f64>,
+    keep: Option<&Schedule>,
     source: &'static str,
 ) -> Result<Plan, RuntimeError> {
     let req = Request {
         mem_limit: x,
         chunks: opts.chunks,
+        objective: opts.objective,
+        placement: keep.and_then(Placement::of),
         ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
     };
     let schedule = match &opts.file {
         Some(s) => s.clone(),
         None => generate(&req, spec).map_err(|e| RuntimeError::Config(e.to_string()))?,
     };
-    let costs = CostModel::for_schedule(spec, &schedule)
+    let mut costs = CostModel::for_schedule(spec, &schedule)
         .map_err(|e| RuntimeError::Config(e.to_string()))?;
+    costs.objective = opts.objective;
     let sim = simulate(&schedule, &costs).map_err(|e| RuntimeError::Config(e.to_string()))?;
     Ok(Plan {
         predicted_peak: peak_memory(&schedule, &costs),
@@ -122,7 +133,7 @@ impl Session {
             .clone()
             .unwrap_or_else(|| CostSpec::uniform(RankCost::default(), 0.0));
         let emulated_x = opts.emulated.as_ref().and(opts.mem_limit);
-        let plan = plan_with(&opts, &provisional, emulated_x, "given costs")?;
+        let plan = plan_with(&opts, &provisional, emulated_x, None, "given costs")?;
         if let Some(x) = emulated_x {
             // Emulated memory is the cost model's: refuse a schedule over the limit, as
             // real runs do, before any pass runs.
@@ -201,7 +212,7 @@ impl Session {
                 )));
             }
         }
-        let mut plan = plan_with(&self.options, &spec, x, source)?;
+        let mut plan = plan_with(&self.options, &spec, x, Some(current), source)?;
         // The planner's model has a microbatch hold no more after I than after F; a stage
         // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
         // planned on the clamped figure, but the prediction — and the --mem-limit check

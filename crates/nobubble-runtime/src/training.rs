@@ -345,8 +345,10 @@ pub fn run(
                 note(
                     &mut observer,
                     format!(
-                        "re-planned {} on measured pass times (F/I/W ms per stage: {}; message latency {:.3} ms): simulated step {:.1} ms, bubble {:.1}%{}",
+                        "re-planned {} ({} placement, for the {}) on measured pass times (F/I/W ms per stage: {}; message latency {:.3} ms): simulated step {:.1} ms, bubble {:.1}%{}",
                         job.session.kind.name(),
+                        nobubble_schedule::Placement::of(&plan.schedule).map_or("custom", |p| p.name()),
+                        plan.costs.objective.name(),
                         times.join(", "),
                         plan.costs.comm,
                         plan.simulated_makespan,
@@ -768,6 +770,7 @@ pub fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
     CostModel {
         stages,
         comm: plan.comm,
+        objective: plan.objective,
     }
 }
 

@@ -54,6 +54,7 @@ fn measured_peak_memory_equals_the_planners_prediction() {
         assert_eq!(bytes.len(), schedule.stages);
         let costs = CostModel {
             comm: 0.0,
+            objective: Default::default(),
             stages: bytes
                 .iter()
                 .map(|&(f, i)| RankCost {

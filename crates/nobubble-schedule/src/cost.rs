@@ -156,6 +156,31 @@ impl CostSpec {
     }
 }
 
+/// What the automatic planners minimize: the time an iteration really costs depends on how
+/// iterations follow each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The longest rank span (first pass to last), then the makespan: what an iteration
+    /// costs when iterations tile, each rank starting the next as soon as it is done (the
+    /// paper's objective; post-validated optimizer steps).
+    #[default]
+    Span,
+    /// The makespan, then the longest span: what an iteration costs when a synchronous
+    /// optimizer step waits for every rank before the next iteration starts.
+    Makespan,
+}
+
+impl Objective {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Span => "span",
+            Objective::Makespan => "makespan",
+        }
+    }
+}
+
 /// Per-stage costs resolved for one schedule; what the simulator reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
@@ -163,6 +188,9 @@ pub struct CostModel {
     pub stages: Vec<RankCost>,
     /// Transfer time between stages on different ranks (zero on the same rank).
     pub comm: f64,
+    /// What planners using these costs minimize (the simulator ignores it).
+    #[serde(default)]
+    pub objective: Objective,
 }
 
 impl CostModel {
@@ -194,6 +222,7 @@ impl CostModel {
         Ok(CostModel {
             stages,
             comm: spec.comm,
+            objective: Objective::default(),
         })
     }
 

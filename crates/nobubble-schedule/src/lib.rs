@@ -20,9 +20,9 @@ pub mod validate;
 
 pub use action::{Action, Kind};
 pub use bound::{lower_bound, span_lower_bound};
-pub use cost::{CostModel, CostSpec, RankCost};
+pub use cost::{CostModel, CostSpec, Objective, RankCost};
 pub use error::Error;
-pub use generate::{generate, Request, ScheduleKind};
+pub use generate::{generate, Placement, Request, ScheduleKind};
 pub use schedule::Schedule;
 pub use sim::{simulate, timing, Metrics, Simulation, Slot, Timing};
 pub use validate::{check_memory, check_structure, check_weight_order, validate};

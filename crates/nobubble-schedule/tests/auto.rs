@@ -212,7 +212,13 @@ fn zb_auto_is_near_optimal_on_small_instances() {
                 },
                 c,
             );
-            let s = plan(ScheduleKind::ZbAuto, p, m, &spec, Some(m as f64));
+            // The exact search knows the linear placement only.
+            let req = Request {
+                mem_limit: Some(m as f64),
+                placement: Some(nobubble_schedule::Placement::Linear),
+                ..Request::new(ScheduleKind::ZbAuto, p, m)
+            };
+            let s = generate(&req, &spec).unwrap();
             let costs = CostModel::for_schedule(&spec, &s).unwrap();
             let auto = simulate(&s, &costs).unwrap().metrics.makespan;
             // Search from a loose incumbent so the optimum is found, not just confirmed.
@@ -415,6 +421,46 @@ fn v_planners_are_valid_on_every_small_shape() {
                         "{} p={p} m={m}: {a:?} vs pattern {b:?}",
                         kind.name()
                     );
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// zb-auto takes the better of its linear and V plans under the objective asked for,
+    /// and under the makespan objective it is never slower than the handcrafted linear
+    /// schedules that fit.
+    #[test]
+    fn zb_auto_picks_the_better_placement_for_the_objective(
+        (p, m, spec) in (2usize..=6, 2usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        extra in 0.0f64..4.0,
+    ) {
+        use nobubble_schedule::{Objective, Placement};
+        let x = p as f64 + extra;
+        for objective in [Objective::Span, Objective::Makespan] {
+            let run = |placement| {
+                let req = Request { mem_limit: Some(x), objective, placement, ..Request::new(ScheduleKind::ZbAuto, p, m) };
+                generate(&req, &spec).unwrap()
+            };
+            let ranked = |s: &Schedule| {
+                let (span, makespan) = score(s, &spec);
+                if objective == Objective::Span { (span, makespan) } else { (makespan, span) }
+            };
+            let (auto, linear, v) = (run(None), run(Some(Placement::Linear)), run(Some(Placement::V)));
+            let c = CostModel::for_schedule(&spec, &auto).unwrap();
+            check_memory(&auto, &c, x).unwrap();
+            let (a, l, vv) = (ranked(&auto), ranked(&linear), ranked(&v));
+            let not_worse = |a: (f64, f64), b: (f64, f64)| a.0 <= b.0 * (1.0 + 1e-9) + 1e-12;
+            prop_assert!(not_worse(a, l) && not_worse(a, vv), "{objective:?}: auto {a:?}, linear {l:?}, v {vv:?}");
+            if objective == Objective::Makespan {
+                for h in [nobubble_schedule::generate::zb_h1(p, m).unwrap(), nobubble_schedule::generate::zb_h2(p, m).unwrap()] {
+                    let hc = CostModel::for_schedule(&spec, &h).unwrap();
+                    if check_memory(&h, &hc, x).is_ok() {
+                        prop_assert!(a.0 <= score(&h, &spec).1 * (1.0 + 1e-9), "makespan {} vs {} {}", a.0, h.name, score(&h, &spec).1);
+                    }
                 }
             }
         }

@@ -5,7 +5,7 @@ use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::training::{self, TrainJob, TrainReport};
 use nobubble_runtime::{launch, median_pass_ms, Compute, RunConfig, SessionOptions, StepRecord};
-use nobubble_schedule::{simulate, CostModel, CostSpec, RankCost, ScheduleKind};
+use nobubble_schedule::{simulate, CostModel, CostSpec, Objective, RankCost, ScheduleKind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +74,8 @@ fn train(
             mem_limit: None,
             emulated,
             collective_ms: 0.0,
+            // A synchronous optimizer step: every iteration pays the makespan.
+            objective: Objective::Makespan,
         },
         steps,
         replan_after: if real { 2 } else { 0 },
@@ -101,6 +103,7 @@ fn profiled(records: &[StepRecord], stages: usize) -> CostModel {
     let ms = |x: Option<f64>| x.unwrap_or(0.0);
     CostModel {
         comm: 0.0,
+        objective: Default::default(),
         stages: median_pass_ms(records, stages)
             .into_iter()
             .map(|[f, i, w, _]| RankCost {

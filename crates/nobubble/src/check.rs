@@ -59,6 +59,7 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         &costs,
         &sim,
         args.costs.mem_limit,
+        None,
         args.width,
         use_colour(false),
     ));

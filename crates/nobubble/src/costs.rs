@@ -2,7 +2,8 @@
 
 use clap::Args;
 use nobubble_schedule::{
-    generate, simulate, CostModel, CostSpec, RankCost, Request, Schedule, ScheduleKind, Simulation,
+    generate, simulate, CostModel, CostSpec, Objective, Placement, RankCost, Request, Schedule,
+    ScheduleKind, Simulation,
 };
 use std::path::PathBuf;
 
@@ -39,6 +40,55 @@ pub struct CostArgs {
     /// Activation memory limit per rank, in units of MB; schedules over it are rejected.
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub mem_limit: Option<f64>,
+    /// What the automatic schedules minimize: `span`, the longest rank span (iterations
+    /// tile: post-validated optimizer steps; the paper's objective), or `makespan` (a
+    /// synchronous optimizer step waits for every rank).
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::Span)]
+    pub objective: ObjectiveArg,
+    /// zb-auto's stage placement: `auto` plans linear and V (on pipelines up to 20 000
+    /// passes) and keeps the better; `linear` or `v` plans only that one.
+    #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
+    pub placement: PlacementArg,
+}
+
+/// `--objective`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectiveArg {
+    /// Longest rank span, then makespan.
+    Span,
+    /// Makespan, then longest rank span.
+    Makespan,
+}
+
+impl From<ObjectiveArg> for Objective {
+    fn from(o: ObjectiveArg) -> Objective {
+        match o {
+            ObjectiveArg::Span => Objective::Span,
+            ObjectiveArg::Makespan => Objective::Makespan,
+        }
+    }
+}
+
+/// `--placement`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementArg {
+    /// Plan both, keep the better.
+    Auto,
+    /// Stage s on rank s.
+    Linear,
+    /// Two chunks per rank, down and back up.
+    V,
+}
+
+impl PlacementArg {
+    /// The planner's choice (`None`: it decides).
+    pub fn placement(self) -> Option<Placement> {
+        match self {
+            PlacementArg::Auto => None,
+            PlacementArg::Linear => Some(Placement::Linear),
+            PlacementArg::V => Some(Placement::V),
+        }
+    }
 }
 
 fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, String> {
@@ -113,6 +163,8 @@ pub fn plan(
         microbatches,
         chunks,
         mem_limit: cost_args.mem_limit,
+        objective: cost_args.objective.into(),
+        placement: cost_args.placement.placement(),
     };
     let label = format!(
         "planning {} for {ranks} ranks and {microbatches} microbatches",
@@ -120,7 +172,8 @@ pub fn plan(
     );
     let schedule = crate::progress::while_working(&label, || generate(&req, &spec))
         .map_err(|e| e.to_string())?;
-    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
+    let mut costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
+    costs.objective = req.objective;
     let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
     Ok(Planned {
         schedule,

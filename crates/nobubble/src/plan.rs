@@ -90,6 +90,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         &costs,
         &sim,
         limit,
+        kind.uses_costs().then_some(costs.objective),
         args.width,
         colour,
     );

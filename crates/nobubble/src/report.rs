@@ -3,7 +3,9 @@
 
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::export::{chrome, csv, svg, text};
-use nobubble_schedule::{lower_bound, span_lower_bound, CostModel, Schedule, Simulation};
+use nobubble_schedule::{
+    lower_bound, span_lower_bound, CostModel, Objective, Placement, Schedule, Simulation,
+};
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::Path;
@@ -133,30 +135,48 @@ pub fn use_colour(to_file: bool) -> bool {
     !to_file && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
-/// Renders `format` for a simulated schedule.
+/// One schedule in `format`; `planned_for` is the objective an automatic schedule was
+/// planned for (`None` for fixed patterns and files).
+#[allow(clippy::too_many_arguments)]
 pub fn render(
     format: Format,
     schedule: &Schedule,
     costs: &CostModel,
     sim: &Simulation,
     mem_limit: Option<f64>,
+    planned_for: Option<Objective>,
     width: usize,
     colour: bool,
 ) -> String {
     match format {
         Format::Text => {
+            let placement = match Placement::of(schedule) {
+                Some(Placement::V) => " (V placement)",
+                _ => "",
+            };
             let mut out = format!(
-                "{} — {} stages on {} ranks, {} microbatches\n",
+                "{} — {} stages on {} ranks{placement}, {} microbatches\n",
                 schedule.name, schedule.stages, schedule.ranks, schedule.microbatches
             );
             out.push_str(&text::render(schedule, sim, width, colour));
             out.push('\n');
             out.push_str(&text_summary(schedule, costs, sim, mem_limit));
+            if let Some(o) = planned_for {
+                out.push_str(&format!(
+                    "planned for the {} (--objective {})\n",
+                    match o {
+                        Objective::Span => "longest rank span, then the makespan",
+                        Objective::Makespan => "makespan, then the longest rank span",
+                    },
+                    o.name()
+                ));
+            }
             out
         }
         Format::Json => {
-            let mut s = serde_json::to_string_pretty(&json_report(schedule, costs, sim, mem_limit))
-                .expect("report serializes");
+            let mut report = json_report(schedule, costs, sim, mem_limit);
+            report["objective"] = planned_for.map(|o| o.name()).into();
+            let mut s = serde_json::to_string_pretty(&report).expect("report serializes");
             s.push('\n');
             s
         }

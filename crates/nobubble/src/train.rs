@@ -15,7 +15,7 @@ use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::Fault;
 use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions};
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{CostSpec, RankCost, Schedule, ScheduleKind};
+use nobubble_schedule::{CostSpec, Objective, RankCost, Schedule, ScheduleKind};
 #[cfg(feature = "mpi")]
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -446,6 +446,13 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             mem_limit,
             emulated,
             collective_ms: a.collective_latency,
+            // Under a synchronous optimizer step every iteration waits for the slowest
+            // rank (the makespan); post-validated steps let iterations tile (the span).
+            objective: if a.post_validate.is_some() {
+                Objective::Span
+            } else {
+                Objective::Makespan
+            },
         },
         steps: a.steps,
         replan_after: a.replan_after,

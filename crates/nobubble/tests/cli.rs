@@ -423,3 +423,75 @@ fn train_refuses_bad_input_before_training() {
     ]);
     assert!(e.contains("cannot write --trace"), "{e}");
 }
+
+#[test]
+fn plan_says_which_objective_and_placement_zb_auto_used() {
+    let base = [
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "8",
+        "-m",
+        "24",
+        "--cost",
+        "18522,18086,9337",
+        "--comm",
+        "601",
+        "--mem",
+        "201216,73728",
+    ];
+    let json = |extra: &[&str]| -> Value {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-f", "json"]);
+        serde_json::from_str(&ok(&args)).unwrap()
+    };
+    // The paper's 1.5B costs: the V placement halves the fill, so zb-auto takes it.
+    let auto = json(&[]);
+    assert_eq!(auto["objective"], "span");
+    assert_eq!(auto["stages"], 16);
+    let linear = json(&["--placement", "linear"]);
+    assert_eq!(linear["stages"], 8);
+    let span = |v: &Value| {
+        v["span"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    assert!(span(&auto) < span(&linear));
+    // Under the makespan objective the makespan is no longer than the span objective's.
+    let makespan = json(&["--objective", "makespan"]);
+    assert_eq!(makespan["objective"], "makespan");
+    assert!(makespan["makespan"].as_f64().unwrap() <= auto["makespan"].as_f64().unwrap());
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--objective", "makespan"]);
+    let text = ok(&args);
+    assert!(text.contains("(V placement)"), "{text}");
+    assert!(
+        text.contains(
+            "planned for the makespan, then the longest rank span (--objective makespan)"
+        ),
+        "{text}"
+    );
+    // Fixed patterns are not planned for anything.
+    let fixed: Value = serde_json::from_str(&ok(&[
+        "plan", "-s", "1f1b", "-p", "4", "-m", "8", "-f", "json",
+    ]))
+    .unwrap();
+    assert!(fixed["objective"].is_null());
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--objective",
+        "speed",
+    ]);
+    assert!(e.contains("makespan") && e.contains("span"), "{e}");
+}

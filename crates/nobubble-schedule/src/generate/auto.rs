@@ -6,20 +6,29 @@
 //! the paper's: the longest per-rank span, then the makespan.
 
 use super::greedy::{list_schedule_bound, Policy};
-use crate::cost::{CostModel, CostSpec};
+use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::{simulate, span_and_makespan};
 use crate::validate::check_memory;
 use std::cell::Cell;
 
-/// (longest rank span, makespan): what the searches minimize, in that order.
+/// What the searches minimize, primary first: (longest rank span, makespan), or the other
+/// way round under [`Objective::Makespan`].
 pub(crate) type Score = (f64, f64);
 
-/// Objective of a simulated schedule; smaller is better.
+/// (span, makespan) in the order `objective` ranks them.
+pub(crate) fn ranked(s: (f64, f64), objective: Objective) -> Score {
+    match objective {
+        Objective::Span => s,
+        Objective::Makespan => (s.1, s.0),
+    }
+}
+
+/// Objective of a simulated schedule (`costs.objective`); smaller is better.
 pub(crate) fn score(schedule: &Schedule, costs: &CostModel) -> Result<Score, Error> {
     match span_and_makespan(schedule, costs) {
-        Some(s) => Ok(s),
+        Some(s) => Ok(ranked(s, costs.objective)),
         // Let the full simulator explain the failure.
         None => Err(simulate(schedule, costs)
             .err()
@@ -41,6 +50,7 @@ pub(crate) fn repair_drain(s: (Schedule, Score), costs: &CostModel, x: f64) -> (
         // A reshaped order can deadlock when ranks disagree on where their last forwards
         // go (no score): such a variant is dropped.
         if let Some(sc) = span_and_makespan(&v, costs) {
+            let sc = ranked(sc, costs.objective);
             if better(sc, best.1) {
                 best = (v, sc);
             }
@@ -107,7 +117,11 @@ pub(crate) fn pick_best(
         if check_memory(&s, costs, x).is_err() {
             continue;
         }
-        let sc = score(&s, costs)?;
+        // A candidate that cannot run (a generator's bug) costs only itself.
+        let Ok(sc) = score(&s, costs) else {
+            debug_assert!(false, "candidate {} deadlocks", s.name);
+            continue;
+        };
         if best.as_ref().is_none_or(|(_, b)| better(sc, *b)) {
             best = Some((s, sc));
         }
@@ -277,9 +291,17 @@ pub(crate) fn ladder(x: f64) -> Vec<f64> {
 /// unconstrained points need, those points cut down to fit; and a local search over
 /// weight-gradient positions. Each new best also gets the drain-phase repair
 /// ([`super::drain`]).
-pub fn zb_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
+pub fn zb_auto(
+    p: usize,
+    m: usize,
+    spec: &CostSpec,
+    x: f64,
+    name: &str,
+    objective: Objective,
+) -> Result<Schedule, Error> {
     let placement: Vec<usize> = (0..p).collect();
-    let costs = CostModel::for_layout(spec, p, p)?;
+    let mut costs = CostModel::for_layout(spec, p, p)?;
+    costs.objective = objective;
     let actions = 3 * p * m;
     let search = TemplateSearch {
         p,

@@ -17,7 +17,7 @@ pub use classic::{gpipe, interleaved_1f1b, one_f_one_b};
 pub use v_shape::{dualpipe_v, v_auto, v_placement, zb_v_pattern};
 pub use zero_bubble::{interleaved_zb, zb_h1, zb_h2, zb_template};
 
-use crate::cost::{CostModel, CostSpec};
+use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::schedule::Schedule;
 
@@ -238,7 +238,46 @@ pub struct Request {
     pub chunks: usize,
     /// Memory limit in multiples of a rank's M_B, for the automatic schedules.
     pub mem_limit: Option<f64>,
+    /// What the automatic schedules minimize.
+    pub objective: Objective,
+    /// `zb-auto`'s placement; `None`: it plans both and keeps the better.
+    pub placement: Option<Placement>,
 }
+
+/// Where `zb-auto` puts the stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// One stage per rank, in order.
+    Linear,
+    /// Two chunks per rank, down the ranks and back up ([`v_placement`]).
+    V,
+}
+
+impl Placement {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Linear => "linear",
+            Placement::V => "v",
+        }
+    }
+
+    /// The placement a schedule uses, if it is one of these.
+    pub fn of(schedule: &Schedule) -> Option<Placement> {
+        if schedule.placement == v_placement(schedule.ranks) {
+            Some(Placement::V)
+        } else if schedule.placement == classic::linear_placement(schedule.ranks) {
+            Some(Placement::Linear)
+        } else {
+            None
+        }
+    }
+}
+
+/// Largest pipeline (passes per iteration) on which `zb-auto` also plans the V placement
+/// unasked: the V search costs about as much again, and planning should stay well under a
+/// second; `--placement v` asks for it at any size.
+pub const V_CHOICE_MAX_ACTIONS: usize = 20_000;
 
 impl Request {
     /// A request with the defaults the CLI uses (2 chunks, no memory limit).
@@ -249,6 +288,8 @@ impl Request {
             microbatches,
             chunks: 2,
             mem_limit: None,
+            objective: Objective::Span,
+            placement: None,
         }
     }
 }
@@ -302,14 +343,31 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         ScheduleKind::Interleaved1F1B => interleaved_1f1b(p, m, req.chunks),
         ScheduleKind::ZbH1 => zb_h1(p, m),
         ScheduleKind::ZbH2 => zb_h2(p, m),
-        ScheduleKind::ZbAuto | ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
+        ScheduleKind::ZbAuto => {
+            let x = limit.expect("auto kinds plan under a limit");
+            let objective = req.objective;
+            let try_v = match req.placement {
+                Some(p) => p == Placement::V,
+                None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
+            };
+            let linear = (req.placement != Some(Placement::V))
+                .then(|| zb_auto(p, m, costs, x, name, objective))
+                .transpose()?;
+            let v = try_v
+                .then(|| v_auto(p, m, costs, x, name, objective))
+                .transpose()?;
+            pick_placement(linear, v, costs, objective)
+        }
+        ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
             p,
             m,
             costs,
             limit.expect("auto kinds plan under a limit"),
             name,
+            req.objective,
         ),
-        ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|c| {
+        ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|mut c| {
+            c.objective = req.objective;
             paper_heuristic::zb_paper(
                 p,
                 m,
@@ -327,12 +385,37 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 costs,
                 limit.expect("V kinds plan under a limit"),
                 name,
+                req.objective,
             )
         }
         ScheduleKind::DualPipeV => dualpipe_v(p, m),
     }?;
     crate::validate::normalize_weight_order(&mut schedule);
     Ok(schedule)
+}
+
+/// The better of `zb-auto`'s linear and V schedules under `objective` (the linear one on a
+/// tie: one message per hop instead of two).
+fn pick_placement(
+    linear: Option<Schedule>,
+    v: Option<Schedule>,
+    spec: &CostSpec,
+    objective: Objective,
+) -> Result<Schedule, Error> {
+    let ranked = |s: &Schedule| -> Result<auto::Score, Error> {
+        let mut c = CostModel::for_schedule(spec, s)?;
+        c.objective = objective;
+        auto::score(s, &c)
+    };
+    match (linear, v) {
+        (Some(l), Some(v)) => Ok(if auto::better(ranked(&v)?, ranked(&l)?) {
+            v
+        } else {
+            l
+        }),
+        (Some(s), None) | (None, Some(s)) => Ok(s),
+        (None, None) => Err(Error::Input("zb-auto: no placement to plan".into())),
+    }
 }
 
 #[cfg(test)]

@@ -577,12 +577,14 @@ impl<'a> Builder<'a> {
         time
     }
 
-    /// (longest stage span, makespan) under the uniform costs: the paper's objective.
-    fn score(&self) -> (f64, f64) {
+    /// (longest stage span, makespan) under the uniform costs — the paper's objective —
+    /// ranked as the costs' objective says.
+    fn score(&self) -> Score {
         let span = (0..self.p)
             .map(|s| self.clock[s] - self.first[s])
             .fold(0.0, f64::max);
-        (span, self.clock.iter().copied().fold(0.0, f64::max))
+        let makespan = self.clock.iter().copied().fold(0.0, f64::max);
+        super::auto::ranked((span, makespan), self.costs.objective)
     }
 }
 

@@ -194,9 +194,17 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 /// its three policies, the periodic schedules (see [`super::periodic`]) that fit, and a
 /// local search over weight-gradient positions (large pipelines: one policy, no local
 /// search).
-pub fn v_auto(p: usize, m: usize, spec: &CostSpec, x: f64, name: &str) -> Result<Schedule, Error> {
+pub fn v_auto(
+    p: usize,
+    m: usize,
+    spec: &CostSpec,
+    x: f64,
+    name: &str,
+    objective: crate::cost::Objective,
+) -> Result<Schedule, Error> {
     let placement = v_placement(p);
-    let costs = CostModel::for_layout(spec, 2 * p, p)?;
+    let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
+    costs.objective = objective;
     let actions = 6 * p * m;
     // Large pipelines get one policy and no local search, to plan within a second.
     let (n_policies, improve_budget) = if actions <= 6000 {

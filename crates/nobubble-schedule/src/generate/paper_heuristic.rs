@@ -84,16 +84,18 @@ pub(crate) fn zb_paper(
         w_in_any_wait: false,
         budget: false,
     };
+    let mut bound = false;
     let counts = started.start(plain).map(|()| {
         let a = started.warmup(false);
         let b = started.warmup(true);
         (a, b)
     });
-    let official_counts = [
-        started.official_warmup(false),
-        started.official_warmup(true),
-    ];
-    let mut bound = started.memory_bound;
+    bound |= started.memory_bound;
+    let official_counts = [false, true].map(|o| {
+        let (count, capped) = started.official_warmup(o)?;
+        bound |= capped;
+        Some(count)
+    });
     if let Some((without, with)) = counts {
         // The 2³ settings of the description, then the four of the official code's budget
         // mode (which replaces "no W in a wait" by "a W in a wait over budget"), then the
@@ -115,9 +117,15 @@ pub(crate) fn zb_paper(
             } else {
                 &without
             };
-            // The overshoot knob changes nothing when no stage gets the extra forward.
             let Some(count) = count else { continue };
-            if !official && knobs.overshoot_warmup && with == without {
+            // The overshoot knob changes nothing when it gives the same warm-up.
+            if knobs.overshoot_warmup
+                && if official {
+                    official_counts[0] == official_counts[1]
+                } else {
+                    with == without
+                }
+            {
                 continue;
             }
             let mut b = started.clone();
@@ -467,10 +475,12 @@ impl<'a> Builder<'a> {
     /// The official code's warm-up counts: from stage p−2 down, forwards back to back after
     /// the first until one would end after (or, with `overshoot`, at or after) microbatch
     /// 0's input gradient arrives, estimated from the raw counts; then later stages are
-    /// lowered until the counts strictly decrease. `None` if memory cannot hold them.
-    fn official_warmup(&self, overshoot: bool) -> Option<Vec<usize>> {
+    /// lowered until the counts strictly decrease. The flag says whether memory capped a
+    /// count.
+    fn official_warmup(&self, overshoot: bool) -> Option<(Vec<usize>, bool)> {
         let (p, m, t) = (self.p, self.m, self.t);
         let mut count = vec![0usize; p];
+        let mut capped = false;
         let mut last = self.end_f[(p - 1) * m] + t.i;
         for s in (0..p.saturating_sub(1)).rev() {
             let mem_b = self.costs.stages[s].mem_b;
@@ -484,13 +494,17 @@ impl<'a> Builder<'a> {
             let arrive = last + t.comm;
             let mut end = self.end_f[s * m];
             let mut k = 0;
-            while k < room && k + 1 < m {
+            while k + 1 < m {
                 let more = if overshoot {
                     end < arrive
                 } else {
                     end + t.f <= arrive
                 };
                 if !more {
+                    break;
+                }
+                if k >= room {
+                    capped = true;
                     break;
                 }
                 end += t.f;
@@ -504,7 +518,7 @@ impl<'a> Builder<'a> {
                 count[s] -= 1;
             }
         }
-        Some(count)
+        Some((count, capped))
     }
 
     /// The official code's rounds after the warm-up: per round, each stage runs one

@@ -286,7 +286,13 @@ impl Slots {
             o[c] = None;
             o[s] = Some((x, k));
             if !explicit_w {
-                before[d] = Unit::prefixes(o, false);
+                // Only the states from the new slot on change.
+                let mut u = before[d][s];
+                for t in s..o.len() {
+                    before[d][t] = u;
+                    u = u.step(o[t], false);
+                }
+                before[d][o.len()] = u;
             }
             self.slot[d][x as usize][k] = Some(s as i64);
             let shift = match x {

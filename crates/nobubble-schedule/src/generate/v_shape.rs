@@ -243,7 +243,12 @@ pub fn v_auto(
         let mut changed = false;
         let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
         let mut found = runs.run(name, &placement, p, m, &costs, level);
-        found.extend(greedy.at(p, m, &costs, level));
+        // The greedy sizes its warm-up for about p·M_B; on large pipelines it is worth
+        // its time only from half of that (a fixed set of levels, so the ladder stays
+        // monotone).
+        if actions <= 6000 || 2.0 * level >= p as f64 {
+            found.extend(greedy.at(p, m, &costs, level));
+        }
         found.extend(blocks.at(level, name));
         if let Some((s, sc)) = pick_best(found, &costs, level)? {
             if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {

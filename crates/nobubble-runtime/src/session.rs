@@ -90,11 +90,13 @@ fn plan_with(
     opts: &SessionOptions,
     spec: &CostSpec,
     x: Option<f64>,
+    budget: Vec<f64>,
     keep: Option<&Schedule>,
     source: &'static str,
 ) -> Result<Plan, RuntimeError> {
     let req = Request {
         mem_limit: x,
+        mem_budget: budget,
         chunks: opts.chunks,
         objective: opts.objective,
         placement: keep.and_then(Placement::of),
@@ -133,7 +135,14 @@ impl Session {
             .clone()
             .unwrap_or_else(|| CostSpec::uniform(RankCost::default(), 0.0));
         let emulated_x = opts.emulated.as_ref().and(opts.mem_limit);
-        let plan = plan_with(&opts, &provisional, emulated_x, None, "given costs")?;
+        let plan = plan_with(
+            &opts,
+            &provisional,
+            emulated_x,
+            Vec::new(),
+            None,
+            "given costs",
+        )?;
         if let Some(x) = emulated_x {
             // Emulated memory is the cost model's: refuse a schedule over the limit, as
             // real runs do, before any pass runs.
@@ -212,7 +221,10 @@ impl Session {
                 )));
             }
         }
-        let mut plan = plan_with(&self.options, &spec, x, Some(current), source)?;
+        // Real runs plan each rank within the byte limit itself, not within the tightest
+        // rank's multiple of M_B (a heavier last stage would shrink every rank's).
+        let budget = self.options.mem_limit.into_iter().collect();
+        let mut plan = plan_with(&self.options, &spec, x, budget, Some(current), source)?;
         // The planner's model has a microbatch hold no more after I than after F; a stage
         // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
         // planned on the clamped figure, but the prediction — and the --mem-limit check

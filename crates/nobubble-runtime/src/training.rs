@@ -347,7 +347,11 @@ pub fn run(
                     format!(
                         "re-planned {} ({} placement, for the {}) on measured pass times (F/I/W ms per stage: {}; message latency {:.3} ms): simulated step {:.1} ms, bubble {:.1}%{}",
                         job.session.kind.name(),
-                        nobubble_schedule::Placement::of(&plan.schedule).map_or("custom", |p| p.name()),
+                        match nobubble_schedule::Placement::of(&plan.schedule) {
+                            Some(nobubble_schedule::Placement::V) => "V",
+                            Some(nobubble_schedule::Placement::Linear) => "linear",
+                            None => "custom",
+                        },
                         plan.costs.objective.name(),
                         times.join(", "),
                         plan.costs.comm,
@@ -771,6 +775,7 @@ pub fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
         stages,
         comm: plan.comm,
         objective: plan.objective,
+        rank_share: plan.rank_share.clone(),
     }
 }
 

@@ -55,6 +55,7 @@ fn measured_peak_memory_equals_the_planners_prediction() {
         let costs = CostModel {
             comm: 0.0,
             objective: Default::default(),
+            rank_share: Vec::new(),
             stages: bytes
                 .iter()
                 .map(|&(f, i)| RankCost {

@@ -74,7 +74,7 @@ pub fn span_lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Opt
             let room = match x {
                 // The same tolerance as `check_memory`: a peak may exceed the limit by 1e-9.
                 Some(x) if st[s].mem_b > 0.0 => {
-                    ((x * (1.0 + 1e-9)).floor().max(1.0) as usize).min(m)
+                    ((x * costs.share(r) * (1.0 + 1e-9)).floor().max(1.0) as usize).min(m)
                 }
                 _ => m,
             };
@@ -138,6 +138,7 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
     if let Some(x) = x {
         let r0 = placement[0];
         let limit: f64 = x
+            * costs.share(r0)
             * (0..n)
                 .filter(|&s| placement[s] == r0)
                 .map(|s| st[s].mem_b)

@@ -191,6 +191,11 @@ pub struct CostModel {
     /// What planners using these costs minimize (the simulator ignores it).
     #[serde(default)]
     pub objective: Objective,
+    /// Each rank's share of a memory limit of `x` × M_B (1 where missing): rank r may hold
+    /// `x × rank_share[r]` × its M_B. How per-rank byte budgets reach planners that climb a
+    /// single ladder of multiples (see [`crate::generate::Request::mem_budget`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_share: Vec<f64>,
 }
 
 impl CostModel {
@@ -223,6 +228,7 @@ impl CostModel {
             stages,
             comm: spec.comm,
             objective: Objective::default(),
+            rank_share: Vec::new(),
         })
     }
 
@@ -256,6 +262,16 @@ impl CostModel {
             .iter()
             .map(|&s| self.stages[s].mem_b)
             .sum()
+    }
+
+    /// `rank`'s share of a memory limit (see [`CostModel::rank_share`]).
+    pub fn share(&self, rank: usize) -> f64 {
+        self.rank_share.get(rank).copied().unwrap_or(1.0)
+    }
+
+    /// What `rank` may hold under a limit of `x` × M_B: `x` × its M_B × its share.
+    pub fn rank_limit(&self, schedule: &Schedule, rank: usize, x: f64) -> f64 {
+        x * self.rank_mem_b(schedule, rank) * self.share(rank)
     }
 
     /// Sum of all pass times a rank must execute per microbatch; the busy time of any

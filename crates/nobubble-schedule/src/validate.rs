@@ -225,7 +225,7 @@ pub fn peak_memory(schedule: &Schedule, costs: &CostModel) -> Vec<f64> {
 pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<(), Error> {
     const EPS: f64 = 1e-9;
     for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
-        let limit = x * costs.rank_mem_b(schedule, rank);
+        let limit = costs.rank_limit(schedule, rank, x);
         for (k, &used) in trace.iter().enumerate() {
             // Relative tolerance only: memory may be in any unit, however small.
             if used > limit * (1.0 + EPS) {
@@ -234,7 +234,36 @@ pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<()
                     action: schedule.orders[rank][k],
                     used,
                     limit,
-                    units: x,
+                    units: x * costs.share(rank),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// As [`check_memory`], against absolute per-rank budgets in the cost model's memory unit
+/// (one entry: every rank).
+pub fn check_memory_budget(
+    schedule: &Schedule,
+    costs: &CostModel,
+    budget: &[f64],
+) -> Result<(), Error> {
+    const EPS: f64 = 1e-9;
+    for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
+        let limit = budget
+            .get(rank)
+            .or(budget.first())
+            .copied()
+            .unwrap_or(f64::INFINITY);
+        for (k, &used) in trace.iter().enumerate() {
+            if used > limit * (1.0 + EPS) {
+                return Err(Error::MemoryLimit {
+                    rank,
+                    action: schedule.orders[rank][k],
+                    used,
+                    limit,
+                    units: limit / costs.rank_mem_b(schedule, rank).max(f64::MIN_POSITIVE),
                 });
             }
         }

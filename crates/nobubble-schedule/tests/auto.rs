@@ -466,3 +466,65 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// Byte budgets per rank: zb-auto plans every rank within its own budget, and never
+    /// worse than under the tightest rank's multiple shared by all, nor than ZB-H1 when it
+    /// fits the budgets.
+    #[test]
+    fn per_rank_budgets_are_planned_per_rank(
+        (p, m, spec) in (2usize..=6, 2usize..=16).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        room in proptest::collection::vec(1.0f64..8.0, 6),
+    ) {
+        use nobubble_schedule::validate::check_memory_budget;
+        use nobubble_schedule::Placement;
+        let linear = CostModel::for_layout(&spec, p, p).unwrap();
+        // Budgets of 1 to 8 microbatches' activations, rank by rank.
+        let budget: Vec<f64> = (0..p).map(|r| room[r] * linear.stages[r].mem_b).collect();
+        let tight = (0..p).map(|r| budget[r] / linear.stages[r].mem_b).fold(f64::INFINITY, f64::min);
+        let run = |mem_limit, mem_budget: Vec<f64>| {
+            let req = Request { mem_limit, mem_budget, placement: Some(Placement::Linear), ..Request::new(ScheduleKind::ZbAuto, p, m) };
+            generate(&req, &spec).unwrap()
+        };
+        let own = run(None, budget.clone());
+        let c = CostModel::for_schedule(&spec, &own).unwrap();
+        check_memory_budget(&own, &c, &budget).unwrap();
+        let shared = run(Some(tight), Vec::new());
+        let (a, b) = (score(&own, &spec), score(&shared, &spec));
+        prop_assert!(a.0 <= b.0 * (1.0 + 1e-9), "budgets {a:?} vs shared multiple {b:?}");
+        let h1 = nobubble_schedule::generate::zb_h1(p, m).unwrap();
+        if check_memory_budget(&h1, &c, &budget).is_ok() {
+            prop_assert!(a.0 <= score(&h1, &spec).0 * (1.0 + 1e-9));
+        }
+        // zb-auto's own placement choice also stays within the budgets.
+        let req = Request { mem_budget: budget.clone(), ..Request::new(ScheduleKind::ZbAuto, p, m) };
+        if let Ok(s) = generate(&req, &spec) {
+            let c = CostModel::for_schedule(&spec, &s).unwrap();
+            check_memory_budget(&s, &c, &budget).unwrap();
+        }
+    }
+}
+
+#[test]
+fn budgets_below_one_microbatch_or_of_the_wrong_count_are_refused() {
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
+    let req = |b: Vec<f64>| Request {
+        mem_budget: b,
+        ..Request::new(ScheduleKind::ZbAuto, 4, 8)
+    };
+    let e = generate(&req(vec![4.0, 4.0, 0.5, 4.0]), &spec)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 2") && e.contains("below one microbatch"),
+        "{e}"
+    );
+    let e = generate(&req(vec![4.0, 4.0]), &spec)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2 budgets for 4 ranks"), "{e}");
+    let e = generate(&req(vec![-1.0]), &spec).unwrap_err().to_string();
+    assert!(e.contains("not a positive size"), "{e}");
+}

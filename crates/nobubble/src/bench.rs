@@ -303,7 +303,8 @@ fn plan(a: &PlanBenchArgs) -> Result<(), String> {
         let kind = ScheduleKind::from_name(name).map_err(|e| e.to_string())?;
         for &(p, m) in &sizes {
             let req = Request {
-                mem_limit: a.costs.mem_limit,
+                mem_limit: a.costs.mem_limit(),
+                mem_budget: a.costs.mem_budget(),
                 ..Request::new(kind, p, m)
             };
             let mut times = Vec::new();

@@ -104,6 +104,7 @@ fn profiled(records: &[StepRecord], stages: usize) -> CostModel {
     CostModel {
         comm: 0.0,
         objective: Default::default(),
+        rank_share: Vec::new(),
         stages: median_pass_ms(records, stages)
             .into_iter()
             .map(|[f, i, w, _]| RankCost {

@@ -4,7 +4,7 @@ use crate::costs::CostArgs;
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{check_memory, simulate, CostModel};
+use nobubble_schedule::{simulate, CostModel};
 use std::path::PathBuf;
 
 /// Arguments of `check`.
@@ -38,9 +38,7 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
     let spec = args.costs.spec()?;
     let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     let sim = simulate(&schedule, &costs).map_err(invalid)?;
-    if let Some(limit) = args.costs.mem_limit {
-        check_memory(&schedule, &costs, limit).map_err(invalid)?;
-    }
+    args.costs.check_limit(&schedule, &costs).map_err(invalid)?;
     let format = if args.json {
         Format::Json
     } else {
@@ -58,7 +56,7 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         &schedule,
         &costs,
         &sim,
-        args.costs.mem_limit,
+        args.costs.mem_limit(),
         None,
         args.width,
         use_colour(false),

@@ -3,7 +3,7 @@
 use crate::costs::{plan, CostArgs, Planned};
 use clap::Args;
 use nobubble_schedule::error::fmt_num;
-use nobubble_schedule::{check_memory, ScheduleKind};
+use nobubble_schedule::ScheduleKind;
 use serde_json::{json, Value};
 
 /// Arguments of `compare`.
@@ -45,6 +45,7 @@ fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
         schedule,
         costs,
         sim,
+        ..
     } = plan(
         kind,
         args.stages,
@@ -53,11 +54,11 @@ fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
         &args.costs,
     )?;
     let m = sim.metrics;
-    let over_limit = args.costs.mem_limit.and_then(|l| {
-        check_memory(&schedule, &costs, l)
-            .err()
-            .map(|e| e.to_string())
-    });
+    let over_limit = args
+        .costs
+        .check_limit(&schedule, &costs)
+        .err()
+        .map(|e| e.to_string());
     Ok(Figures {
         bubble_rate: m.bubble_rate,
         bubble_fraction: m.bubble_fraction,
@@ -128,8 +129,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         args.stages,
         args.microbatches,
         args.costs
-            .mem_limit
-            .map(|l| format!(", memory limit {} per rank", fmt_num(l)))
+            .mem_limit_text
+            .as_ref()
+            .map(|l| format!(", memory limit {l} per rank"))
             .unwrap_or_default()
     );
     println!(

@@ -37,9 +37,16 @@ pub struct CostArgs {
         allow_hyphen_values = true
     )]
     pub mem: String,
-    /// Activation memory limit per rank, in units of MB; schedules over it are rejected.
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
-    pub mem_limit: Option<f64>,
+    /// Activation memory limit per rank: a number is a multiple of each rank's MB; a size
+    /// (`20MiB`, `1609728B`) or a comma-separated list of sizes, one per rank, is a budget
+    /// in --mem's unit that zb-auto, zb-paper and v-auto plan each rank within. Schedules
+    /// over it are rejected.
+    #[arg(
+        long = "mem-limit",
+        value_name = "X|SIZE[,SIZE…]",
+        allow_hyphen_values = true
+    )]
+    pub mem_limit_text: Option<String>,
     /// What the automatic schedules minimize: `span`, the longest rank span (iterations
     /// tile: post-validated optimizer steps; the paper's objective), or `makespan` (a
     /// synchronous optimizer step waits for every rank).
@@ -107,14 +114,91 @@ fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, 
         .collect()
 }
 
+/// `--mem-limit` read: a multiple of M_B, or absolute budgets (one for all ranks or one per
+/// rank) in --mem's unit.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemLimit {
+    /// No limit.
+    None,
+    /// `X` × each rank's M_B.
+    Multiple(f64),
+    /// Amounts of memory per rank.
+    Budget(Vec<f64>),
+}
+
+impl MemLimit {
+    /// Parses the flag's text (see [`CostArgs::mem_limit_text`]).
+    pub fn parse(text: &str) -> Result<MemLimit, String> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        if parts.len() == 1 && crate::train::split_size(parts[0]).1.is_none() {
+            let x: f64 = parts[0].parse().map_err(|_| {
+                format!("--mem-limit: `{text}` is neither a multiple of MB (e.g. 8) nor a size (e.g. 20MiB)")
+            })?;
+            if !(x.is_finite() && x > 0.0) {
+                return Err(format!("--mem-limit must be a positive number, got {text}"));
+            }
+            return Ok(MemLimit::Multiple(x));
+        }
+        parts
+            .iter()
+            .map(|p| {
+                let (num, unit) = crate::train::split_size(p);
+                let v: f64 = num.parse().map_err(|_| {
+                    format!("--mem-limit: `{p}` is not a size; write e.g. 20MiB, 1609728B, or a list 20MiB,24MiB with one per rank")
+                })?;
+                let v = v * unit.unwrap_or(1.0);
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(format!("--mem-limit: `{p}` must be a positive size"));
+                }
+                Ok(v)
+            })
+            .collect::<Result<Vec<f64>, String>>()
+            .map(MemLimit::Budget)
+    }
+}
+
 impl CostArgs {
+    /// `--mem-limit`, read.
+    pub fn limit(&self) -> Result<MemLimit, String> {
+        self.mem_limit_text
+            .as_deref()
+            .map_or(Ok(MemLimit::None), MemLimit::parse)
+    }
+
+    /// `--mem-limit` as a multiple of M_B, when it is one.
+    pub fn mem_limit(&self) -> Option<f64> {
+        match self.limit() {
+            Ok(MemLimit::Multiple(x)) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// `--mem-limit` as budgets per rank, when it is that (else empty).
+    pub fn mem_budget(&self) -> Vec<f64> {
+        match self.limit() {
+            Ok(MemLimit::Budget(b)) => b,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Checks a schedule against `--mem-limit`, whichever form it has.
+    pub fn check_limit(
+        &self,
+        schedule: &Schedule,
+        costs: &CostModel,
+    ) -> Result<(), nobubble_schedule::Error> {
+        match self.limit() {
+            Ok(MemLimit::Multiple(x)) => nobubble_schedule::check_memory(schedule, costs, x),
+            Ok(MemLimit::Budget(b)) => {
+                nobubble_schedule::validate::check_memory_budget(schedule, costs, &b)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The cost description, from the file when given, else from the flags.
     pub fn spec(&self) -> Result<CostSpec, String> {
-        if let Some(l) = self.mem_limit {
-            if !(l.is_finite() && l > 0.0) {
-                return Err(format!("--mem-limit must be a positive number, got {l}"));
-            }
-        }
+        self.limit()?;
         if let Some(path) = &self.costs {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read --costs {}: {e}", path.display()))?;
@@ -145,6 +229,8 @@ pub struct Planned {
     pub costs: CostModel,
     /// Its simulated timeline and metrics.
     pub sim: Simulation,
+    /// With `--mem-limit` budgets: the multiple of M_B the ranks' shares on `costs` are of.
+    pub budget_multiple: Option<f64>,
 }
 
 /// Generates `kind` for the pipeline and the cost flags, and simulates it: what `plan` and
@@ -162,7 +248,8 @@ pub fn plan(
         ranks,
         microbatches,
         chunks,
-        mem_limit: cost_args.mem_limit,
+        mem_limit: cost_args.mem_limit(),
+        mem_budget: cost_args.mem_budget(),
         objective: cost_args.objective.into(),
         placement: cost_args.placement.placement(),
     };
@@ -174,10 +261,24 @@ pub fn plan(
         .map_err(|e| e.to_string())?;
     let mut costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     costs.objective = req.objective;
+    // Report and bound against each rank's own budget.
+    let budget_multiple = (!req.mem_budget.is_empty())
+        .then(|| {
+            nobubble_schedule::generate::auto::apply_budget(
+                &mut costs,
+                &schedule.placement,
+                microbatches,
+                &req.mem_budget,
+                1.0,
+            )
+        })
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
     Ok(Planned {
         schedule,
         costs,
         sim,
+        budget_multiple,
     })
 }

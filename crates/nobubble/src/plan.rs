@@ -3,7 +3,7 @@
 use crate::costs::{plan, CostArgs, Planned};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
-use nobubble_schedule::{check_memory, ScheduleKind};
+use nobubble_schedule::ScheduleKind;
 use std::path::PathBuf;
 
 /// Arguments of `plan`.
@@ -69,6 +69,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         schedule,
         costs,
         sim,
+        budget_multiple,
     } = plan(
         kind,
         args.stages,
@@ -76,13 +77,17 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         args.chunks,
         &args.costs,
     )?;
-    if let Some(limit) = args.costs.mem_limit {
-        check_memory(&schedule, &costs, limit).map_err(|e| e.to_string())?;
-    }
-    // The limit the schedule was planned under (automatic kinds) or checked against.
-    let limit = kind
-        .planning_limit(args.stages, args.costs.mem_limit)
-        .or(args.costs.mem_limit);
+    args.costs
+        .check_limit(&schedule, &costs)
+        .map_err(|e| e.to_string())?;
+    // The limit the schedule was planned under (automatic kinds) or checked against; with
+    // budgets, the multiple each rank's share is of (set on `costs` by `plan`).
+    let limit = if budget_multiple.is_some() {
+        budget_multiple
+    } else {
+        kind.planning_limit(args.stages, args.costs.mem_limit())
+            .or(args.costs.mem_limit())
+    };
     let colour = use_colour(args.output.is_some());
     let out = render(
         args.format,

@@ -46,7 +46,10 @@ pub fn json_report(
         "bubble_rate": m.bubble_rate,
         "bubble_fraction": m.bubble_fraction,
         "peak_memory": m.peak_memory,
-        "mem_limit": mem_limit,
+        "mem_limit": if costs.rank_share.is_empty() { mem_limit } else { None },
+        "mem_budget": mem_limit.filter(|_| !costs.rank_share.is_empty()).map(|x| {
+            (0..schedule.ranks).map(|r| costs.rank_limit(schedule, r, x)).collect::<Vec<_>>()
+        }),
         "busy": m.busy,
         "idle": m.idle,
         "span": m.span,
@@ -99,7 +102,11 @@ pub fn text_summary(
         100.0 * m.bubble_rate,
         100.0 * m.bubble_fraction,
         fmt_num(peak),
-        mem_limit.map(|l| format!(" (limit {})", fmt_num(l))).unwrap_or_default(),
+        match mem_limit {
+            Some(_) if !costs.rank_share.is_empty() => " (within each rank's budget)".to_string(),
+            Some(l) => format!(" (limit {})", fmt_num(l)),
+            None => String::new(),
+        },
         m.messages
     ));
     let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);

@@ -495,3 +495,54 @@ fn plan_says_which_objective_and_placement_zb_auto_used() {
     ]);
     assert!(e.contains("makespan") && e.contains("span"), "{e}");
 }
+
+#[test]
+fn mem_limit_takes_a_multiple_a_size_or_one_size_per_rank() {
+    let base = [
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem",
+        "1000,400",
+        "-f",
+        "json",
+        "--mem-limit",
+    ];
+    let run = |limit: &str| -> Value {
+        let mut args = base.to_vec();
+        args.push(limit);
+        serde_json::from_str(&ok(&args)).unwrap()
+    };
+    let peaks = |v: &Value| -> Vec<f64> {
+        v["peak_memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    // 4 × M_B and 4000 B are the same limit when M_B is 1000 B.
+    let (multiple, size) = (run("4"), run("4000B"));
+    assert_eq!(multiple["makespan"], size["makespan"]);
+    assert!(peaks(&size).iter().all(|&p| p <= 4000.0));
+    // One budget per rank: rank 3 may hold only two microbatches, the others eight.
+    let per_rank = run("8KB,8KB,8KB,2KB");
+    let p = peaks(&per_rank);
+    assert!(p[3] <= 2000.0 && p.iter().all(|&x| x <= 8000.0), "{p:?}");
+    assert_eq!(per_rank["mem_budget"].as_array().unwrap().len(), 4);
+    for (bad, says) in [
+        ("8KB,8KB", "2 budgets for 4 ranks"),
+        ("0.5KB", "below one microbatch"),
+        ("lots", "neither a multiple"),
+        ("8KB,x", "not a size"),
+    ] {
+        let mut args = base.to_vec();
+        args.push(bad);
+        let e = fails(&args);
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

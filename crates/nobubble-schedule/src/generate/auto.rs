@@ -68,6 +68,54 @@ fn by_score(a: Score, b: Score) -> std::cmp::Ordering {
     }
 }
 
+/// Turns absolute per-rank memory budgets (one entry: every rank) into the ladder's top
+/// multiple of M_B and each rank's share of it, set on `costs`; returns the multiple. With no
+/// budget, `x` as given.
+pub fn apply_budget(
+    costs: &mut CostModel,
+    placement: &[usize],
+    m: usize,
+    budget: &[f64],
+    x: f64,
+) -> Result<f64, Error> {
+    if budget.is_empty() {
+        return Ok(x);
+    }
+    let ranks = placement.iter().copied().max().map_or(0, |r| r + 1);
+    if budget.len() != 1 && budget.len() != ranks {
+        return Err(Error::Input(format!(
+            "--mem-limit lists {} budgets for {ranks} ranks: give one for all ranks or one per rank",
+            budget.len()
+        )));
+    }
+    let mut multiples = Vec::with_capacity(ranks);
+    for r in 0..ranks {
+        let mem_b: f64 = (0..placement.len())
+            .filter(|&s| placement[s] == r)
+            .map(|s| costs.stages[s].mem_b)
+            .sum();
+        let bytes = budget[r.min(budget.len() - 1)];
+        // A rank never holds more than all m microbatches.
+        let k = if mem_b > 0.0 {
+            (bytes / mem_b).min(m as f64)
+        } else {
+            m as f64
+        };
+        if k < 1.0 - 1e-9 {
+            return Err(Error::Input(format!(
+                "rank {r}'s memory budget {} is below one microbatch's activations there ({}); \
+                 every rank must hold at least one: raise its --mem-limit",
+                crate::error::fmt_num(bytes),
+                crate::error::fmt_num(mem_b)
+            )));
+        }
+        multiples.push(k);
+    }
+    let top = multiples.iter().copied().fold(0.0, f64::max);
+    costs.rank_share = multiples.iter().map(|k| k / top).collect();
+    Ok(top)
+}
+
 /// Whether a schedule needing `need` × M_B fits limit `level` (`check_memory`'s tolerance).
 pub(crate) fn fits(need: f64, level: f64) -> bool {
     need <= level * (1.0 + 1e-9)
@@ -260,7 +308,7 @@ impl LadderRuns {
 pub(crate) fn needed_limit(s: &Schedule, costs: &CostModel) -> f64 {
     let peaks = crate::validate::peak_memory(s, costs);
     (0..s.ranks)
-        .map(|r| peaks[r] / costs.rank_mem_b(s, r).max(f64::MIN_POSITIVE))
+        .map(|r| peaks[r] / (costs.rank_mem_b(s, r) * costs.share(r)).max(f64::MIN_POSITIVE))
         .fold(0.0, f64::max)
 }
 
@@ -298,10 +346,42 @@ pub fn zb_auto(
     x: f64,
     name: &str,
     objective: Objective,
+    budget: &[f64],
 ) -> Result<Schedule, Error> {
     let placement: Vec<usize> = (0..p).collect();
     let mut costs = CostModel::for_layout(spec, p, p)?;
     costs.objective = objective;
+    let x = apply_budget(&mut costs, &placement, m, budget, x)?;
+    if !budget.is_empty() {
+        // Also the plan under the tightest rank's multiple for every rank (which fits every
+        // budget), so per-rank budgets never plan worse than one shared multiple.
+        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
+        let shared = zb_auto(p, m, spec, tight, name, objective, &[])?;
+        let own = zb_auto_within(p, m, &costs, x, name)?;
+        return Ok(keep_better(own, shared, &costs));
+    }
+    zb_auto_within(p, m, &costs, x, name)
+}
+
+/// The better of two schedules for the same layout under `costs` (`a` on a tie).
+pub(crate) fn keep_better(a: Schedule, b: Schedule, costs: &CostModel) -> Schedule {
+    match (score(&a, costs), score(&b, costs)) {
+        (Ok(sa), Ok(sb)) if better(sb, sa) => b,
+        (Err(_), Ok(_)) => b,
+        _ => a,
+    }
+}
+
+/// [`zb_auto`] with the costs resolved (objective and rank shares set).
+fn zb_auto_within(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<Schedule, Error> {
+    let costs = costs.clone();
+    let placement: Vec<usize> = (0..p).collect();
     let actions = 3 * p * m;
     let search = TemplateSearch {
         p,

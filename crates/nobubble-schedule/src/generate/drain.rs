@@ -38,7 +38,7 @@ pub(crate) fn variants(s: &Schedule, costs: &CostModel, x: f64) -> Vec<Schedule>
     // Deferring holds memory: keep it only on the ranks where it fits.
     let peaks = peak_memory(&deferred, costs);
     for (r, &peak) in peaks.iter().enumerate() {
-        if peak > x * costs.rank_mem_b(s, r) * (1.0 + 1e-9) {
+        if peak > costs.rank_limit(s, r, x) * (1.0 + 1e-9) {
             deferred.orders[r] = plain.orders[r].clone();
         }
     }

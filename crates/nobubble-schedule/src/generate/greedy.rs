@@ -95,7 +95,7 @@ pub fn list_schedule_bound(
                 clock: 0.0,
                 mem: 0.0,
                 reserve: admit - stages.first().map_or(0.0, |&s| costs.stages[s].mem_b),
-                limit: x * admit,
+                limit: x * admit * costs.share(r),
                 first_stage: stages.first().copied().unwrap_or(0),
                 stages,
                 admit,

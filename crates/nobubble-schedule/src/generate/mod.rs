@@ -226,7 +226,7 @@ impl ScheduleKind {
 
 /// What to generate: the CLI's `--schedule`, `--stages`, `--microbatches`, `--chunks`,
 /// `--mem-limit`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Request {
     /// Schedule family.
     pub kind: ScheduleKind,
@@ -238,6 +238,11 @@ pub struct Request {
     pub chunks: usize,
     /// Memory limit in multiples of a rank's M_B, for the automatic schedules.
     pub mem_limit: Option<f64>,
+    /// Absolute memory budgets per rank, in the costs' memory unit (one entry: every rank),
+    /// for the kinds that plan under `--mem-limit` (`zb-auto`, `zb-paper`, `v-auto`); they
+    /// replace `mem_limit` there. Each rank is planned within its own budget, not within
+    /// the tightest rank's multiple of M_B.
+    pub mem_budget: Vec<f64>,
     /// What the automatic schedules minimize.
     pub objective: Objective,
     /// `zb-auto`'s placement; `None`: it plans both and keeps the better.
@@ -288,6 +293,7 @@ impl Request {
             microbatches,
             chunks: 2,
             mem_limit: None,
+            mem_budget: Vec::new(),
             objective: Objective::Span,
             placement: None,
         }
@@ -325,7 +331,26 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
              planner handles ({MAX_ACTIONS}); use fewer stages, chunks or microbatches"
         )));
     }
-    let limit = req.kind.planning_limit(p, req.mem_limit);
+    let budgeted = !req.mem_budget.is_empty()
+        && matches!(
+            req.kind,
+            ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
+        );
+    if let Some(b) = req
+        .mem_budget
+        .iter()
+        .find(|b| !(b.is_finite() && **b > 0.0))
+    {
+        return Err(Error::Input(format!(
+            "memory budget {b} is not a positive size; give bytes such as 20MiB"
+        )));
+    }
+    // With budgets the multiple is derived per layout (the placement's M_B per rank).
+    let limit = if budgeted {
+        Some(m as f64)
+    } else {
+        req.kind.planning_limit(p, req.mem_limit)
+    };
     if let Some(x) = limit {
         if !(x.is_finite() && x >= 1.0 - 1e-9) {
             return Err(Error::Input(format!(
@@ -350,12 +375,16 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 Some(p) => p == Placement::V,
                 None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
             };
+            let budget = &req.mem_budget;
             let linear = (req.placement != Some(Placement::V))
-                .then(|| zb_auto(p, m, costs, x, name, objective))
+                .then(|| zb_auto(p, m, costs, x, name, objective, budget))
                 .transpose()?;
-            let v = try_v
-                .then(|| v_auto(p, m, costs, x, name, objective))
-                .transpose()?;
+            // With budgets, a V plan that cannot fit does not sink a linear one that can.
+            let v = match try_v.then(|| v_auto(p, m, costs, x, name, objective, budget)) {
+                Some(Ok(s)) => Some(s),
+                Some(Err(e)) if linear.is_none() => return Err(e),
+                _ => None,
+            };
             pick_placement(linear, v, costs, objective)
         }
         ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
@@ -365,17 +394,14 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             limit.expect("auto kinds plan under a limit"),
             name,
             req.objective,
+            &[],
         ),
         ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|mut c| {
             c.objective = req.objective;
-            paper_heuristic::zb_paper(
-                p,
-                m,
-                &c,
-                limit.expect("auto kinds plan under a limit"),
-                name,
-            )
-            .map(|(s, _)| s)
+            let x = limit.expect("auto kinds plan under a limit");
+            let budget = if budgeted { &req.mem_budget[..] } else { &[] };
+            let x = auto::apply_budget(&mut c, &classic::linear_placement(p), m, budget, x)?;
+            paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
         }),
         ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
         ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
@@ -386,6 +412,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 limit.expect("V kinds plan under a limit"),
                 name,
                 req.objective,
+                if budgeted { &req.mem_budget } else { &[] },
             )
         }
         ScheduleKind::DualPipeV => dualpipe_v(p, m),

@@ -194,7 +194,9 @@ impl<'a> Builder<'a> {
             m,
             t,
             costs,
-            limit: costs.stages.iter().map(|c| x * c.mem_b).collect(),
+            limit: (0..p)
+                .map(|s| x * costs.stages[s].mem_b * costs.share(s))
+                .collect(),
             clock: vec![0.0; p],
             first: vec![f64::NAN; p],
             mem: vec![0.0; p],

@@ -217,9 +217,9 @@ impl Slots {
     }
 
     /// Moves warm-up (unless `cooldown_only`) and cool-down passes to the earliest free
-    /// slot after their inputs that keeps every rank's unit memory within `cap`, visiting
+    /// slot after their inputs that keeps each rank's unit memory within its `cap`, visiting
     /// passes in slot order; the steady state keeps its slots.
-    fn squeeze(&mut self, cap: i64, explicit_w: bool, cooldown_only: bool) {
+    fn squeeze(&mut self, cap: &[i64], explicit_w: bool, cooldown_only: bool) {
         let mut nodes: Vec<(i64, usize, Pass, usize)> = (0..self.p)
             .flat_map(|d| {
                 self.rank_order(d)
@@ -270,14 +270,14 @@ impl Slots {
             let fits = |o: &[Option<(Pass, usize)>], s: usize| {
                 if explicit_w {
                     !matches!(x, Pass::F0 | Pass::F1)
-                        || level[d][s..c].iter().copied().max().unwrap_or(0) < cap
+                        || level[d][s..c].iter().copied().max().unwrap_or(0) < cap[d]
                 } else {
                     let moved = (s..o.len()).map(|t| match t {
                         _ if t == s => Some((x, k)),
                         _ if t == c => None,
                         _ => o[t],
                     });
-                    before[d][s].walk(moved, false).peak <= cap
+                    before[d][s].walk(moved, false).peak <= cap[d]
                 }
             };
             let Some(s) = (from as usize..c).find(|&s| o[s].is_none() && fits(o, s)) else {
@@ -365,10 +365,12 @@ pub(crate) struct Ladder {
     blocks: Vec<(Block, i64, Option<Schedule>, bool)>,
     p: usize,
     m: usize,
+    /// Each rank's share of the limit ([`crate::cost::CostModel::rank_share`]).
+    share: Vec<f64>,
 }
 
 impl Ladder {
-    pub(crate) fn new(p: usize, m: usize, name: &str) -> Ladder {
+    pub(crate) fn new(p: usize, m: usize, name: &str, share: Vec<f64>) -> Ladder {
         let blocks = [Block::Half, Block::Min]
             .into_iter()
             .filter_map(|b| {
@@ -376,7 +378,12 @@ impl Ladder {
                 Some((b, own, Some(s), false))
             })
             .collect();
-        Ladder { blocks, p, m }
+        Ladder {
+            blocks,
+            p,
+            m,
+            share,
+        }
     }
 
     /// The blocks squeezed to their own peaks (independent of the limit).
@@ -387,13 +394,16 @@ impl Ladder {
     /// The blocks squeezed to `x` × M_B (2x chunk activations), where that is above their own
     /// peak and still changes the schedule.
     pub(crate) fn at(&mut self, x: f64, name: &str) -> Vec<Schedule> {
-        let cap = (2.0 * x + 1e-9).floor() as i64;
+        // Chunk activations each rank may hold: 2x, times its share of the limit.
+        let cap: Vec<i64> = (0..self.p)
+            .map(|d| (2.0 * x * self.share.get(d).copied().unwrap_or(1.0) + 1e-9).floor() as i64)
+            .collect();
         let mut out = Vec::new();
         for (block, own, last, done) in &mut self.blocks {
-            if *done || cap <= *own {
+            if *done || cap.iter().all(|c| c <= own) {
                 continue;
             }
-            match squeezed(self.p, self.m, *block, Some(cap), name) {
+            match squeezed(self.p, self.m, *block, Some(&cap), name) {
                 Some((s, _)) if last.as_ref() != Some(&s) => {
                     *last = Some(s.clone());
                     out.push(s);
@@ -418,7 +428,7 @@ pub(crate) fn squeezed(
     p: usize,
     m: usize,
     block: Block,
-    cap: Option<i64>,
+    cap: Option<&[i64]>,
     name: &str,
 ) -> Option<(Schedule, i64)> {
     let mut s = Slots {
@@ -457,13 +467,13 @@ pub(crate) fn squeezed(
         .map(|o| Slots::peak(o, true))
         .max()
         .unwrap_or(0);
-    let cap = cap.map_or(own, |c| c.max(own));
-    s.squeeze(cap, true, false);
+    let cap: Vec<i64> = (0..p).map(|d| cap.map_or(own, |c| c[d].max(own))).collect();
+    s.squeeze(&cap, true, false);
     if !s.retime() {
         return None;
     }
     s.drop_w();
-    s.squeeze(cap, false, true);
+    s.squeeze(&cap, false, true);
     s.put_w();
     let orders = (0..p)
         .map(|d| {
@@ -491,5 +501,5 @@ pub(crate) fn squeezed(
     )
     .ok()?;
     crate::sim::span_and_makespan(&s, &unit)?;
-    Some((s, cap))
+    Some((s, own))
 }

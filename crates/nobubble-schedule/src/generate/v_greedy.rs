@@ -324,10 +324,11 @@ pub(crate) fn candidates(p: usize, m: usize, costs: &CostModel, x: f64) -> (Vec<
     let placement = v_placement(p);
     let limit: Vec<f64> = (0..p)
         .map(|d| {
-            x * (0..2 * p)
-                .filter(|&s| placement[s] == d)
-                .map(|s| costs.stages[s].mem_b)
-                .sum::<f64>()
+            x * costs.share(d)
+                * (0..2 * p)
+                    .filter(|&s| placement[s] == d)
+                    .map(|s| costs.stages[s].mem_b)
+                    .sum::<f64>()
         })
         .collect();
     let mut out = Vec::new();

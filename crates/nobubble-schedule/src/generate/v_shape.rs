@@ -201,10 +201,32 @@ pub fn v_auto(
     x: f64,
     name: &str,
     objective: crate::cost::Objective,
+    budget: &[f64],
 ) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
     costs.objective = objective;
+    let x = super::auto::apply_budget(&mut costs, &placement, m, budget, x)?;
+    if !budget.is_empty() {
+        // As in `zb_auto`: never worse than the tightest rank's multiple shared by all.
+        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
+        let shared = v_auto(p, m, spec, tight, name, objective, &[])?;
+        let own = v_auto_within(p, m, &costs, x, name)?;
+        return Ok(super::auto::keep_better(own, shared, &costs));
+    }
+    v_auto_within(p, m, &costs, x, name)
+}
+
+/// [`v_auto`] with the costs resolved (objective and rank shares set).
+fn v_auto_within(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<Schedule, Error> {
+    let costs = costs.clone();
+    let placement = v_placement(p);
     let actions = 6 * p * m;
     // Large pipelines get one policy and no local search, to plan within a second.
     let (n_policies, improve_budget) = if actions <= 6000 {
@@ -219,7 +241,7 @@ pub fn v_auto(
     let pattern_need = needed_limit(&pattern, &costs);
     let pattern_score = score(&pattern, &costs)?;
     let mut greedy = super::v_greedy::Ladder::default();
-    let mut blocks = super::v_blocks::Ladder::new(p, m, name);
+    let mut blocks = super::v_blocks::Ladder::new(p, m, name, costs.rank_share.clone());
     let mut periodic = Vec::new();
     for s in super::periodic::candidates(name, &placement, p, m, &costs) {
         let need = needed_limit(&s, &costs);

@@ -528,3 +528,44 @@ fn budgets_below_one_microbatch_or_of_the_wrong_count_are_refused() {
     let e = generate(&req(vec![-1.0]), &spec).unwrap_err().to_string();
     assert!(e.contains("not a positive size"), "{e}");
 }
+
+/// Above the ladder's size the planner works at the limit only: still within it, and never
+/// worse than the paper's greedy or the handcrafted schedules that fit.
+#[test]
+fn large_pipelines_plan_at_the_limit_and_stay_ahead_of_the_baselines() {
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.2,
+            w: 0.8,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        0.1,
+    );
+    let (p, m) = (24usize, 300usize);
+    assert!(3 * p * m > nobubble_schedule::generate::auto::LADDER_MAX_ACTIONS);
+    for x in [12.0, 24.0, 36.0, 48.0] {
+        let ours = plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x));
+        let c = CostModel::for_schedule(&spec, &ours).unwrap();
+        check_memory(&ours, &c, x).unwrap();
+        let paper = plan(ScheduleKind::ZbPaper, p, m, &spec, Some(x));
+        assert!(
+            score(&ours, &spec).0 <= score(&paper, &spec).0 * (1.0 + 1e-9),
+            "limit {x}"
+        );
+        for h in [
+            nobubble_schedule::generate::zb_h1(p, m).unwrap(),
+            nobubble_schedule::generate::zb_h2(p, m).unwrap(),
+        ] {
+            let hc = CostModel::for_schedule(&spec, &h).unwrap();
+            if check_memory(&h, &hc, x).is_ok() {
+                assert!(
+                    score(&ours, &spec).0 <= score(&h, &spec).0 * (1.0 + 1e-9),
+                    "limit {x}: {}",
+                    h.name
+                );
+            }
+        }
+    }
+}

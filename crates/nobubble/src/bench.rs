@@ -26,6 +26,10 @@ pub enum BenchCommand {
     Memory(MemoryBenchArgs),
     /// zb-auto against the paper's own scheduler (zb-paper) on random pipelines.
     Baseline(BaselineBenchArgs),
+    /// Ours against the four schedules the zero-bubble authors' scheduler produced.
+    Reference(crate::bench_official::ReferenceBenchArgs),
+    /// zb-v, v-half, v-min against the authors' V constructions on random pipelines.
+    VBaseline(crate::bench_official::VBaselineBenchArgs),
     /// One transformer block's F, I and W passes on one thread, beside gemm's own speed.
     Engine(crate::bench_engine::EngineBenchArgs),
     /// The runtime against the simulator: emulated 8–16 ranks, real 2 ranks.
@@ -101,6 +105,8 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
         BenchCommand::Baseline(a) => baseline(a),
+        BenchCommand::Reference(a) => crate::bench_official::reference(a),
+        BenchCommand::VBaseline(a) => crate::bench_official::v_baseline(a),
         BenchCommand::Engine(a) => crate::bench_engine::run(a),
         BenchCommand::Runtime(a) => crate::bench_runtime::run(a),
     }
@@ -361,7 +367,7 @@ fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
 
 /// SplitMix64: a tiny seeded generator, so `bench baseline` draws the same pipelines
 /// everywhere.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -372,11 +378,11 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in [lo, hi).
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+    pub(crate) fn range(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
     /// Uniform integer in lo..=hi.
-    fn int(&mut self, lo: usize, hi: usize) -> usize {
+    pub(crate) fn int(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next() % (hi - lo + 1) as u64) as usize
     }
 }

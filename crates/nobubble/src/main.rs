@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_engine;
+mod bench_official;
 mod bench_runtime;
 mod check;
 mod compare;

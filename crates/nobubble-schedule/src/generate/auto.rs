@@ -372,6 +372,12 @@ pub(crate) fn keep_better(a: Schedule, b: Schedule, costs: &CostModel) -> Schedu
     }
 }
 
+/// Largest pipeline (passes per iteration) the memory ladder searches. Above it the ladder's
+/// extra candidates have not beaten the paper's greedy on any pipeline we measured (p = 32,
+/// m = 256; p = 64, m = 512: the same schedule), while costing seconds to minutes, so large
+/// pipelines plan at the limit only (see [`zb_auto`]).
+pub const LADDER_MAX_ACTIONS: usize = 20_000;
+
 /// [`zb_auto`] with the costs resolved (objective and rank shares set).
 fn zb_auto_within(
     p: usize,
@@ -383,6 +389,9 @@ fn zb_auto_within(
     let costs = costs.clone();
     let placement: Vec<usize> = (0..p).collect();
     let actions = 3 * p * m;
+    if actions > LADDER_MAX_ACTIONS {
+        return at_the_limit(p, m, &costs, x, name);
+    }
     let search = TemplateSearch {
         p,
         m,
@@ -536,6 +545,53 @@ fn zb_auto_within(
         Error::Input(format!(
             "no schedule fits memory limit {x} × M_B; raise --mem-limit (every rank must hold \
              at least one microbatch's activations)"
+        ))
+    })?;
+    best.name = name.to_string();
+    Ok(best)
+}
+
+/// `zb_auto` on a large pipeline: the best of ZB-H1 and ZB-H2 where they fit and the paper's
+/// greedy (all its knob settings, the official code's included) at the limit itself, with the
+/// drain-phase repair — linear time in p·m per candidate, so p = m = 1000 plans in seconds.
+/// No ladder: more memory gives a schedule at least as good as the handcrafted ones that fit
+/// and the official greedy at that limit, not necessarily one at least as good as at a smaller
+/// limit.
+fn at_the_limit(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<Schedule, Error> {
+    let mut candidates = vec![super::zb_h1(p, m)?, super::zb_h2(p, m)?];
+    if let Ok((s, _)) = super::paper_heuristic::zb_paper(p, m, costs, x, name) {
+        candidates.push(s);
+    }
+    let found = pick_best(candidates, costs, x)?;
+    let found = match found {
+        Some(b) => Some(b),
+        // Below what the greedy's warm-up and the handcrafted schedules need: the list
+        // scheduler plans within any limit.
+        None => pick_best(
+            list_schedule_bound(
+                name,
+                &(0..p).collect::<Vec<_>>(),
+                p,
+                m,
+                costs,
+                x,
+                &Policy::default(),
+            )
+            .map(|(s, _)| s),
+            costs,
+            x,
+        )?,
+    };
+    let (mut best, _) = found.map(|b| repair_drain(b, costs, x)).ok_or_else(|| {
+        Error::Input(format!(
+            "no schedule fits memory limit {x} × M_B; raise --mem-limit (every rank must \
+                 hold at least one microbatch's activations)"
         ))
     })?;
     best.name = name.to_string();

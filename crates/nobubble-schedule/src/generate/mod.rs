@@ -421,6 +421,50 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     Ok(schedule)
 }
 
+/// The zero-bubble authors' own V constructions, reimplemented (as `zb-paper` is their
+/// linear greedy): for `zb-v` their cost-aware ZB-V greedy at p·M_B (the best of its runs by
+/// the longest rank span, their measure), for `v-half` and `v-min` the building blocks
+/// squeezed to their own memory. `v-auto` holds them among its candidates; `bench` compares
+/// against them.
+pub fn official_v(
+    kind: ScheduleKind,
+    p: usize,
+    m: usize,
+    spec: &CostSpec,
+) -> Result<Schedule, Error> {
+    let name = kind.name();
+    let found = match kind {
+        ScheduleKind::ZbV => {
+            let costs = CostModel::for_layout(spec, 2 * p, p)?;
+            v_greedy::candidates(p, m, &costs, p as f64)
+                .0
+                .into_iter()
+                .filter_map(|s| auto::score(&s, &costs).ok().map(|sc| (s, sc)))
+                .reduce(|a, b| if auto::better(b.1, a.1) { b } else { a })
+                .map(|(mut s, _)| {
+                    s.name = name.to_string();
+                    s
+                })
+        }
+        ScheduleKind::VHalf => {
+            v_blocks::squeezed(p, m, v_blocks::Block::Half, None, name).map(|s| s.0)
+        }
+        ScheduleKind::VMin => {
+            v_blocks::squeezed(p, m, v_blocks::Block::Min, None, name).map(|s| s.0)
+        }
+        _ => {
+            return Err(Error::Input(format!(
+                "no official V construction for {name}; use zb-v, v-half or v-min"
+            )))
+        }
+    };
+    found.ok_or_else(|| {
+        Error::Input(format!(
+            "the authors' {name} construction does not exist for p = {p}, m = {m}"
+        ))
+    })
+}
+
 /// The better of `zb-auto`'s linear and V schedules under `objective` (the linear one on a
 /// tie: one message per hop instead of two).
 fn pick_placement(

@@ -255,6 +255,20 @@ fn v_auto_within(
             periodic.push((s, sc, need));
         }
     }
+    if actions > super::auto::LADDER_MAX_ACTIONS {
+        // Large pipelines: the candidates at the limit itself, no ladder (as `zb_auto`).
+        let mut all: Vec<Schedule> = vec![pattern];
+        all.extend(periodic.into_iter().map(|f| f.0));
+        all.extend(greedy.at(p, m, &costs, x));
+        all.extend(blocks.at(x, name));
+        let (mut best, _) = pick_best(all, &costs, x)?.ok_or_else(|| {
+            Error::Input(format!(
+                "no V schedule fits memory limit {x} × M_B; the minimum is 1, use --mem-limit 1 or more"
+            ))
+        })?;
+        best.name = name.to_string();
+        return Ok(best);
+    }
     let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
     let floor = unlimited_floor(&placement, m, &costs);
     let mut best: Option<(Schedule, Score)> = None;

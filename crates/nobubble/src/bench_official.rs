@@ -1,0 +1,316 @@
+//! `nobubble bench reference` and `bench v-baseline`: our planner against the zero-bubble
+//! authors' own schedules — the four they produced (`../shared/data/reference-schedules`),
+//! and their V constructions, reimplemented, on random pipelines.
+
+use clap::Args;
+use nobubble_schedule::export::csv;
+use nobubble_schedule::generate::official_v;
+use nobubble_schedule::{
+    check_memory, generate, simulate, CostModel, CostSpec, RankCost, Request, Schedule,
+    ScheduleKind,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `bench reference`.
+#[derive(Args, Debug)]
+pub struct ReferenceBenchArgs {
+    /// The folder holding the authors' schedules (the README of `../shared` lists them).
+    #[arg(long, default_value = "../shared/data/reference-schedules")]
+    pub dir: PathBuf,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `bench v-baseline`.
+#[derive(Args, Debug)]
+pub struct VBaselineBenchArgs {
+    /// Random pipelines per schedule (p = 2..8, m = p..4p, per-rank costs and memory, comm).
+    #[arg(long, default_value_t = 100)]
+    pub cases: usize,
+    /// Seed of the random pipelines.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A reference file, its setting (one rank's share: F, I, W, comm, M_B, M_W; p, m), its
+/// memory limit (× M_B) and our schedules to plan at that limit.
+type Reference = (&'static str, [f64; 6], usize, usize, f64, &'static [ScheduleKind]);
+
+/// The four schedules of `../shared/data/reference-schedules` (its README's table).
+const REFERENCES: [Reference; 4] = [
+    (
+        "paper01_1.5B_p8_m24_ZB-V.csv",
+        [18522.0, 18086.0, 9337.0, 601.0, 201216.0, 73728.0],
+        8,
+        24,
+        8.0,
+        &[ScheduleKind::ZbV, ScheduleKind::VAuto, ScheduleKind::ZbAuto],
+    ),
+    (
+        "paper01_1.5B_p8_m24_V-Half.csv",
+        [18522.0, 18086.0, 9337.0, 601.0, 201216.0, 73728.0],
+        8,
+        24,
+        5.0,
+        &[
+            ScheduleKind::VHalf,
+            ScheduleKind::VAuto,
+            ScheduleKind::ZbAuto,
+        ],
+    ),
+    (
+        "paper01_1.5B_p8_m24_V-Min.csv",
+        [18522.0, 18086.0, 9337.0, 601.0, 201216.0, 73728.0],
+        8,
+        24,
+        4.0,
+        &[
+            ScheduleKind::VMin,
+            ScheduleKind::VAuto,
+            ScheduleKind::ZbAuto,
+        ],
+    ),
+    (
+        "arxivV07_28.3B-V_p32_m96_ZB-2p.csv",
+        [18916.0, 19496.0, 14576.0, 879.0, 454656.0, 196608.0],
+        32,
+        96,
+        64.0,
+        &[
+            ScheduleKind::Zb2p,
+            ScheduleKind::ZbPaper,
+            ScheduleKind::ZbAuto,
+        ],
+    ),
+];
+
+/// (bubble rate, makespan, longest span, peak × M_B) of a schedule under `spec`.
+fn measure(s: &Schedule, spec: &CostSpec) -> Result<(f64, f64, f64, f64), String> {
+    let c = CostModel::for_schedule(spec, s).map_err(|e| e.to_string())?;
+    let m = simulate(s, &c).map_err(|e| e.to_string())?.metrics;
+    let need = (0..s.ranks)
+        .map(|r| m.peak_memory[r] / c.rank_mem_b(s, r))
+        .fold(0.0, f64::max);
+    let span = m.span.iter().copied().fold(0.0, f64::max);
+    Ok((m.bubble_rate, m.makespan, span, need))
+}
+
+/// `bench reference`.
+pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
+    let mut rows = Vec::new();
+    for (file, [f, i, w, comm, mem_b, mem_w], p, m, limit, ours) in REFERENCES {
+        let path = a.dir.join(file);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "cannot read {}: {e}; pass --dir with the folder of the authors' schedules",
+                path.display()
+            )
+        })?;
+        let theirs = csv::read(&text, "official").map_err(|e| format!("{file}: {e}"))?;
+        let spec = CostSpec::uniform(
+            RankCost {
+                f,
+                i,
+                w,
+                mem_b,
+                mem_w,
+            },
+            comm,
+        );
+        let c = CostModel::for_schedule(&spec, &theirs).map_err(|e| e.to_string())?;
+        check_memory(&theirs, &c, limit).map_err(|e| format!("{file}: {e}"))?;
+        let official = measure(&theirs, &spec)?;
+        let mut planned = Vec::new();
+        for &kind in ours {
+            let req = Request {
+                mem_limit: kind.planning_limit(p, Some(limit)).map(|_| limit),
+                ..Request::new(kind, p, m)
+            };
+            let started = Instant::now();
+            let s = generate(&req, &spec).map_err(|e| format!("{}: {e}", kind.name()))?;
+            let seconds = started.elapsed().as_secs_f64();
+            let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
+            check_memory(&s, &c, limit).map_err(|e| format!("{}: {e}", kind.name()))?;
+            let v = nobubble_schedule::Placement::of(&s) == Some(nobubble_schedule::Placement::V);
+            planned.push((kind.name(), measure(&s, &spec)?, v, seconds));
+        }
+        rows.push((file, limit, official, planned));
+    }
+    if a.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(file, limit, o, planned)| {
+                json!({"file": file, "limit": limit,
+                       "official": {"bubble_rate": o.0, "makespan": o.1, "span": o.2, "peak": o.3},
+                       "ours": planned.iter().map(|(n, m, v, t)| json!({"schedule": n,
+                           "bubble_rate": m.0, "makespan": m.1, "span": m.2, "peak": m.3,
+                           "v_placement": v, "seconds": t})).collect::<Vec<_>>()})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serializes")
+        );
+        return Ok(());
+    }
+    println!(
+        "Ours against the zero-bubble authors' own schedules, at the memory each was made for"
+    );
+    println!(
+        "(bubble rate = 1 − work / longest span; peak in × M_B; all simulated by nobubble).\n"
+    );
+    println!(
+        "{:<36} {:>5}  {:<10} {:>8} {:>11} {:>6}  {:>7}",
+        "reference", "limit", "schedule", "bubble", "makespan", "peak", "plan s"
+    );
+    let mut beaten = 0;
+    for (file, limit, o, planned) in &rows {
+        println!(
+            "{:<36} {:>5}  {:<10} {:>7.2}% {:>11.0} {:>6.2}",
+            file,
+            limit,
+            "official",
+            100.0 * o.0,
+            o.1,
+            o.3
+        );
+        for (name, m, v, t) in planned {
+            let placement = if *v && *name == "zb-auto" { " (V)" } else { "" };
+            println!(
+                "{:<36} {:>5}  {:<10} {:>7.2}% {:>11.0} {:>6.2}  {:>7.3}",
+                "",
+                "",
+                format!("{name}{placement}"),
+                100.0 * m.0,
+                m.1,
+                m.3,
+                t
+            );
+        }
+        let first = &planned[0].1;
+        if first.2 <= o.2 * (1.0 + 1e-9) && first.1 <= o.1 * (1.0 + 1e-9) {
+            beaten += 1;
+        }
+    }
+    println!(
+        "\nour schedule of the same family is at or below the official span and makespan on {beaten}/{}",
+        rows.len()
+    );
+    Ok(())
+}
+
+/// `bench v-baseline`.
+pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
+    if a.cases == 0 {
+        return Err("--cases must be at least 1".into());
+    }
+    let mut rng = crate::bench::Rng(a.seed);
+    let kinds = [ScheduleKind::ZbV, ScheduleKind::VHalf, ScheduleKind::VMin];
+    // Per kind: better, equal, worse (longest span), cases where the official schedule
+    // needs more than the family's limit (ours is then v-auto at the official's own peak),
+    // and the summed bubble rates (ours, theirs).
+    let mut tally = [(0usize, 0usize, 0usize, 0usize, 0.0f64, 0.0f64); 3];
+    let started = Instant::now();
+    for case in 0..a.cases {
+        let p = rng.int(2, 8);
+        let m = rng.int(p, 4 * p);
+        let stages = (0..p)
+            .map(|_| {
+                let mem_b = rng.range(0.5, 2.0);
+                RankCost {
+                    f: rng.range(0.5, 3.0),
+                    i: rng.range(0.3, 2.0),
+                    w: rng.range(0.1, 0.9),
+                    mem_b,
+                    mem_w: mem_b * rng.range(0.1, 0.9),
+                }
+            })
+            .collect();
+        let spec = CostSpec {
+            comm: rng.range(0.0, 0.5),
+            stages,
+        };
+        for (k, &kind) in kinds.iter().enumerate() {
+            let limit = kind
+                .planning_limit(p, None)
+                .expect("V kinds plan under a limit");
+            let theirs = official_v(kind, p, m, &spec).map_err(|e| format!("case {case}: {e}"))?;
+            let c = CostModel::for_schedule(&spec, &theirs).map_err(|e| e.to_string())?;
+            // With uneven stage memory the unit-slot constructions can exceed the family's
+            // limit; then the comparison is at the memory the official schedule takes.
+            let req = if check_memory(&theirs, &c, limit.min(m as f64)).is_ok() {
+                Request::new(kind, p, m)
+            } else {
+                tally[k].3 += 1;
+                Request {
+                    mem_limit: Some(measure(&theirs, &spec)?.3),
+                    ..Request::new(ScheduleKind::VAuto, p, m)
+                }
+            };
+            let ours = generate(&req, &spec).map_err(|e| format!("case {case}: {e}"))?;
+            let (o, t) = (measure(&ours, &spec)?, measure(&theirs, &spec)?);
+            let tol = 1e-9 * t.2;
+            let t_k = &mut tally[k];
+            if o.2 < t.2 - tol {
+                t_k.0 += 1;
+            } else if o.2 > t.2 + tol {
+                t_k.2 += 1;
+            } else {
+                t_k.1 += 1;
+            }
+            t_k.4 += o.0;
+            t_k.5 += t.0;
+        }
+        if !a.json && (case + 1) % 25 == 0 {
+            eprintln!("  {}/{} pipelines", case + 1, a.cases);
+        }
+    }
+    if a.json {
+        let out: Vec<_> = kinds
+            .iter()
+            .zip(&tally)
+            .map(|(k, t)| {
+                let n = (t.0 + t.1 + t.2).max(1) as f64;
+                json!({"schedule": k.name(), "better": t.0, "equal": t.1, "worse": t.2,
+                       "compared_at_the_official_peak": t.3, "mean_bubble_ours": t.4 / n,
+                       "mean_bubble_official": t.5 / n})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"cases": a.cases, "seed": a.seed, "schedules": out})
+        );
+        return Ok(());
+    }
+    println!(
+        "Our V schedules against the authors' V constructions (reimplemented) on {} random \
+         pipelines (seed {}), {:.1} s; longest span, at each family's memory:",
+        a.cases,
+        a.seed,
+        started.elapsed().as_secs_f64()
+    );
+    for (k, t) in kinds.iter().zip(&tally) {
+        let n = (t.0 + t.1 + t.2).max(1) as f64;
+        println!(
+            "  {:<7} shorter in {:>3}, equal in {:>3}, longer in {}; mean bubble rate {:.2}% vs {:.2}%{}",
+            k.name(),
+            t.0,
+            t.1,
+            t.2,
+            100.0 * t.4 / n,
+            100.0 * t.5 / n,
+            if t.3 > 0 {
+                format!(" ({} where the official one needs more than the family's limit: v-auto at its peak)", t.3)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}

@@ -40,7 +40,14 @@ pub struct VBaselineBenchArgs {
 
 /// A reference file, its setting (one rank's share: F, I, W, comm, M_B, M_W; p, m), its
 /// memory limit (× M_B) and our schedules to plan at that limit.
-type Reference = (&'static str, [f64; 6], usize, usize, f64, &'static [ScheduleKind]);
+type Reference = (
+    &'static str,
+    [f64; 6],
+    usize,
+    usize,
+    f64,
+    &'static [ScheduleKind],
+);
 
 /// The four schedules of `../shared/data/reference-schedules` (its README's table).
 const REFERENCES: [Reference; 4] = [
@@ -166,13 +173,13 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
         "(bubble rate = 1 − work / longest span; peak in × M_B; all simulated by nobubble).\n"
     );
     println!(
-        "{:<36} {:>5}  {:<10} {:>8} {:>11} {:>6}  {:>7}",
+        "{:<36} {:>5}  {:<12} {:>8} {:>11} {:>6}  {:>7}",
         "reference", "limit", "schedule", "bubble", "makespan", "peak", "plan s"
     );
     let mut beaten = 0;
     for (file, limit, o, planned) in &rows {
         println!(
-            "{:<36} {:>5}  {:<10} {:>7.2}% {:>11.0} {:>6.2}",
+            "{:<36} {:>5}  {:<12} {:>7.2}% {:>11.0} {:>6.2}",
             file,
             limit,
             "official",
@@ -183,7 +190,7 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
         for (name, m, v, t) in planned {
             let placement = if *v && *name == "zb-auto" { " (V)" } else { "" };
             println!(
-                "{:<36} {:>5}  {:<10} {:>7.2}% {:>11.0} {:>6.2}  {:>7.3}",
+                "{:<36} {:>5}  {:<12} {:>7.2}% {:>11.0} {:>6.2}  {:>7.3}",
                 "",
                 "",
                 format!("{name}{placement}"),

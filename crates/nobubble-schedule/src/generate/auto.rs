@@ -338,7 +338,8 @@ pub(crate) fn ladder(x: f64) -> Vec<f64> {
 /// that fits; coordinate descent from the best parameters so far; near the memory the best
 /// unconstrained points need, those points cut down to fit; and a local search over
 /// weight-gradient positions. Each new best also gets the drain-phase repair
-/// ([`super::drain`]).
+/// ([`super::drain`]). Pipelines over [`LADDER_MAX_ACTIONS`] passes skip the ladder and plan
+/// at the limit only (the paper's greedy and the handcrafted schedules, repaired).
 pub fn zb_auto(
     p: usize,
     m: usize,

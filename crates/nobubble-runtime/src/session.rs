@@ -9,7 +9,9 @@ use crate::launch::RankContext;
 use crate::pipeline::{Compute, RunConfig, StepRecord};
 use crate::rank::Rank;
 use crate::worker::{MeasuredSlot, RankStep};
-use nobubble_nn::ByteCorpus;
+use nobubble_nn::config::StageLayout;
+use nobubble_nn::{ByteCorpus, GptConfig};
+use nobubble_schedule::split::{self, LayerCosts};
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
     generate, simulate, CostModel, CostSpec, Kind, Objective, Placement, RankCost, Request,
@@ -135,12 +137,46 @@ impl Session {
             .clone()
             .unwrap_or_else(|| CostSpec::uniform(RankCost::default(), 0.0));
         let emulated_x = opts.emulated.as_ref().and(opts.mem_limit);
+        let mut opts = opts;
+        // Real compute: the layer split is part of the plan, chosen before any stage is
+        // built, on the model's FLOP and activation estimates (the placement with it; the
+        // measured costs later re-plan the order, never the split).
+        let keep = if opts.emulated.is_none()
+            && opts.file.is_none()
+            && opts.run.layout == StageLayout::Even
+        {
+            let req = Request {
+                mem_budget: opts.mem_limit.into_iter().collect(),
+                chunks: opts.chunks,
+                objective: opts.objective,
+                ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
+            };
+            let layers = estimated_layer_costs(&opts.run.model);
+            // The estimates' memory is not the measured one: if no split fits the limit by
+            // them, choose on time alone (the measured re-plan enforces the limit), and
+            // failing that keep the even split.
+            let found = split::plan_split(&req, &layers).or_else(|_| {
+                split::plan_split(
+                    &Request {
+                        mem_budget: Vec::new(),
+                        ..req.clone()
+                    },
+                    &layers,
+                )
+            });
+            found.ok().map(|split| {
+                opts.run.layout = StageLayout::Explicit(split.counts);
+                split.schedule
+            })
+        } else {
+            None
+        };
         let plan = plan_with(
             &opts,
             &provisional,
             emulated_x,
             Vec::new(),
-            None,
+            keep.as_ref(),
             "given costs",
         )?;
         if let Some(x) = emulated_x {
@@ -149,7 +185,6 @@ impl Session {
             nobubble_schedule::check_memory(&plan.schedule, &plan.costs, x)
                 .map_err(|e| RuntimeError::Config(e.to_string()))?;
         }
-        let mut opts = opts;
         opts.run.compute = match opts.emulated {
             Some(_) => Compute::Emulated {
                 costs: plan.costs.clone(),
@@ -317,6 +352,11 @@ impl Session {
         Ok(Some(plan))
     }
 
+    /// How the model's blocks are spread over the stages (the planned split for real runs).
+    pub fn layout(&self) -> &StageLayout {
+        &self.options.run.layout
+    }
+
     /// One training step under the current plan (a collective).
     pub fn step(&mut self) -> Result<RankStep, RuntimeError> {
         let r = self.rank.step(&self.plan.schedule, self.step, false)?;
@@ -342,6 +382,51 @@ impl Session {
             progress(k + 1, sets.max(1));
         }
         Ok((total / sets.max(1) as f64) as f32)
+    }
+}
+
+/// Per-layer costs of `model` for choosing the layer split before anything is measured:
+/// FLOPs per pass (a block's matrix products and attention; the LM head's projection) and
+/// the paper's activation bytes per block (f32 here), the head holding its logits.
+pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
+    let (h, a) = (model.hidden as f64, model.heads as f64);
+    let (s, b, v) = (
+        model.seq_len as f64,
+        model.microbatch_size as f64,
+        model.vocab as f64,
+    );
+    let tokens = s * b;
+    let gflop = |x: f64| x / 1e9;
+    let block = RankCost {
+        f: gflop(tokens * (24.0 * h * h + 4.0 * s * h)),
+        i: gflop(tokens * (24.0 * h * h + 8.0 * s * h)),
+        w: gflop(tokens * 24.0 * h * h),
+        mem_b: 2.0 * tokens * (34.0 * h + 5.0 * a * s),
+        mem_w: 2.0 * tokens * 32.0 * h,
+    };
+    let head_flops = gflop(2.0 * tokens * h * v);
+    let head = RankCost {
+        f: head_flops,
+        i: head_flops,
+        w: head_flops,
+        mem_b: 4.0 * tokens * (v + h),
+        mem_w: 4.0 * tokens * h,
+    };
+    // A lookup and an add: next to nothing, but not zero (a stage must take time).
+    let embedding = RankCost {
+        f: gflop(tokens * h),
+        i: gflop(tokens * h),
+        w: gflop(tokens * h),
+        mem_b: 4.0 * tokens * h,
+        mem_w: 0.0,
+    };
+    LayerCosts {
+        comm: 0.0,
+        embedding,
+        blocks: Vec::new(),
+        block: Some(block),
+        count: model.layers,
+        head,
     }
 }
 
@@ -401,5 +486,38 @@ pub fn human_bytes(b: f64) -> String {
         format!("{:.1} MiB", b / (K * K))
     } else {
         format!("{:.2} GiB", b / (K * K * K))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The planner's even split is the runtime's even layout, so an unchanged split builds
+    /// the very stages it always did.
+    #[test]
+    fn the_planners_even_split_is_the_runtimes() {
+        for blocks in 1..20 {
+            for stages in 1..=blocks.min(8) {
+                let ours = nobubble_schedule::split::even_counts(blocks, stages);
+                let theirs =
+                    nobubble_nn::config::block_counts(blocks, stages, &StageLayout::Even).unwrap();
+                assert_eq!(ours, theirs, "{blocks} blocks on {stages} stages");
+            }
+        }
+    }
+
+    /// The estimates price a block by its matrix products and the head by its vocabulary.
+    #[test]
+    fn layer_estimates_follow_the_model_shape() {
+        let mut m = GptConfig::preset("tiny").unwrap();
+        let l = estimated_layer_costs(&m);
+        let block = l.block.unwrap();
+        let tokens = (m.seq_len * m.microbatch_size) as f64;
+        let h = m.hidden as f64;
+        assert!((block.w - tokens * 24.0 * h * h / 1e9).abs() < 1e-12);
+        assert_eq!(l.count, m.layers);
+        m.vocab *= 4;
+        assert!((estimated_layer_costs(&m).head.f - 4.0 * l.head.f).abs() < 1e-12);
     }
 }

@@ -15,6 +15,7 @@ use crate::launch::RankContext;
 use crate::pipeline::StepRecord;
 use crate::session::{median_pass_ms, Plan, Session, SessionOptions};
 use crate::worker::{CommStats, MeasuredSlot, RankStep, StepSummary};
+use nobubble_nn::config::StageLayout;
 use nobubble_nn::ByteCorpus;
 use nobubble_schedule::{Action, CostModel, Kind, RankCost};
 use serde::{Deserialize, Serialize};
@@ -231,6 +232,16 @@ pub fn run(
                 bytes.join(", ")
             ),
         );
+        if let StageLayout::Explicit(counts) = session.layout() {
+            let counts: Vec<String> = counts.iter().map(|c| c.to_string()).collect();
+            note(
+                &mut observer,
+                format!(
+                    "layer split (blocks per stage, planned on the model's FLOPs): {}",
+                    counts.join(",")
+                ),
+            );
+        }
     }
     if let Some(o) = observer.as_deref_mut() {
         o.planned(&session.plan);

@@ -16,6 +16,7 @@ pub mod generate;
 pub mod paper;
 pub mod schedule;
 pub mod sim;
+pub mod split;
 pub mod validate;
 
 pub use action::{Action, Kind};

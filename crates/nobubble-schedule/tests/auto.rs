@@ -569,3 +569,44 @@ fn large_pipelines_plan_at_the_limit_and_stay_ahead_of_the_baselines() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    /// The planned layer split is never worse than the even one under the objective, covers
+    /// every block, and keeps a block on every middle stage.
+    #[test]
+    fn the_planned_split_is_never_worse_than_the_even_one(
+        p in 2usize..=4,
+        extra in 0usize..=6,
+        head in 0.1f64..4.0,
+        times in proptest::collection::vec(0.3f64..2.0, 14),
+        makespan in any::<bool>(),
+    ) {
+        use nobubble_schedule::split::{even_counts, plan_split, LayerCosts};
+        use nobubble_schedule::Objective;
+        let blocks = 2 * p + extra;
+        let c = |f: f64| RankCost { f, i: 1.1 * f, w: 0.8 * f, mem_b: 1.0, mem_w: 0.4 };
+        let layers = LayerCosts {
+            comm: 0.05,
+            embedding: c(0.05),
+            blocks: times[..blocks].iter().map(|&f| c(f)).collect(),
+            block: None,
+            count: 0,
+            head: c(head),
+        };
+        let objective = if makespan { Objective::Makespan } else { Objective::Span };
+        let req = Request { objective, ..Request::new(ScheduleKind::ZbAuto, p, 2 * p) };
+        let s = plan_split(&req, &layers).unwrap();
+        let n = s.schedule.stages;
+        prop_assert_eq!(s.counts.iter().sum::<usize>(), blocks);
+        prop_assert!(s.counts[1..n - 1].iter().all(|&k| k >= 1));
+        let ranked = |sch: &Schedule, spec: &CostSpec| {
+            let (span, mk) = score(sch, spec);
+            if makespan { (mk, span) } else { (span, mk) }
+        };
+        let even_spec = layers.spec(&even_counts(blocks, s.even.stages)).unwrap();
+        let (a, b) = (ranked(&s.schedule, &s.spec), ranked(&s.even, &even_spec));
+        prop_assert!(a.0 <= b.0 * (1.0 + 1e-9), "split {:?}: {a:?} vs even {b:?}", s.counts);
+    }
+}

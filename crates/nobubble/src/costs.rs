@@ -21,6 +21,10 @@ pub struct CostArgs {
     /// Per-rank (or per-stage) costs from a JSON file; overrides --cost/--comm/--mem (see README).
     #[arg(long, value_name = "FILE.json")]
     pub costs: Option<PathBuf>,
+    /// Per-layer costs (embedding, blocks, head) from a JSON file: the planner also chooses
+    /// how many blocks each stage holds (see README); overrides --cost/--costs/--comm/--mem.
+    #[arg(long, value_name = "FILE.json", conflicts_with = "costs")]
+    pub layer_costs: Option<PathBuf>,
     /// Time of one transfer between stages on different ranks.
     #[arg(
         long,
@@ -199,6 +203,10 @@ impl CostArgs {
     /// The cost description, from the file when given, else from the flags.
     pub fn spec(&self) -> Result<CostSpec, String> {
         self.limit()?;
+        if self.layer_costs.is_some() {
+            // The stages' costs come from the split; this stands in until then.
+            return Ok(CostSpec::uniform(RankCost::default(), 0.0));
+        }
         if let Some(path) = &self.costs {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read --costs {}: {e}", path.display()))?;
@@ -231,6 +239,8 @@ pub struct Planned {
     pub sim: Simulation,
     /// With `--mem-limit` budgets: the multiple of M_B the ranks' shares on `costs` are of.
     pub budget_multiple: Option<f64>,
+    /// With `--layer-costs`: the blocks per stage chosen, and the even split's simulation.
+    pub split: Option<(Vec<usize>, Simulation, Vec<usize>)>,
 }
 
 /// Generates `kind` for the pipeline and the cost flags, and simulates it: what `plan` and
@@ -257,8 +267,35 @@ pub fn plan(
         "planning {} for {ranks} ranks and {microbatches} microbatches",
         kind.name()
     );
-    let schedule = crate::progress::while_working(&label, || generate(&req, &spec))
-        .map_err(|e| e.to_string())?;
+    let mut split = None;
+    let (schedule, spec) = match &cost_args.layer_costs {
+        None => (
+            crate::progress::while_working(&label, || generate(&req, &spec))
+                .map_err(|e| e.to_string())?,
+            spec,
+        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --layer-costs {}: {e}", path.display()))?;
+            let layers = nobubble_schedule::split::LayerCosts::from_json(&text)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let label = format!("{label}, choosing the layer split");
+            let s = crate::progress::while_working(&label, || {
+                nobubble_schedule::split::plan_split(&req, &layers)
+            })
+            .map_err(|e| e.to_string())?;
+            let even_counts = nobubble_schedule::split::even_counts(
+                layers.blocks().map_err(|e| e.to_string())?.len(),
+                s.even.stages,
+            );
+            let even_spec = layers.spec(&even_counts).map_err(|e| e.to_string())?;
+            let even_costs =
+                CostModel::for_schedule(&even_spec, &s.even).map_err(|e| e.to_string())?;
+            let even_sim = simulate(&s.even, &even_costs).map_err(|e| e.to_string())?;
+            split = Some((s.counts, even_sim, even_counts));
+            (s.schedule, s.spec)
+        }
+    };
     let mut costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
     costs.objective = req.objective;
     // Report and bound against each rank's own budget.
@@ -280,5 +317,6 @@ pub fn plan(
         costs,
         sim,
         budget_multiple,
+        split,
     })
 }

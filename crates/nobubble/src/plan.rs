@@ -3,6 +3,7 @@
 use crate::costs::{plan, CostArgs, Planned};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
+use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::ScheduleKind;
 use std::path::PathBuf;
 
@@ -70,6 +71,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         costs,
         sim,
         budget_multiple,
+        split,
     } = plan(
         kind,
         args.stages,
@@ -89,7 +91,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             .or(args.costs.mem_limit())
     };
     let colour = use_colour(args.output.is_some());
-    let out = render(
+    let mut out = render(
         args.format,
         &schedule,
         &costs,
@@ -99,5 +101,35 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         args.width,
         colour,
     );
+    if let Some((counts, even, even_counts)) = &split {
+        let join = |c: &[usize]| {
+            c.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let (m, e) = (&sim.metrics, &even.metrics);
+        match args.format {
+            Format::Text => out.push_str(&format!(
+                "layer split (blocks per stage): {}; the even split {} gives makespan {} \
+                 (bubble rate {:.2}%), this one {} ({:.2}%)\n",
+                join(counts),
+                join(even_counts),
+                fmt_num(e.makespan),
+                100.0 * e.bubble_rate,
+                fmt_num(m.makespan),
+                100.0 * m.bubble_rate
+            )),
+            Format::Json => {
+                let mut v: serde_json::Value =
+                    serde_json::from_str(&out).map_err(|e| e.to_string())?;
+                v["layer_split"] = serde_json::json!(counts);
+                v["even_split"] = serde_json::json!({"layers": even_counts,
+                    "makespan": e.makespan, "bubble_rate": e.bubble_rate});
+                out = serde_json::to_string_pretty(&v).expect("serializes") + "\n";
+            }
+            _ => {}
+        }
+    }
     emit(args.output.as_deref(), &out)
 }

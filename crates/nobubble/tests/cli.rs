@@ -546,3 +546,62 @@ fn mem_limit_takes_a_multiple_a_size_or_one_size_per_rank() {
         assert!(e.contains(says), "{bad}: {e}");
     }
 }
+
+#[test]
+fn plan_chooses_the_layer_split_from_per_layer_costs() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/examples/layers-8b-vocab128k.json"
+    );
+    let out = ok(&[
+        "plan",
+        "-s",
+        "zb-1p",
+        "-p",
+        "8",
+        "-m",
+        "16",
+        "--layer-costs",
+        file,
+        "--objective",
+        "makespan",
+        "-f",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let split: Vec<u64> = v["layer_split"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(split.iter().sum::<u64>(), 32);
+    // The 128k-vocabulary head weighs as much as two blocks: the last stage holds fewer.
+    assert!(split[7] < 4, "{split:?}");
+    let even = v["even_split"]["makespan"].as_f64().unwrap();
+    assert!(v["makespan"].as_f64().unwrap() < 0.9 * even);
+    let text = ok(&[
+        "plan",
+        "-s",
+        "zb-1p",
+        "-p",
+        "8",
+        "-m",
+        "16",
+        "--layer-costs",
+        file,
+    ]);
+    assert!(text.contains("layer split (blocks per stage): "), "{text}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-1p",
+        "-p",
+        "8",
+        "-m",
+        "16",
+        "--layer-costs",
+        "/nonexistent.json",
+    ]);
+    assert!(e.contains("cannot read --layer-costs"), "{e}");
+}

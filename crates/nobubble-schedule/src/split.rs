@@ -1,0 +1,449 @@
+//! The layer split as part of the plan: how many transformer blocks each stage holds.
+//!
+//! A model's first stage also holds the embedding and its last the LM head and loss; with a
+//! large vocabulary those unbalance an even split (Yeung et al., *Balancing Pipeline
+//! Parallelism with Vocabulary Parallelism*, MLSys 2025). Given per-layer costs, the search
+//! plans a few splits and keeps the one whose schedule is best under the request's
+//! objective: the even split, the split that balances each stage's work (a linear-partition
+//! DP), and single-block moves across stage boundaries from the best of those while they
+//! improve (which also finds what a V placement's pairing of stages d and 2p−1−d wants).
+
+use crate::cost::{CostModel, CostSpec, RankCost};
+use crate::error::Error;
+use crate::generate::{generate, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS};
+use crate::schedule::Schedule;
+use serde::{Deserialize, Serialize};
+
+/// A model's layers in order, for [`plan_split`]: the `--layer-costs FILE.json` format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerCosts {
+    /// Time of one transfer between ranks.
+    #[serde(default)]
+    pub comm: f64,
+    /// Token and position embedding: always on the first stage.
+    pub embedding: RankCost,
+    /// Every transformer block, in order; or leave it out and give `block` and `count`.
+    #[serde(default)]
+    pub blocks: Vec<RankCost>,
+    /// One block's costs, repeated `count` times (instead of `blocks`).
+    #[serde(default)]
+    pub block: Option<RankCost>,
+    /// How many blocks `block` stands for.
+    #[serde(default)]
+    pub count: usize,
+    /// Final norm, LM head and loss: always on the last stage.
+    pub head: RankCost,
+}
+
+impl LayerCosts {
+    /// Reads the JSON format, checking every entry.
+    pub fn from_json(text: &str) -> Result<LayerCosts, Error> {
+        let l: LayerCosts =
+            serde_json::from_str(text).map_err(|e| Error::Input(format!("layer costs: {e}")))?;
+        l.blocks()?;
+        Ok(l)
+    }
+
+    /// The blocks in order, from either form.
+    pub fn blocks(&self) -> Result<Vec<RankCost>, Error> {
+        let blocks = match (&self.block, self.blocks.is_empty()) {
+            (Some(b), true) if self.count > 0 => vec![*b; self.count],
+            (None, false) if self.count == 0 => self.blocks.clone(),
+            _ => {
+                return Err(Error::Input(
+                    "layer costs: give either `blocks` (a list) or `block` with `count` ≥ 1".into(),
+                ))
+            }
+        };
+        // Zero times are allowed here (an embedding's W, say), so check sums in `spec`.
+        Ok(blocks)
+    }
+
+    /// The stage costs of a split: `counts[s]` blocks on stage s, the embedding on stage 0
+    /// and the head on the last, summed (the spec's one-entry-per-stage form).
+    pub fn spec(&self, counts: &[usize]) -> Result<CostSpec, Error> {
+        let blocks = self.blocks()?;
+        if counts.iter().sum::<usize>() != blocks.len() {
+            return Err(Error::Input(format!(
+                "a split of {} blocks does not cover the model's {}",
+                counts.iter().sum::<usize>(),
+                blocks.len()
+            )));
+        }
+        let add = |a: RankCost, b: &RankCost| RankCost {
+            f: a.f + b.f,
+            i: a.i + b.i,
+            w: a.w + b.w,
+            mem_b: a.mem_b + b.mem_b,
+            mem_w: a.mem_w + b.mem_w,
+        };
+        let zero = RankCost {
+            f: 0.0,
+            i: 0.0,
+            w: 0.0,
+            mem_b: 0.0,
+            mem_w: 0.0,
+        };
+        let mut at = 0;
+        let n = counts.len();
+        let stages = counts
+            .iter()
+            .enumerate()
+            .map(|(s, &c)| {
+                let mut cost = blocks[at..at + c].iter().fold(zero, add);
+                at += c;
+                if s == 0 {
+                    cost = add(cost, &self.embedding);
+                }
+                if s + 1 == n {
+                    cost = add(cost, &self.head);
+                }
+                cost
+            })
+            .collect();
+        let spec = CostSpec {
+            comm: self.comm,
+            stages,
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+}
+
+/// A split, its schedule, its stage costs and its score.
+type Candidate = (Vec<usize>, Schedule, CostSpec, (f64, f64));
+
+/// The split chosen and what it planned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    /// Blocks per stage (chunk), in model order.
+    pub counts: Vec<usize>,
+    /// The schedule planned on it.
+    pub schedule: Schedule,
+    /// The per-stage costs of the split.
+    pub spec: CostSpec,
+    /// The even split's schedule, for comparison.
+    pub even: Schedule,
+}
+
+/// `blocks` spread over `n` stages as evenly as possible, extra blocks to the middle stages
+/// first (the runtime's even layout: the edges hold the embedding and the head).
+pub fn even_counts(blocks: usize, n: usize) -> Vec<usize> {
+    let mut counts = vec![blocks / n; n];
+    let order: Vec<usize> = (1..n.saturating_sub(1)).chain([0, n - 1]).collect();
+    for &i in order.iter().take(blocks % n) {
+        counts[i] += 1;
+    }
+    counts
+}
+
+/// Work (F + I + W) of a cost entry.
+fn work(c: &RankCost) -> f64 {
+    c.f + c.i + c.w
+}
+
+/// The contiguous split minimizing the largest stage work (F + I + W, embedding and head
+/// included): an exact DP over prefix counts. Middle stages keep at least `min_middle`
+/// blocks.
+fn balanced_counts(l: &LayerCosts, n: usize, min_middle: usize) -> Result<Vec<usize>, Error> {
+    let blocks = l.blocks()?;
+    let b = blocks.len();
+    let prefix: Vec<f64> = std::iter::once(0.0)
+        .chain(blocks.iter().scan(0.0, |s, c| {
+            *s += work(c);
+            Some(*s)
+        }))
+        .collect();
+    let stage = |s: usize, from: usize, to: usize| {
+        let mut w = prefix[to] - prefix[from];
+        if s == 0 {
+            w += work(&l.embedding);
+        }
+        if s + 1 == n {
+            w += work(&l.head);
+        }
+        w
+    };
+    // best[s][k]: the smallest largest-stage work putting the first k blocks on stages 0..s.
+    let inf = f64::INFINITY;
+    let mut best = vec![vec![inf; b + 1]; n + 1];
+    let mut from = vec![vec![0usize; b + 1]; n + 1];
+    best[0][0] = 0.0;
+    for s in 0..n {
+        let least = if s > 0 && s + 1 < n { min_middle } else { 0 };
+        for k in 0..=b {
+            if best[s][k] == inf {
+                continue;
+            }
+            for to in k + least..=b {
+                if s + 1 == n && to != b {
+                    continue;
+                }
+                let v = best[s][k].max(stage(s, k, to));
+                if v < best[s + 1][to] {
+                    best[s + 1][to] = v;
+                    from[s + 1][to] = k;
+                }
+            }
+        }
+    }
+    if best[n][b] == inf {
+        return Err(Error::Input(format!(
+            "{b} blocks cannot fill {n} stages with at least {min_middle} on each middle stage"
+        )));
+    }
+    let mut counts = vec![0; n];
+    let mut k = b;
+    for s in (0..n).rev() {
+        let f = from[s + 1][k];
+        counts[s] = k - f;
+        k = f;
+    }
+    Ok(counts)
+}
+
+/// Plans `req` on the best split of `layers` we find. `req.kind`'s placement decides the
+/// stage count (`zb-auto` without `--placement` tries the linear and the V one). Every
+/// middle stage keeps at least one block (the runtime's rule); a memory limit given as a
+/// multiple applies to each candidate's own M_B, a byte budget (`mem_budget`) holds the
+/// memory fixed.
+pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
+    let blocks = layers.blocks()?.len();
+    let (p, m) = (req.ranks, req.microbatches);
+    let placements: Vec<(Option<Placement>, usize)> = match req.kind {
+        ScheduleKind::ZbAuto => match req.placement {
+            Some(Placement::V) => vec![(Some(Placement::V), 2 * p)],
+            Some(Placement::Linear) => vec![(Some(Placement::Linear), p)],
+            None if 6 * p * m <= V_CHOICE_MAX_ACTIONS => {
+                vec![(Some(Placement::Linear), p), (Some(Placement::V), 2 * p)]
+            }
+            None => vec![(Some(Placement::Linear), p)],
+        },
+        ScheduleKind::ZbV
+        | ScheduleKind::VHalf
+        | ScheduleKind::VMin
+        | ScheduleKind::VAuto
+        | ScheduleKind::DualPipeV => vec![(None, 2 * p)],
+        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => {
+            vec![(None, p * req.chunks)]
+        }
+        _ => vec![(None, p)],
+    };
+    let mut best: Option<Candidate> = None;
+    let mut even_best: Option<(Schedule, (f64, f64))> = None;
+    let mut errors = Vec::new();
+    for (placement, n) in placements {
+        let least = usize::from(n > 2);
+        if blocks < n.saturating_sub(2) * least {
+            errors.push(format!(
+                "{blocks} blocks cannot give each of {n} stages' middle ones a block"
+            ));
+            continue;
+        }
+        let sub = Request {
+            placement,
+            ..req.clone()
+        };
+        let evaluate = |counts: &[usize]| -> Option<(Schedule, CostSpec, (f64, f64))> {
+            let spec = layers.spec(counts).ok()?;
+            let s = generate(&sub, &spec).ok()?;
+            let mut c = CostModel::for_schedule(&spec, &s).ok()?;
+            c.objective = req.objective;
+            let sc = crate::generate::auto::score(&s, &c).ok()?;
+            Some((s, spec, sc))
+        };
+        let even = even_counts(blocks, n);
+        let mut tried: Vec<Vec<usize>> = Vec::new();
+        let mut here: Option<Candidate> = None;
+        let consider = |counts: Vec<usize>,
+                        tried: &mut Vec<Vec<usize>>,
+                        here: &mut Option<Candidate>|
+         -> bool {
+            if tried.contains(&counts) {
+                return false;
+            }
+            tried.push(counts.clone());
+            match evaluate(&counts) {
+                Some((s, spec, sc))
+                    if here
+                        .as_ref()
+                        .is_none_or(|h| crate::generate::auto::better(sc, h.3)) =>
+                {
+                    *here = Some((counts, s, spec, sc));
+                    true
+                }
+                _ => false,
+            }
+        };
+        consider(even.clone(), &mut tried, &mut here);
+        if let Some(h) = &here {
+            if even_best
+                .as_ref()
+                .is_none_or(|e| crate::generate::auto::better(h.3, e.1))
+            {
+                even_best = Some((h.1.clone(), h.3));
+            }
+        }
+        if let Ok(c) = balanced_counts(layers, n, least) {
+            consider(c, &mut tried, &mut here);
+        }
+        // Single-block moves across each boundary, from the best so far, while they help
+        // (a bounded number of plans: each is a full search).
+        let mut budget = 4 * n + 8;
+        while let Some((start, ..)) = here.clone() {
+            let mut moved = false;
+            for k in 0..n - 1 {
+                for (from, to) in [(k, k + 1), (k + 1, k)] {
+                    let mut c = start.clone();
+                    let keep = |s: usize| if s > 0 && s + 1 < n { least } else { 0 };
+                    if c[from] <= keep(from) {
+                        continue;
+                    }
+                    c[from] -= 1;
+                    c[to] += 1;
+                    if budget == 0 {
+                        break;
+                    }
+                    budget -= 1;
+                    moved |= consider(c, &mut tried, &mut here);
+                }
+            }
+            if !moved || budget == 0 {
+                break;
+            }
+        }
+        match here {
+            Some(h)
+                if best
+                    .as_ref()
+                    .is_none_or(|b| crate::generate::auto::better(h.3, b.3)) =>
+            {
+                best = Some(h)
+            }
+            Some(_) => {}
+            None => errors.push(format!("no split plans on {n} stages")),
+        }
+    }
+    let (counts, schedule, spec, _) = best.ok_or_else(|| {
+        Error::Input(format!(
+            "no layer split could be planned: {}",
+            errors.join("; ")
+        ))
+    })?;
+    let even = even_best.map(|e| e.0).unwrap_or_else(|| schedule.clone());
+    Ok(Split {
+        counts,
+        schedule,
+        spec,
+        even,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(f: f64, mem: f64) -> RankCost {
+        RankCost {
+            f,
+            i: f,
+            w: f,
+            mem_b: mem,
+            mem_w: mem / 2.0,
+        }
+    }
+
+    fn layers(blocks: Vec<f64>, head: f64) -> LayerCosts {
+        LayerCosts {
+            comm: 0.0,
+            embedding: cost(0.01, 0.1),
+            blocks: blocks.into_iter().map(|f| cost(f, 1.0)).collect(),
+            block: None,
+            count: 0,
+            head: cost(head, 1.0),
+        }
+    }
+
+    #[test]
+    fn even_counts_give_the_extra_blocks_to_the_middle_stages_first() {
+        assert_eq!(even_counts(10, 4), vec![2, 3, 3, 2]);
+        assert_eq!(even_counts(5, 4), vec![1, 2, 1, 1]);
+        assert_eq!(even_counts(7, 4), vec![2, 2, 2, 1]);
+        assert_eq!(even_counts(8, 1), vec![8]);
+    }
+
+    #[test]
+    fn stage_costs_sum_the_blocks_with_the_embedding_first_and_the_head_last() {
+        let l = layers(vec![1.0, 2.0, 3.0, 4.0], 10.0);
+        let spec = l.spec(&[1, 2, 1]).unwrap();
+        let f: Vec<f64> = spec.stages.iter().map(|c| c.f).collect();
+        assert_eq!(f, vec![1.0 + 0.01, 5.0, 4.0 + 10.0]);
+        assert!(l.spec(&[1, 1, 1]).is_err(), "must cover every block");
+    }
+
+    /// The DP's split against every composition of a small model.
+    #[test]
+    fn the_balanced_split_is_the_best_contiguous_one() {
+        let l = layers(vec![1.0, 3.0, 1.0, 2.0, 2.0, 1.0, 1.0], 4.0);
+        let n = 4;
+        let worst = |c: &[usize]| {
+            l.spec(c)
+                .unwrap()
+                .stages
+                .iter()
+                .map(work)
+                .fold(0.0, f64::max)
+        };
+        let mut brute = f64::INFINITY;
+        for a in 0..=7usize {
+            for b in 1..=7 - a {
+                for c in 1..=7 - a - b {
+                    brute = brute.min(worst(&[a, b, c, 7 - a - b - c]));
+                }
+            }
+        }
+        let got = balanced_counts(&l, n, 1).unwrap();
+        assert_eq!(got.iter().sum::<usize>(), 7);
+        assert!(got[1] >= 1 && got[2] >= 1);
+        assert!(
+            (worst(&got) - brute).abs() < 1e-12,
+            "{got:?}: {} vs {brute}",
+            worst(&got)
+        );
+    }
+
+    /// A heavy head: the planned split moves blocks off the last stage and beats the even
+    /// split's makespan; it is never worse than the even split under the objective.
+    #[test]
+    fn a_heavy_head_moves_blocks_off_the_last_stage() {
+        let l = layers(vec![1.0; 16], 3.0);
+        let mut req = Request::new(ScheduleKind::Zb1p, 4, 8);
+        req.objective = crate::Objective::Makespan;
+        let s = plan_split(&req, &l).unwrap();
+        assert_eq!(s.counts.iter().sum::<usize>(), 16);
+        assert!(s.counts[3] < 4, "{:?}", s.counts);
+        let even_spec = l.spec(&even_counts(16, 4)).unwrap();
+        let makespan = |sch: &Schedule, spec: &CostSpec| {
+            let c = CostModel::for_schedule(spec, sch).unwrap();
+            crate::simulate(sch, &c).unwrap().metrics.makespan
+        };
+        assert!(makespan(&s.schedule, &s.spec) < 0.95 * makespan(&s.even, &even_spec));
+    }
+
+    #[test]
+    fn both_forms_of_the_blocks_read_and_bad_ones_are_refused() {
+        let text = r#"{"embedding": {"f": 0.1, "i": 0.1, "w": 0.1}, "block": {"f": 1, "i": 1, "w": 1},
+                      "count": 6, "head": {"f": 2, "i": 2, "w": 2}}"#;
+        let l = LayerCosts::from_json(text).unwrap();
+        assert_eq!(l.blocks().unwrap().len(), 6);
+        let both = r#"{"embedding": {"f": 1, "i": 1, "w": 1}, "block": {"f": 1, "i": 1, "w": 1},
+                       "blocks": [{"f": 1, "i": 1, "w": 1}], "count": 2, "head": {"f": 1, "i": 1, "w": 1}}"#;
+        let e = LayerCosts::from_json(both).unwrap_err().to_string();
+        assert!(e.contains("either `blocks`"), "{e}");
+        let e = LayerCosts::from_json(r#"{"embedding": {}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("layer costs"), "{e}");
+    }
+}

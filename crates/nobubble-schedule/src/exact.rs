@@ -6,7 +6,8 @@
 //! that could finish first, and branches only over the passes of that rank that could start
 //! before that moment. For makespan, some active schedule is optimal, so the search is exact.
 //! Branches are cut when a rank's clock plus its remaining work cannot beat the incumbent.
-//! No memory limit (memory depends on order, which this argument does not cover).
+//! No memory limit there (memory depends on order, which this argument does not cover);
+//! [`min_makespan_within`] enumerates every semi-active schedule instead, under a limit.
 
 use crate::action::{Action, Kind};
 use crate::cost::CostModel;
@@ -191,6 +192,172 @@ pub fn min_makespan(p: usize, m: usize, costs: &CostModel, upper: f64, node_limi
     let better = search
         .best_orders
         .and_then(|o| Schedule::new("exact", p, p, m, (0..p).collect(), o).ok());
+    Exact {
+        makespan: if better.is_some() { search.best } else { upper },
+        better,
+        nodes: search.nodes,
+        proven,
+    }
+}
+
+/// The minimum makespan on a linear placement under a memory limit of `x` × each rank's
+/// M_B (the paper's memory model), for tiny pipelines: every schedule that runs each pass
+/// kind in microbatch order, enumerated as its passes sorted by start time (each
+/// semi-active schedule exactly once), cut by each rank's remaining work and memory. Active
+/// schedules do not suffice here — holding a forward back until a W frees memory can be
+/// what the optimum does — so this enumerates more than [`min_makespan`] and is for p·m of
+/// a dozen or so. `upper` is an incumbent makespan (e.g. a heuristic's).
+pub fn min_makespan_within(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    upper: f64,
+    node_limit: u64,
+) -> Exact {
+    struct Within<'a> {
+        p: usize,
+        m: usize,
+        costs: &'a CostModel,
+        limit: Vec<f64>,
+        next: Vec<[usize; 3]>,
+        end_f: Vec<f64>,
+        end_i: Vec<f64>,
+        clock: Vec<f64>,
+        mem: Vec<f64>,
+        remaining: Vec<f64>,
+        orders: Vec<Vec<Action>>,
+        best: f64,
+        best_orders: Option<Vec<Vec<Action>>>,
+        nodes: u64,
+        node_limit: u64,
+    }
+    impl Within<'_> {
+        /// The next passes that could run on rank s: (kind, start, duration).
+        fn options(&self, s: usize) -> Vec<(Kind, f64, f64)> {
+            let (p, m) = (self.p, self.m);
+            let [nf, ni, nw] = self.next[s];
+            let st = &self.costs.stages[s];
+            let comm = self.costs.comm;
+            let mut out = Vec::new();
+            let fits = |d: f64| self.mem[s] + d <= self.limit[s] * (1.0 + 1e-9);
+            if nf < m && fits(st.mem_b) {
+                let ready = if s == 0 {
+                    Some(0.0)
+                } else {
+                    let e = self.end_f[(s - 1) * m + nf];
+                    (!e.is_nan()).then_some(e + comm)
+                };
+                if let Some(r) = ready {
+                    out.push((Kind::F, self.clock[s].max(r), st.f));
+                }
+            }
+            if ni < nf && fits(st.mem_w - st.mem_b) {
+                let e = if s + 1 == p {
+                    Some(self.end_f[s * m + ni])
+                } else {
+                    let e = self.end_i[(s + 1) * m + ni];
+                    (!e.is_nan()).then_some(e + comm)
+                };
+                if let Some(r) = e {
+                    out.push((Kind::I, self.clock[s].max(r), st.i));
+                }
+            }
+            if nw < ni {
+                out.push((Kind::W, self.clock[s], st.w));
+            }
+            out
+        }
+
+        fn dfs(&mut self, done: usize, total: usize, last: (f64, usize)) {
+            self.nodes += 1;
+            if self.nodes > self.node_limit {
+                return;
+            }
+            if done == total {
+                let makespan = self.clock.iter().copied().fold(0.0, f64::max);
+                if makespan < self.best - 1e-9 {
+                    self.best = makespan;
+                    self.best_orders = Some(self.orders.clone());
+                }
+                return;
+            }
+            let lb = (0..self.p)
+                .map(|r| self.clock[r] + self.remaining[r])
+                .fold(0.0, f64::max);
+            if lb >= self.best - 1e-9 {
+                return;
+            }
+            for s in 0..self.p {
+                for (kind, start, dur) in self.options(s) {
+                    // Passes in start order, ties by rank: each schedule once.
+                    if start < last.0 - 1e-12 || (start <= last.0 + 1e-12 && s < last.1) {
+                        continue;
+                    }
+                    let m = self.m;
+                    let slot = match kind {
+                        Kind::F => 0,
+                        Kind::I => 1,
+                        _ => 2,
+                    };
+                    let j = self.next[s][slot];
+                    let end = start + dur;
+                    let delta = self.costs.mem_delta(s, kind);
+                    let saved = self.clock[s];
+                    self.next[s][slot] += 1;
+                    match kind {
+                        Kind::F => self.end_f[s * m + j] = end,
+                        Kind::I => self.end_i[s * m + j] = end,
+                        _ => {}
+                    }
+                    self.clock[s] = end;
+                    self.mem[s] += delta;
+                    self.remaining[s] -= dur;
+                    self.orders[s].push(Action::new(s, kind, j));
+                    self.dfs(done + 1, total, (start, s));
+                    self.orders[s].pop();
+                    self.remaining[s] += dur;
+                    self.mem[s] -= delta;
+                    self.clock[s] = saved;
+                    match kind {
+                        Kind::F => self.end_f[s * m + j] = f64::NAN,
+                        Kind::I => self.end_i[s * m + j] = f64::NAN,
+                        _ => {}
+                    }
+                    self.next[s][slot] -= 1;
+                }
+            }
+        }
+    }
+    let mut search = Within {
+        p,
+        m,
+        costs,
+        limit: (0..p)
+            .map(|s| x * costs.stages[s].mem_b * costs.share(s))
+            .collect(),
+        next: vec![[0; 3]; p],
+        end_f: vec![f64::NAN; p * m],
+        end_i: vec![f64::NAN; p * m],
+        clock: vec![0.0; p],
+        mem: vec![0.0; p],
+        remaining: (0..p)
+            .map(|s| m as f64 * (costs.stages[s].f + costs.stages[s].i + costs.stages[s].w))
+            .collect(),
+        orders: vec![Vec::new(); p],
+        best: upper + 1e-9,
+        best_orders: None,
+        nodes: 0,
+        node_limit,
+    };
+    let placement: Vec<usize> = (0..p).collect();
+    if upper > crate::bound::lower_bound(&placement, m, costs, Some(x)) + 1e-9 {
+        search.dfs(0, 3 * p * m, (f64::NEG_INFINITY, 0));
+    }
+    let proven = search.nodes <= node_limit;
+    let better = search
+        .best_orders
+        .and_then(|o| Schedule::new("exact", p, p, m, placement, o).ok());
     Exact {
         makespan: if better.is_some() { search.best } else { upper },
         better,

@@ -30,10 +30,13 @@ struct Search<'a> {
     p: usize,
     m: usize,
     costs: &'a CostModel,
+    /// Memory each rank may hold (infinite without a limit).
+    limit: Vec<f64>,
     next: Vec<[usize; 3]>,
     end_f: Vec<f64>,
     end_i: Vec<f64>,
     clock: Vec<f64>,
+    mem: Vec<f64>,
     remaining: Vec<f64>,
     orders: Vec<Vec<Action>>,
     best: f64,
@@ -42,7 +45,36 @@ struct Search<'a> {
     node_limit: u64,
 }
 
-impl Search<'_> {
+impl<'a> Search<'a> {
+    fn new(
+        p: usize,
+        m: usize,
+        costs: &'a CostModel,
+        limit: Vec<f64>,
+        upper: f64,
+        node_limit: u64,
+    ) -> Self {
+        Search {
+            p,
+            m,
+            costs,
+            limit,
+            next: vec![[0; 3]; p],
+            end_f: vec![f64::NAN; p * m],
+            end_i: vec![f64::NAN; p * m],
+            clock: vec![0.0; p],
+            mem: vec![0.0; p],
+            remaining: (0..p)
+                .map(|s| m as f64 * (costs.stages[s].f + costs.stages[s].i + costs.stages[s].w))
+                .collect(),
+            orders: vec![Vec::new(); p],
+            best: upper + 1e-9,
+            best_orders: None,
+            nodes: 0,
+            node_limit,
+        }
+    }
+
     fn comm(&self, from: usize, to: usize) -> f64 {
         if from != to {
             self.costs.comm
@@ -51,14 +83,16 @@ impl Search<'_> {
         }
     }
 
-    /// Passes whose dependency is scheduled: (rank, kind, earliest start, duration).
+    /// Passes whose dependency is scheduled and that fit in memory: (rank, kind, earliest
+    /// start, duration).
     fn candidates(&self) -> Vec<(usize, Kind, f64, f64)> {
         let (p, m) = (self.p, self.m);
         let mut out = Vec::new();
         for s in 0..p {
             let [nf, ni, nw] = self.next[s];
             let st = &self.costs.stages[s];
-            if nf < m {
+            let fits = |d: f64| self.mem[s] + d <= self.limit[s] * (1.0 + 1e-9);
+            if nf < m && fits(st.mem_b) {
                 let ready = if s == 0 {
                     Some(0.0)
                 } else {
@@ -69,7 +103,7 @@ impl Search<'_> {
                     out.push((s, Kind::F, self.clock[s].max(r), st.f));
                 }
             }
-            if ni < nf {
+            if ni < nf && fits(st.mem_w - st.mem_b) {
                 let e = if s + 1 == p {
                     self.end_f[s * m + ni]
                 } else {
@@ -87,10 +121,12 @@ impl Search<'_> {
         out
     }
 
-    fn dfs(&mut self, done: usize, total: usize) {
+    /// Counts a node; false once the budget is spent, or when a complete schedule was
+    /// recorded, or when no completion can beat the incumbent.
+    fn visit(&mut self, done: usize, total: usize) -> bool {
         self.nodes += 1;
         if self.nodes > self.node_limit {
-            return;
+            return false;
         }
         if done == total {
             let makespan = self.clock.iter().copied().fold(0.0, f64::max);
@@ -98,13 +134,52 @@ impl Search<'_> {
                 self.best = makespan;
                 self.best_orders = Some(self.orders.clone());
             }
-            return;
+            return false;
         }
         // Bound: every rank must still do its remaining work after its clock.
         let lb = (0..self.p)
             .map(|r| self.clock[r] + self.remaining[r])
             .fold(0.0, f64::max);
-        if lb >= self.best - 1e-9 {
+        lb < self.best - 1e-9
+    }
+
+    /// Runs `kind` on rank `s` from `start`; returns what [`Search::undo`] needs.
+    fn apply(&mut self, s: usize, kind: Kind, start: f64, dur: f64) -> (usize, f64) {
+        let m = self.m;
+        let slot = slot(kind);
+        let j = self.next[s][slot];
+        let end = start + dur;
+        let saved_clock = self.clock[s];
+        self.next[s][slot] += 1;
+        match kind {
+            Kind::F => self.end_f[s * m + j] = end,
+            Kind::I => self.end_i[s * m + j] = end,
+            _ => {}
+        }
+        self.clock[s] = end;
+        self.mem[s] += self.costs.mem_delta(s, kind);
+        self.remaining[s] -= dur;
+        self.orders[s].push(Action::new(s, kind, j));
+        (j, saved_clock)
+    }
+
+    fn undo(&mut self, s: usize, kind: Kind, dur: f64, (j, saved_clock): (usize, f64)) {
+        let m = self.m;
+        self.orders[s].pop();
+        self.remaining[s] += dur;
+        self.mem[s] -= self.costs.mem_delta(s, kind);
+        self.clock[s] = saved_clock;
+        match kind {
+            Kind::F => self.end_f[s * m + j] = f64::NAN,
+            Kind::I => self.end_i[s * m + j] = f64::NAN,
+            _ => {}
+        }
+        self.next[s][slot(kind)] -= 1;
+    }
+
+    /// Active schedules only (Giffler–Thompson): enough for the makespan without memory.
+    fn active(&mut self, done: usize, total: usize) {
+        if !self.visit(done, total) {
             return;
         }
         let cands = self.candidates();
@@ -129,35 +204,48 @@ impl Search<'_> {
             _ => 2,
         });
         for (s, kind, start, dur) in conflict {
-            let m = self.m;
-            let slot = match kind {
-                Kind::F => 0,
-                Kind::I => 1,
-                _ => 2,
-            };
-            let j = self.next[s][slot];
-            let end = start + dur;
-            let saved_clock = self.clock[s];
-            self.next[s][slot] += 1;
-            match kind {
-                Kind::F => self.end_f[s * m + j] = end,
-                Kind::I => self.end_i[s * m + j] = end,
-                _ => {}
-            }
-            self.clock[s] = end;
-            self.remaining[s] -= dur;
-            self.orders[s].push(Action::new(s, kind, j));
-            self.dfs(done + 1, total);
-            self.orders[s].pop();
-            self.remaining[s] += dur;
-            self.clock[s] = saved_clock;
-            match kind {
-                Kind::F => self.end_f[s * m + j] = f64::NAN,
-                Kind::I => self.end_i[s * m + j] = f64::NAN,
-                _ => {}
-            }
-            self.next[s][slot] -= 1;
+            let undo = self.apply(s, kind, start, dur);
+            self.active(done + 1, total);
+            self.undo(s, kind, dur, undo);
         }
+    }
+
+    /// Every semi-active schedule, as its passes in start order (ties by rank), so each
+    /// once: what a memory limit needs.
+    fn semi_active(&mut self, done: usize, total: usize, last: (f64, usize)) {
+        if !self.visit(done, total) {
+            return;
+        }
+        for (s, kind, start, dur) in self.candidates() {
+            if start < last.0 - 1e-12 || (start <= last.0 + 1e-12 && s < last.1) {
+                continue;
+            }
+            let undo = self.apply(s, kind, start, dur);
+            self.semi_active(done + 1, total, (start, s));
+            self.undo(s, kind, dur, undo);
+        }
+    }
+
+    fn result(self, upper: f64) -> Exact {
+        let proven = self.nodes <= self.node_limit;
+        let (p, m) = (self.p, self.m);
+        let better = self
+            .best_orders
+            .and_then(|o| Schedule::new("exact", p, p, m, (0..p).collect(), o).ok());
+        Exact {
+            makespan: if better.is_some() { self.best } else { upper },
+            better,
+            nodes: self.nodes,
+            proven,
+        }
+    }
+}
+
+fn slot(kind: Kind) -> usize {
+    match kind {
+        Kind::F => 0,
+        Kind::I => 1,
+        _ => 2,
     }
 }
 
@@ -165,39 +253,13 @@ impl Search<'_> {
 /// `node_limit` nodes, starting from the incumbent makespan `upper` (e.g. a heuristic's).
 /// With `proven`, no schedule beats `makespan`.
 pub fn min_makespan(p: usize, m: usize, costs: &CostModel, upper: f64, node_limit: u64) -> Exact {
-    let remaining = (0..p)
-        .map(|s| m as f64 * (costs.stages[s].f + costs.stages[s].i + costs.stages[s].w))
-        .collect();
-    let mut search = Search {
-        p,
-        m,
-        costs,
-        next: vec![[0; 3]; p],
-        end_f: vec![f64::NAN; p * m],
-        end_i: vec![f64::NAN; p * m],
-        clock: vec![0.0; p],
-        remaining,
-        orders: vec![Vec::new(); p],
-        best: upper + 1e-9,
-        best_orders: None,
-        nodes: 0,
-        node_limit,
-    };
+    let mut search = Search::new(p, m, costs, vec![f64::INFINITY; p], upper, node_limit);
     // Nothing can beat the proven lower bound: no search needed when the incumbent meets it.
     let placement: Vec<usize> = (0..p).collect();
     if upper > crate::bound::lower_bound(&placement, m, costs, None) + 1e-9 {
-        search.dfs(0, 3 * p * m);
+        search.active(0, 3 * p * m);
     }
-    let proven = search.nodes <= node_limit;
-    let better = search
-        .best_orders
-        .and_then(|o| Schedule::new("exact", p, p, m, (0..p).collect(), o).ok());
-    Exact {
-        makespan: if better.is_some() { search.best } else { upper },
-        better,
-        nodes: search.nodes,
-        proven,
-    }
+    search.result(upper)
 }
 
 /// The minimum makespan on a linear placement under a memory limit of `x` × each rank's
@@ -215,153 +277,13 @@ pub fn min_makespan_within(
     upper: f64,
     node_limit: u64,
 ) -> Exact {
-    struct Within<'a> {
-        p: usize,
-        m: usize,
-        costs: &'a CostModel,
-        limit: Vec<f64>,
-        next: Vec<[usize; 3]>,
-        end_f: Vec<f64>,
-        end_i: Vec<f64>,
-        clock: Vec<f64>,
-        mem: Vec<f64>,
-        remaining: Vec<f64>,
-        orders: Vec<Vec<Action>>,
-        best: f64,
-        best_orders: Option<Vec<Vec<Action>>>,
-        nodes: u64,
-        node_limit: u64,
-    }
-    impl Within<'_> {
-        /// The next passes that could run on rank s: (kind, start, duration).
-        fn options(&self, s: usize) -> Vec<(Kind, f64, f64)> {
-            let (p, m) = (self.p, self.m);
-            let [nf, ni, nw] = self.next[s];
-            let st = &self.costs.stages[s];
-            let comm = self.costs.comm;
-            let mut out = Vec::new();
-            let fits = |d: f64| self.mem[s] + d <= self.limit[s] * (1.0 + 1e-9);
-            if nf < m && fits(st.mem_b) {
-                let ready = if s == 0 {
-                    Some(0.0)
-                } else {
-                    let e = self.end_f[(s - 1) * m + nf];
-                    (!e.is_nan()).then_some(e + comm)
-                };
-                if let Some(r) = ready {
-                    out.push((Kind::F, self.clock[s].max(r), st.f));
-                }
-            }
-            if ni < nf && fits(st.mem_w - st.mem_b) {
-                let e = if s + 1 == p {
-                    Some(self.end_f[s * m + ni])
-                } else {
-                    let e = self.end_i[(s + 1) * m + ni];
-                    (!e.is_nan()).then_some(e + comm)
-                };
-                if let Some(r) = e {
-                    out.push((Kind::I, self.clock[s].max(r), st.i));
-                }
-            }
-            if nw < ni {
-                out.push((Kind::W, self.clock[s], st.w));
-            }
-            out
-        }
-
-        fn dfs(&mut self, done: usize, total: usize, last: (f64, usize)) {
-            self.nodes += 1;
-            if self.nodes > self.node_limit {
-                return;
-            }
-            if done == total {
-                let makespan = self.clock.iter().copied().fold(0.0, f64::max);
-                if makespan < self.best - 1e-9 {
-                    self.best = makespan;
-                    self.best_orders = Some(self.orders.clone());
-                }
-                return;
-            }
-            let lb = (0..self.p)
-                .map(|r| self.clock[r] + self.remaining[r])
-                .fold(0.0, f64::max);
-            if lb >= self.best - 1e-9 {
-                return;
-            }
-            for s in 0..self.p {
-                for (kind, start, dur) in self.options(s) {
-                    // Passes in start order, ties by rank: each schedule once.
-                    if start < last.0 - 1e-12 || (start <= last.0 + 1e-12 && s < last.1) {
-                        continue;
-                    }
-                    let m = self.m;
-                    let slot = match kind {
-                        Kind::F => 0,
-                        Kind::I => 1,
-                        _ => 2,
-                    };
-                    let j = self.next[s][slot];
-                    let end = start + dur;
-                    let delta = self.costs.mem_delta(s, kind);
-                    let saved = self.clock[s];
-                    self.next[s][slot] += 1;
-                    match kind {
-                        Kind::F => self.end_f[s * m + j] = end,
-                        Kind::I => self.end_i[s * m + j] = end,
-                        _ => {}
-                    }
-                    self.clock[s] = end;
-                    self.mem[s] += delta;
-                    self.remaining[s] -= dur;
-                    self.orders[s].push(Action::new(s, kind, j));
-                    self.dfs(done + 1, total, (start, s));
-                    self.orders[s].pop();
-                    self.remaining[s] += dur;
-                    self.mem[s] -= delta;
-                    self.clock[s] = saved;
-                    match kind {
-                        Kind::F => self.end_f[s * m + j] = f64::NAN,
-                        Kind::I => self.end_i[s * m + j] = f64::NAN,
-                        _ => {}
-                    }
-                    self.next[s][slot] -= 1;
-                }
-            }
-        }
-    }
-    let mut search = Within {
-        p,
-        m,
-        costs,
-        limit: (0..p)
-            .map(|s| x * costs.stages[s].mem_b * costs.share(s))
-            .collect(),
-        next: vec![[0; 3]; p],
-        end_f: vec![f64::NAN; p * m],
-        end_i: vec![f64::NAN; p * m],
-        clock: vec![0.0; p],
-        mem: vec![0.0; p],
-        remaining: (0..p)
-            .map(|s| m as f64 * (costs.stages[s].f + costs.stages[s].i + costs.stages[s].w))
-            .collect(),
-        orders: vec![Vec::new(); p],
-        best: upper + 1e-9,
-        best_orders: None,
-        nodes: 0,
-        node_limit,
-    };
+    let limit = (0..p)
+        .map(|s| x * costs.stages[s].mem_b * costs.share(s))
+        .collect();
+    let mut search = Search::new(p, m, costs, limit, upper, node_limit);
     let placement: Vec<usize> = (0..p).collect();
     if upper > crate::bound::lower_bound(&placement, m, costs, Some(x)) + 1e-9 {
-        search.dfs(0, 3 * p * m, (f64::NEG_INFINITY, 0));
+        search.semi_active(0, 3 * p * m, (f64::NEG_INFINITY, 0));
     }
-    let proven = search.nodes <= node_limit;
-    let better = search
-        .best_orders
-        .and_then(|o| Schedule::new("exact", p, p, m, placement, o).ok());
-    Exact {
-        makespan: if better.is_some() { search.best } else { upper },
-        better,
-        nodes: search.nodes,
-        proven,
-    }
+    search.result(upper)
 }

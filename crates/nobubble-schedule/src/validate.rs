@@ -223,9 +223,18 @@ pub fn peak_memory(schedule: &Schedule, costs: &CostModel) -> Vec<f64> {
 /// memory one microbatch holds on that rank after its forwards; see
 /// [`CostModel::rank_mem_b`]).
 pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<(), Error> {
+    check_limits(schedule, costs, |rank| costs.rank_limit(schedule, rank, x))
+}
+
+/// Fails on the first action after which a rank holds more than `limit(rank)`.
+fn check_limits(
+    schedule: &Schedule,
+    costs: &CostModel,
+    limit: impl Fn(usize) -> f64,
+) -> Result<(), Error> {
     const EPS: f64 = 1e-9;
     for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
-        let limit = costs.rank_limit(schedule, rank, x);
+        let limit = limit(rank);
         for (k, &used) in trace.iter().enumerate() {
             // Relative tolerance only: memory may be in any unit, however small.
             if used > limit * (1.0 + EPS) {
@@ -234,7 +243,7 @@ pub fn check_memory(schedule: &Schedule, costs: &CostModel, x: f64) -> Result<()
                     action: schedule.orders[rank][k],
                     used,
                     limit,
-                    units: x * costs.share(rank),
+                    units: limit / costs.rank_mem_b(schedule, rank).max(f64::MIN_POSITIVE),
                 });
             }
         }
@@ -249,26 +258,13 @@ pub fn check_memory_budget(
     costs: &CostModel,
     budget: &[f64],
 ) -> Result<(), Error> {
-    const EPS: f64 = 1e-9;
-    for (rank, trace) in memory_trace(schedule, costs).iter().enumerate() {
-        let limit = budget
+    check_limits(schedule, costs, |rank| {
+        budget
             .get(rank)
             .or(budget.first())
             .copied()
-            .unwrap_or(f64::INFINITY);
-        for (k, &used) in trace.iter().enumerate() {
-            if used > limit * (1.0 + EPS) {
-                return Err(Error::MemoryLimit {
-                    rank,
-                    action: schedule.orders[rank][k],
-                    used,
-                    limit,
-                    units: limit / costs.rank_mem_b(schedule, rank).max(f64::MIN_POSITIVE),
-                });
-            }
-        }
-    }
-    Ok(())
+            .unwrap_or(f64::INFINITY)
+    })
 }
 
 /// Full validation: structure, deadlock freedom and (when given) the memory limit.

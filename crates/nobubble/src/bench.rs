@@ -381,6 +381,30 @@ impl Rng {
     pub(crate) fn range(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
+    /// A random pipeline of the baseline benchmarks: p = 2..8, m = p..4p, per-rank F, I, W,
+    /// M_B and M_W, and a link latency.
+    pub(crate) fn pipeline(&mut self) -> (usize, usize, CostSpec) {
+        let p = self.int(2, 8);
+        let m = self.int(p, 4 * p);
+        let stages = (0..p)
+            .map(|_| {
+                let mem_b = self.range(0.5, 2.0);
+                RankCost {
+                    f: self.range(0.5, 3.0),
+                    i: self.range(0.3, 2.0),
+                    w: self.range(0.1, 0.9),
+                    mem_b,
+                    mem_w: mem_b * self.range(0.1, 0.9),
+                }
+            })
+            .collect();
+        let spec = CostSpec {
+            comm: self.range(0.0, 0.5),
+            stages,
+        };
+        (p, m, spec)
+    }
+
     /// Uniform integer in lo..=hi.
     pub(crate) fn int(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next() % (hi - lo + 1) as u64) as usize
@@ -396,24 +420,7 @@ fn baseline(a: &BaselineBenchArgs) -> Result<(), String> {
     let (mut sum_ours, mut sum_theirs, mut best_gain) = (0.0, 0.0, 0.0f64);
     let started = Instant::now();
     for case in 0..a.cases {
-        let p = rng.int(2, 8);
-        let m = rng.int(p, 4 * p);
-        let stages = (0..p)
-            .map(|_| {
-                let mem_b = rng.range(0.5, 2.0);
-                RankCost {
-                    f: rng.range(0.5, 3.0),
-                    i: rng.range(0.3, 2.0),
-                    w: rng.range(0.1, 0.9),
-                    mem_b,
-                    mem_w: mem_b * rng.range(0.1, 0.9),
-                }
-            })
-            .collect();
-        let spec = CostSpec {
-            comm: rng.range(0.0, 0.5),
-            stages,
-        };
+        let (p, m, spec) = rng.pipeline();
         let x = p as f64 + rng.range(0.0, (p + 1) as f64);
         let rate = |kind: ScheduleKind| -> Result<(f64, f64), String> {
             let req = Request {

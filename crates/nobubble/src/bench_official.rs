@@ -225,24 +225,7 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
     let mut tally = [(0usize, 0usize, 0usize, 0usize, 0.0f64, 0.0f64); 3];
     let started = Instant::now();
     for case in 0..a.cases {
-        let p = rng.int(2, 8);
-        let m = rng.int(p, 4 * p);
-        let stages = (0..p)
-            .map(|_| {
-                let mem_b = rng.range(0.5, 2.0);
-                RankCost {
-                    f: rng.range(0.5, 3.0),
-                    i: rng.range(0.3, 2.0),
-                    w: rng.range(0.1, 0.9),
-                    mem_b,
-                    mem_w: mem_b * rng.range(0.1, 0.9),
-                }
-            })
-            .collect();
-        let spec = CostSpec {
-            comm: rng.range(0.0, 0.5),
-            stages,
-        };
+        let (p, m, spec) = rng.pipeline();
         for (k, &kind) in kinds.iter().enumerate() {
             let limit = kind
                 .planning_limit(p, None)

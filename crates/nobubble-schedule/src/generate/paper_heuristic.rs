@@ -365,17 +365,24 @@ impl<'a> Builder<'a> {
         Some(count)
     }
 
-    /// Everything after microbatch 0's forwards, with these warm-up counts.
-    fn finish(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
-        let (p, m, t) = (self.p, self.m, self.t);
+    /// The warm-up forwards of these counts, then microbatch 0's input gradients from the
+    /// last stage up: how both kinds of rounds start.
+    fn warm_up_and_first_backward(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
         for (s, &n) in count.iter().enumerate() {
             for _ in 0..n {
                 self.forward(s, knobs)?;
             }
         }
-        for s in (0..p).rev() {
+        for s in (0..self.p).rev() {
             self.input_grad(s, knobs)?;
         }
+        Some(())
+    }
+
+    /// Everything after microbatch 0's forwards, with these warm-up counts.
+    fn finish(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
+        let (p, m, t) = (self.p, self.m, self.t);
+        self.warm_up_and_first_backward(count, knobs)?;
         // Rounds: one forward per stage, then one input gradient per stage going up.
         while self.next_i.iter().any(|&j| j < m) {
             let mut moved = false;
@@ -530,14 +537,7 @@ impl<'a> Builder<'a> {
     /// gradient per stage, from the last stage up.
     fn finish_official(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
         let (p, m, t) = (self.p, self.m, self.t);
-        for (s, &n) in count.iter().enumerate() {
-            for _ in 0..n {
-                self.forward(s, knobs)?;
-            }
-        }
-        for s in (0..p).rev() {
-            self.input_grad(s, knobs)?;
-        }
+        self.warm_up_and_first_backward(count, knobs)?;
         for _ in 1..m {
             let mut run: Vec<bool> = (0..p).map(|s| self.next_f[s] < m).collect();
             if knobs.skip_forward {

@@ -101,7 +101,10 @@ fn plan_with(
         mem_budget: budget,
         chunks: opts.chunks,
         objective: opts.objective,
-        placement: keep.and_then(Placement::of),
+        // Only zb-auto chooses a placement; the others have theirs.
+        placement: keep
+            .filter(|_| opts.kind == ScheduleKind::ZbAuto)
+            .and_then(Placement::of),
         ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
     };
     let schedule = match &opts.file {

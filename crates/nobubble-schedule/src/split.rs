@@ -41,7 +41,23 @@ impl LayerCosts {
     pub fn from_json(text: &str) -> Result<LayerCosts, Error> {
         let l: LayerCosts =
             serde_json::from_str(text).map_err(|e| Error::Input(format!("layer costs: {e}")))?;
-        l.blocks()?;
+        let blocks = l.blocks()?;
+        // Each entry on its own (a stage's sum could hide a negative one); zero times are
+        // fine for a layer (an embedding's W), not for a whole stage.
+        let named = [("embedding", &l.embedding), ("head", &l.head)]
+            .into_iter()
+            .chain(blocks.iter().map(|b| ("a block", b)));
+        for (what, c) in named {
+            let ok = [c.f, c.i, c.w, c.mem_b, c.mem_w]
+                .iter()
+                .all(|v| v.is_finite() && (0.0..=crate::cost::MAX_VALUE).contains(v));
+            if !ok || c.mem_w > c.mem_b {
+                return Err(Error::Input(format!(
+                    "layer costs: {what} needs times and memory of zero or more, and mem_w no \
+                     larger than mem_b; got {c:?}"
+                )));
+            }
+        }
         Ok(l)
     }
 
@@ -123,8 +139,9 @@ pub struct Split {
     pub schedule: Schedule,
     /// The per-stage costs of the split.
     pub spec: CostSpec,
-    /// The even split's schedule, for comparison.
-    pub even: Schedule,
+    /// The even split's schedule, for comparison (`None` if it does not plan, e.g. over a
+    /// byte budget).
+    pub even: Option<Schedule>,
 }
 
 /// `blocks` spread over `n` stages as evenly as possible, extra blocks to the middle stages
@@ -205,12 +222,17 @@ fn balanced_counts(l: &LayerCosts, n: usize, min_middle: usize) -> Result<Vec<us
 
 /// Plans `req` on the best split of `layers` we find. `req.kind`'s placement decides the
 /// stage count (`zb-auto` without `--placement` tries the linear and the V one). Every
-/// middle stage keeps at least one block (the runtime's rule); a memory limit given as a
-/// multiple applies to each candidate's own M_B, a byte budget (`mem_budget`) holds the
-/// memory fixed.
+/// middle stage keeps at least one block (the runtime's rule). The memory is held fixed: a
+/// byte budget (`mem_budget`) as given, a multiple of M_B (the kind's limit) as the bytes it
+/// means under the even split, which every other split must fit too.
 pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
     let blocks = layers.blocks()?.len();
     let (p, m) = (req.ranks, req.microbatches);
+    if p == 0 || m == 0 || req.chunks == 0 {
+        return Err(Error::Input(
+            "--stages, --microbatches and --chunks must be at least 1".into(),
+        ));
+    }
     let placements: Vec<(Option<Placement>, usize)> = match req.kind {
         ScheduleKind::ZbAuto => match req.placement {
             Some(Placement::V) => vec![(Some(Placement::V), 2 * p)],
@@ -233,6 +255,10 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
     let mut best: Option<Candidate> = None;
     let mut even_best: Option<(Schedule, (f64, f64))> = None;
     let mut errors = Vec::new();
+    let budgeted = matches!(
+        req.kind,
+        ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
+    );
     for (placement, n) in placements {
         let least = usize::from(n > 2);
         if blocks < n.saturating_sub(2) * least {
@@ -241,52 +267,87 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
             ));
             continue;
         }
-        let sub = Request {
+        let plain = Request {
             placement,
             ..req.clone()
         };
-        let evaluate = |counts: &[usize]| -> Option<(Schedule, CostSpec, (f64, f64))> {
-            let spec = layers.spec(counts).ok()?;
-            let s = generate(&sub, &spec).ok()?;
-            let mut c = CostModel::for_schedule(&spec, &s).ok()?;
+        let plan = |counts: &[usize], r: &Request, check: &[f64]| -> Result<Candidate, Error> {
+            let spec = layers.spec(counts)?;
+            let s = generate(r, &spec)?;
+            let mut c = CostModel::for_schedule(&spec, &s)?;
             c.objective = req.objective;
-            let sc = crate::generate::auto::score(&s, &c).ok()?;
-            Some((s, spec, sc))
+            if !check.is_empty() {
+                crate::validate::check_memory_budget(&s, &c, check)?;
+            }
+            let sc = crate::generate::auto::score(&s, &c)?;
+            Ok((counts.to_vec(), s, spec, sc))
         };
+        // The even split under the request as given; its bytes per rank are then the
+        // budget for every other split.
         let even = even_counts(blocks, n);
-        let mut tried: Vec<Vec<usize>> = Vec::new();
-        let mut here: Option<Candidate> = None;
-        let consider = |counts: Vec<usize>,
-                        tried: &mut Vec<Vec<usize>>,
-                        here: &mut Option<Candidate>|
-         -> bool {
+        let first = match plan(&even, &plain, &req.mem_budget) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errors.push(format!("even split on {n} stages: {e}"));
+                None
+            }
+        };
+        let bytes: Vec<f64> = if !req.mem_budget.is_empty() {
+            req.mem_budget.clone()
+        } else {
+            let x = req.kind.planning_limit(p, req.mem_limit).or(req.mem_limit);
+            match (&first, x) {
+                (Some((_, s, spec, _)), Some(x)) => {
+                    let c = CostModel::for_schedule(spec, s)?;
+                    (0..p).map(|r| x * c.rank_mem_b(s, r)).collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        let sub = if budgeted && !bytes.is_empty() {
+            Request {
+                mem_limit: None,
+                mem_budget: bytes.clone(),
+                ..plain.clone()
+            }
+        } else {
+            plain.clone()
+        };
+        if let Some(f) = &first {
+            if even_best
+                .as_ref()
+                .is_none_or(|e| crate::generate::auto::better(f.3, e.1))
+            {
+                even_best = Some((f.1.clone(), f.3));
+            }
+        }
+        let mut tried: Vec<Vec<usize>> = vec![even.clone()];
+        let mut here: Option<Candidate> = first;
+        let mut consider = |counts: Vec<usize>, here: &mut Option<Candidate>| -> bool {
             if tried.contains(&counts) {
                 return false;
             }
             tried.push(counts.clone());
-            match evaluate(&counts) {
-                Some((s, spec, sc))
+            match plan(&counts, &sub, &bytes) {
+                Ok(c)
                     if here
                         .as_ref()
-                        .is_none_or(|h| crate::generate::auto::better(sc, h.3)) =>
+                        .is_none_or(|h| crate::generate::auto::better(c.3, h.3)) =>
                 {
-                    *here = Some((counts, s, spec, sc));
+                    *here = Some(c);
                     true
                 }
-                _ => false,
+                Ok(_) => false,
+                Err(e) => {
+                    if errors.len() < 8 {
+                        errors.push(format!("split {counts:?}: {e}"));
+                    }
+                    false
+                }
             }
         };
-        consider(even.clone(), &mut tried, &mut here);
-        if let Some(h) = &here {
-            if even_best
-                .as_ref()
-                .is_none_or(|e| crate::generate::auto::better(h.3, e.1))
-            {
-                even_best = Some((h.1.clone(), h.3));
-            }
-        }
         if let Ok(c) = balanced_counts(layers, n, least) {
-            consider(c, &mut tried, &mut here);
+            consider(c, &mut here);
         }
         // Single-block moves across each boundary, from the best so far, while they help
         // (a bounded number of plans: each is a full search).
@@ -297,32 +358,26 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
                 for (from, to) in [(k, k + 1), (k + 1, k)] {
                     let mut c = start.clone();
                     let keep = |s: usize| if s > 0 && s + 1 < n { least } else { 0 };
-                    if c[from] <= keep(from) {
+                    if c[from] <= keep(from) || budget == 0 {
                         continue;
                     }
                     c[from] -= 1;
                     c[to] += 1;
-                    if budget == 0 {
-                        break;
-                    }
                     budget -= 1;
-                    moved |= consider(c, &mut tried, &mut here);
+                    moved |= consider(c, &mut here);
                 }
             }
             if !moved || budget == 0 {
                 break;
             }
         }
-        match here {
-            Some(h)
-                if best
-                    .as_ref()
-                    .is_none_or(|b| crate::generate::auto::better(h.3, b.3)) =>
+        if let Some(h) = here {
+            if best
+                .as_ref()
+                .is_none_or(|b| crate::generate::auto::better(h.3, b.3))
             {
-                best = Some(h)
+                best = Some(h);
             }
-            Some(_) => {}
-            None => errors.push(format!("no split plans on {n} stages")),
         }
     }
     let (counts, schedule, spec, _) = best.ok_or_else(|| {
@@ -331,7 +386,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
             errors.join("; ")
         ))
     })?;
-    let even = even_best.map(|e| e.0).unwrap_or_else(|| schedule.clone());
+    let even = even_best.map(|e| e.0);
     Ok(Split {
         counts,
         schedule,
@@ -414,12 +469,14 @@ mod tests {
     }
 
     /// A heavy head: the planned split moves blocks off the last stage and beats the even
-    /// split's makespan; it is never worse than the even split under the objective.
+    /// split's makespan, within the bytes the even split takes at 1F1B's memory.
     #[test]
     fn a_heavy_head_moves_blocks_off_the_last_stage() {
         let l = layers(vec![1.0; 16], 3.0);
-        let mut req = Request::new(ScheduleKind::Zb1p, 4, 8);
+        let mut req = Request::new(ScheduleKind::ZbAuto, 4, 8);
         req.objective = crate::Objective::Makespan;
+        req.placement = Some(Placement::Linear);
+        req.mem_limit = Some(4.0);
         let s = plan_split(&req, &l).unwrap();
         assert_eq!(s.counts.iter().sum::<usize>(), 16);
         assert!(s.counts[3] < 4, "{:?}", s.counts);
@@ -428,7 +485,9 @@ mod tests {
             let c = CostModel::for_schedule(spec, sch).unwrap();
             crate::simulate(sch, &c).unwrap().metrics.makespan
         };
-        assert!(makespan(&s.schedule, &s.spec) < 0.95 * makespan(&s.even, &even_spec));
+        assert!(
+            makespan(&s.schedule, &s.spec) < 0.95 * makespan(s.even.as_ref().unwrap(), &even_spec)
+        );
     }
 
     #[test]

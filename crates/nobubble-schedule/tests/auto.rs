@@ -605,8 +605,8 @@ proptest! {
             let (span, mk) = score(sch, spec);
             if makespan { (mk, span) } else { (span, mk) }
         };
-        let even_spec = layers.spec(&even_counts(blocks, s.even.stages)).unwrap();
-        let (a, b) = (ranked(&s.schedule, &s.spec), ranked(&s.even, &even_spec));
+        let even_spec = layers.spec(&even_counts(blocks, s.even.as_ref().unwrap().stages)).unwrap();
+        let (a, b) = (ranked(&s.schedule, &s.spec), ranked(s.even.as_ref().unwrap(), &even_spec));
         prop_assert!(a.0 <= b.0 * (1.0 + 1e-9), "split {:?}: {a:?} vs even {b:?}", s.counts);
     }
 }

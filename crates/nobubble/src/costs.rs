@@ -134,6 +134,17 @@ impl MemLimit {
     /// Parses the flag's text (see [`CostArgs::mem_limit_text`]).
     pub fn parse(text: &str) -> Result<MemLimit, String> {
         let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        if parts.len() > 1 {
+            if let Some(bare) = parts
+                .iter()
+                .find(|p| crate::train::split_size(p).1.is_none())
+            {
+                return Err(format!(
+                    "--mem-limit: in a list every budget needs a unit (`{bare}` has none): \
+                     write e.g. 20MiB,24MiB or 1609728B,2000000B"
+                ));
+            }
+        }
         if parts.len() == 1 && crate::train::split_size(parts[0]).1.is_none() {
             let x: f64 = parts[0].parse().map_err(|_| {
                 format!("--mem-limit: `{text}` is neither a multiple of MB (e.g. 8) nor a size (e.g. 20MiB)")
@@ -194,6 +205,14 @@ impl CostArgs {
         match self.limit() {
             Ok(MemLimit::Multiple(x)) => nobubble_schedule::check_memory(schedule, costs, x),
             Ok(MemLimit::Budget(b)) => {
+                if b.len() != 1 && b.len() != schedule.ranks {
+                    return Err(nobubble_schedule::Error::Input(format!(
+                        "--mem-limit lists {} budgets for {} ranks: give one for all ranks or \
+                         one per rank",
+                        b.len(),
+                        schedule.ranks
+                    )));
+                }
                 nobubble_schedule::validate::check_memory_budget(schedule, costs, &b)
             }
             _ => Ok(()),
@@ -202,10 +221,24 @@ impl CostArgs {
 
     /// The cost description, from the file when given, else from the flags.
     pub fn spec(&self) -> Result<CostSpec, String> {
-        self.limit()?;
+        let limit = self.limit()?;
         if self.layer_costs.is_some() {
-            // The stages' costs come from the split; this stands in until then.
-            return Ok(CostSpec::uniform(RankCost::default(), 0.0));
+            return Err(
+                "--layer-costs works with `nobubble plan`, which chooses the layer split; here \
+                 give --cost or --costs"
+                    .into(),
+            );
+        }
+        // A size needs memory in bytes: with the unitless default --mem it would mean
+        // millions of microbatches, that is no limit at all.
+        if let MemLimit::Budget(_) = limit {
+            if self.costs.is_none() && self.mem == "1,0.5" {
+                return Err(
+                    "--mem-limit as a size needs --mem (or --costs) in bytes, e.g. --mem \
+                     201216,73728; or give a multiple of MB, e.g. --mem-limit 8"
+                        .into(),
+                );
+            }
         }
         if let Some(path) = &self.costs {
             let text = std::fs::read_to_string(path)
@@ -239,9 +272,14 @@ pub struct Planned {
     pub sim: Simulation,
     /// With `--mem-limit` budgets: the multiple of M_B the ranks' shares on `costs` are of.
     pub budget_multiple: Option<f64>,
-    /// With `--layer-costs`: the blocks per stage chosen, and the even split's simulation.
-    pub split: Option<(Vec<usize>, Simulation, Vec<usize>)>,
+    /// With `--layer-costs`: the blocks per stage chosen, and the even split with its
+    /// simulation (`None` where the even split does not plan).
+    pub split: Option<ChosenSplit>,
 }
+
+/// `--layer-costs`' outcome: the blocks per stage chosen, and the even split with its
+/// simulation (`None` where the even split does not plan).
+pub type ChosenSplit = (Vec<usize>, Option<(Vec<usize>, Simulation)>);
 
 /// Generates `kind` for the pipeline and the cost flags, and simulates it: what `plan` and
 /// `compare` both start from.
@@ -252,7 +290,13 @@ pub fn plan(
     chunks: usize,
     cost_args: &CostArgs,
 ) -> Result<Planned, String> {
-    let spec = cost_args.spec()?;
+    let spec = if cost_args.layer_costs.is_some() {
+        cost_args.limit()?;
+        // The stages' costs come from the split.
+        CostSpec::uniform(RankCost::default(), 0.0)
+    } else {
+        cost_args.spec()?
+    };
     let req = Request {
         kind,
         ranks,
@@ -284,15 +328,17 @@ pub fn plan(
                 nobubble_schedule::split::plan_split(&req, &layers)
             })
             .map_err(|e| e.to_string())?;
-            let even_counts = nobubble_schedule::split::even_counts(
-                layers.blocks().map_err(|e| e.to_string())?.len(),
-                s.even.stages,
-            );
-            let even_spec = layers.spec(&even_counts).map_err(|e| e.to_string())?;
-            let even_costs =
-                CostModel::for_schedule(&even_spec, &s.even).map_err(|e| e.to_string())?;
-            let even_sim = simulate(&s.even, &even_costs).map_err(|e| e.to_string())?;
-            split = Some((s.counts, even_sim, even_counts));
+            let blocks = layers.blocks().map_err(|e| e.to_string())?.len();
+            let even = match &s.even {
+                Some(e) => {
+                    let counts = nobubble_schedule::split::even_counts(blocks, e.stages);
+                    let spec = layers.spec(&counts).map_err(|e| e.to_string())?;
+                    let c = CostModel::for_schedule(&spec, e).map_err(|e| e.to_string())?;
+                    Some((counts, simulate(e, &c).map_err(|e| e.to_string())?))
+                }
+                None => None,
+            };
+            split = Some((s.counts, even));
             (s.schedule, s.spec)
         }
     };

@@ -101,31 +101,41 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         args.width,
         colour,
     );
-    if let Some((counts, even, even_counts)) = &split {
+    if let Some((counts, even)) = &split {
         let join = |c: &[usize]| {
             c.iter()
                 .map(|x| x.to_string())
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let (m, e) = (&sim.metrics, &even.metrics);
+        let m = &sim.metrics;
         match args.format {
-            Format::Text => out.push_str(&format!(
-                "layer split (blocks per stage): {}; the even split {} gives makespan {} \
-                 (bubble rate {:.2}%), this one {} ({:.2}%)\n",
-                join(counts),
-                join(even_counts),
-                fmt_num(e.makespan),
-                100.0 * e.bubble_rate,
-                fmt_num(m.makespan),
-                100.0 * m.bubble_rate
-            )),
+            Format::Text => {
+                let versus = match even {
+                    Some((c, e)) => format!(
+                        "the even split {} gives makespan {} (bubble rate {:.2}%)",
+                        join(c),
+                        fmt_num(e.metrics.makespan),
+                        100.0 * e.metrics.bubble_rate
+                    ),
+                    None => "the even split does not plan within these limits".to_string(),
+                };
+                out.push_str(&format!(
+                    "layer split (blocks per stage): {}; {versus}, this one {} ({:.2}%)\n",
+                    join(counts),
+                    fmt_num(m.makespan),
+                    100.0 * m.bubble_rate
+                ));
+            }
             Format::Json => {
                 let mut v: serde_json::Value =
                     serde_json::from_str(&out).map_err(|e| e.to_string())?;
                 v["layer_split"] = serde_json::json!(counts);
-                v["even_split"] = serde_json::json!({"layers": even_counts,
-                    "makespan": e.makespan, "bubble_rate": e.bubble_rate});
+                v["even_split"] = match even {
+                    Some((c, e)) => serde_json::json!({"layers": c,
+                        "makespan": e.metrics.makespan, "bubble_rate": e.metrics.bubble_rate}),
+                    None => serde_json::Value::Null,
+                };
                 out = serde_json::to_string_pretty(&v).expect("serializes") + "\n";
             }
             _ => {}

@@ -306,10 +306,7 @@ fn zb_auto_is_never_worse_than_the_papers_scheduler_on_random_pipelines() {
     .unwrap();
     assert_eq!(out["worse"], 0, "{out}");
     assert!(out["better"].as_u64().unwrap() >= 10, "{out}");
-    assert!(
-        out["mean_bubble_zb_auto"].as_f64().unwrap()
-            < out["mean_bubble_zb_paper"].as_f64().unwrap()
-    );
+    assert!(out["mean_span_ratio"].as_f64().unwrap() < 1.0, "{out}");
 }
 
 #[test]
@@ -538,7 +535,7 @@ fn mem_limit_takes_a_multiple_a_size_or_one_size_per_rank() {
         ("8KB,8KB", "2 budgets for 4 ranks"),
         ("0.5KB", "below one microbatch"),
         ("lots", "neither a multiple"),
-        ("8KB,x", "not a size"),
+        ("8KB,x", "needs a unit"),
     ] {
         let mut args = base.to_vec();
         args.push(bad);

@@ -3,7 +3,8 @@
 //! Candidates come from the list scheduler ([`super::greedy`]) under every combination of
 //! its policies, and from the handcrafted schedules that fit the limit; the best by the
 //! simulator is then improved by local search (moving weight gradients). The objective is
-//! the paper's: the longest per-rank span, then the makespan.
+//! the costs' [`Objective`]: the paper's longest per-rank span then the makespan, or the
+//! other way round.
 
 use super::greedy::{list_schedule_bound, Policy};
 use crate::cost::{CostModel, CostSpec, Objective};
@@ -353,7 +354,7 @@ pub fn zb_auto(
     let mut costs = CostModel::for_layout(spec, p, p)?;
     costs.objective = objective;
     let x = apply_budget(&mut costs, &placement, m, budget, x)?;
-    if !budget.is_empty() {
+    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
         // Also the plan under the tightest rank's multiple for every rank (which fits every
         // budget), so per-rank budgets never plan worse than one shared multiple.
         let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
@@ -702,7 +703,8 @@ impl TemplateSearch<'_> {
             let peaks = crate::validate::peak_memory(&s, self.costs);
             let mut fits = true;
             for (r, &peak) in peaks.iter().enumerate() {
-                let unit = self.costs.rank_mem_b(&s, r).max(f64::MIN_POSITIVE);
+                let unit =
+                    (self.costs.rank_mem_b(&s, r) * self.costs.share(r)).max(f64::MIN_POSITIVE);
                 let excess = peak / unit - x;
                 if excess <= 1e-9 {
                     continue;

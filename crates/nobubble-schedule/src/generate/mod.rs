@@ -322,8 +322,16 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         | ScheduleKind::VMin
         | ScheduleKind::VAuto
         | ScheduleKind::DualPipeV => p.saturating_mul(2),
+        ScheduleKind::ZbAuto if req.placement == Some(Placement::V) => p.saturating_mul(2),
         _ => p,
     };
+    if req.placement.is_some() && req.kind != ScheduleKind::ZbAuto {
+        return Err(Error::Input(format!(
+            "--placement chooses zb-auto's placement; {} has its own (drop --placement, or use \
+             zb-auto)",
+            req.kind.name()
+        )));
+    }
     let actions = stages.saturating_mul(m).saturating_mul(3);
     if actions > MAX_ACTIONS {
         return Err(Error::Input(format!(
@@ -377,15 +385,28 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             };
             let budget = &req.mem_budget;
             let linear = (req.placement != Some(Placement::V))
-                .then(|| zb_auto(p, m, costs, x, name, objective, budget))
-                .transpose()?;
-            // With budgets, a V plan that cannot fit does not sink a linear one that can.
-            let v = match try_v.then(|| v_auto(p, m, costs, x, name, objective, budget)) {
-                Some(Ok(s)) => Some(s),
-                Some(Err(e)) if linear.is_none() => return Err(e),
-                _ => None,
+                .then(|| zb_auto(p, m, costs, x, name, objective, budget));
+            // Compared at the same bytes per rank: a multiple of M_B becomes the linear
+            // layout's bytes for the V plan too (the V layout's M_B per rank differs when the
+            // model's segments do).
+            let v_budget = match (budget.is_empty(), req.placement) {
+                (true, None) => CostModel::for_layout(costs, p, p)
+                    .map(|c| c.stages.iter().map(|s| x * s.mem_b).collect::<Vec<f64>>())
+                    .unwrap_or_default(),
+                _ => budget.clone(),
             };
-            pick_placement(linear, v, costs, objective)
+            let v = try_v.then(|| v_auto(p, m, costs, x, name, objective, &v_budget));
+            // Either placement may fail where the other plans (a budget one cannot meet, a
+            // costs file listing one of the layouts' stages): an error only if both do.
+            match (linear, v) {
+                (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => return Err(e),
+                (l, v) => pick_placement(
+                    l.and_then(Result::ok),
+                    v.and_then(Result::ok),
+                    costs,
+                    objective,
+                ),
+            }
         }
         ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
             p,

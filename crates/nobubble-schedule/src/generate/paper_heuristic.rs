@@ -146,9 +146,8 @@ pub(crate) fn zb_paper(
     }
     let (_, orders) = best.ok_or_else(|| {
         Error::Input(format!(
-            "the paper's heuristic finds no schedule within {x} × M_B: its 1F1B-like warm-up \
-             needs about min(p, m) = {} × M_B; use a larger --mem-limit",
-            p.min(m)
+            "the paper's heuristic finds no schedule within {x} × M_B (every rank must hold \
+             one microbatch's activations); use a larger --mem-limit, or zb-auto"
         ))
     })?;
     let placement: Vec<usize> = (0..p).collect();

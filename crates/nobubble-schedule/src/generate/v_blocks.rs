@@ -1,6 +1,8 @@
 //! V schedules from a repeating building block, squeezed to a memory cap: the construction
 //! of the zero-bubble authors' V-Half and V-Min (Qi et al., "Pipeline Parallelism with
-//! Controllable Memory", §4; described in our own words in `docs/notes/official-schedulers.md`).
+//! Controllable Memory", §4; their open-source scheduler, sail-sg/zero-bubble-pipeline-
+//! parallelism). Our own implementation of how it behaves, as described in
+//! `docs/notes/official-schedulers.md`; none of its code is used.
 //!
 //! Everything happens in unit time slots. Rank i runs microbatch k's chunk-0 forward,
 //! chunk-1 forward, chunk-1 input gradient and chunk-0 input gradient at fixed offsets plus
@@ -170,7 +172,7 @@ impl Slots {
 
     /// Puts each rank's W's into its free slots in order, one per free slot, chunk 1's
     /// first; whatever is left goes after the last pass.
-    fn put_w(&mut self) {
+    fn fill_free_slots(&mut self) {
         for d in 0..self.p {
             let order = self.rank_order(d);
             let (mut q1, mut q0) = (std::collections::VecDeque::new(), Default::default());
@@ -219,7 +221,9 @@ impl Slots {
     /// Moves warm-up (unless `cooldown_only`) and cool-down passes to the earliest free
     /// slot after their inputs that keeps each rank's unit memory within its `cap`, visiting
     /// passes in slot order; the steady state keeps its slots.
-    fn squeeze(&mut self, cap: &[i64], explicit_w: bool, cooldown_only: bool) {
+    /// Returns whether the cap held any move back (if not, a larger cap squeezes alike).
+    fn squeeze(&mut self, cap: &[i64], explicit_w: bool, cooldown_only: bool) -> bool {
+        let mut capped = false;
         let mut nodes: Vec<(i64, usize, Pass, usize)> = (0..self.p)
             .flat_map(|d| {
                 self.rank_order(d)
@@ -281,6 +285,8 @@ impl Slots {
                 }
             };
             let Some(s) = (from as usize..c).find(|&s| o[s].is_none() && fits(o, s)) else {
+                // A free slot refused is one the memory cap refused.
+                capped |= (from as usize..c).any(|s| o[s].is_none());
                 continue;
             };
             o[c] = None;
@@ -302,6 +308,7 @@ impl Slots {
             };
             level[d][s..c].iter_mut().for_each(|l| *l += shift);
         }
+        capped
     }
 
     /// Re-times every pass by eager unit-time execution of each rank's slot order, so the
@@ -359,56 +366,71 @@ impl Slots {
     }
 }
 
+/// One building block on a memory ladder.
+struct Rung {
+    block: Block,
+    /// The block's own unit peak (chunk activations).
+    own: i64,
+    /// The last schedule it gave.
+    last: Option<Schedule>,
+    /// Whether the last squeeze was held back by its cap (if not, larger caps squeeze
+    /// alike and the block is done).
+    capped: bool,
+}
+
 /// Both building blocks along a memory ladder: each at its own peak, and squeezed to every
-/// larger cap a level allows until a larger cap changes nothing.
-pub(crate) struct Ladder {
-    blocks: Vec<(Block, i64, Option<Schedule>, bool)>,
+/// larger cap a level allows until the cap no longer holds a move back.
+pub(crate) struct BlockLadder {
+    rungs: Vec<Rung>,
     p: usize,
     m: usize,
     /// Each rank's share of the limit ([`crate::cost::CostModel::rank_share`]).
     share: Vec<f64>,
 }
 
-impl Ladder {
-    pub(crate) fn new(p: usize, m: usize, name: &str, share: Vec<f64>) -> Ladder {
-        let blocks = [Block::Half, Block::Min]
+impl BlockLadder {
+    pub(crate) fn new(p: usize, m: usize, name: &str, share: Vec<f64>) -> BlockLadder {
+        let rungs = [Block::Half, Block::Min]
             .into_iter()
-            .filter_map(|b| {
-                let (s, own) = squeezed(p, m, b, None, name)?;
-                Some((b, own, Some(s), false))
+            .filter_map(|block| {
+                let (s, own, capped) = squeezed(p, m, block, None, name)?;
+                Some(Rung {
+                    block,
+                    own,
+                    last: Some(s),
+                    capped,
+                })
             })
             .collect();
-        Ladder {
-            blocks,
-            p,
-            m,
-            share,
-        }
+        BlockLadder { rungs, p, m, share }
     }
 
     /// The blocks squeezed to their own peaks (independent of the limit).
     pub(crate) fn own(&self) -> Vec<Schedule> {
-        self.blocks.iter().filter_map(|b| b.2.clone()).collect()
+        self.rungs.iter().filter_map(|r| r.last.clone()).collect()
     }
 
     /// The blocks squeezed to `x` × M_B (2x chunk activations), where that is above their own
-    /// peak and still changes the schedule.
+    /// peak and the cap still held a move back.
     pub(crate) fn at(&mut self, x: f64, name: &str) -> Vec<Schedule> {
         // Chunk activations each rank may hold: 2x, times its share of the limit.
         let cap: Vec<i64> = (0..self.p)
             .map(|d| (2.0 * x * self.share.get(d).copied().unwrap_or(1.0) + 1e-9).floor() as i64)
             .collect();
         let mut out = Vec::new();
-        for (block, own, last, done) in &mut self.blocks {
-            if *done || cap.iter().all(|c| c <= own) {
+        for rung in &mut self.rungs {
+            if !rung.capped || cap.iter().all(|&c| c <= rung.own) {
                 continue;
             }
-            match squeezed(self.p, self.m, *block, Some(&cap), name) {
-                Some((s, _)) if last.as_ref() != Some(&s) => {
-                    *last = Some(s.clone());
-                    out.push(s);
+            match squeezed(self.p, self.m, rung.block, Some(&cap), name) {
+                Some((s, _, capped)) => {
+                    rung.capped = capped;
+                    if rung.last.as_ref() != Some(&s) {
+                        rung.last = Some(s.clone());
+                        out.push(s);
+                    }
                 }
-                _ => *done = true,
+                None => rung.capped = false,
             }
         }
         out
@@ -416,21 +438,21 @@ impl Ladder {
 
     /// Whether larger limits give nothing new.
     pub(crate) fn settled(&self) -> bool {
-        self.blocks.iter().all(|b| b.3)
+        self.rungs.iter().all(|r| !r.capped)
     }
 }
 
 /// The building block `block` for `p` ranks and `m` microbatches, squeezed to `cap` chunk
-/// activations per rank (at least the block's own peak): a V schedule named `name` and the
-/// cap used, or `None` if the squeeze deadlocks (never seen; the caller keeps its other
-/// candidates).
+/// activations per rank (at least the block's own peak): a V schedule named `name`, the
+/// block's own peak, and whether the cap held a move back; `None` if the squeeze deadlocks
+/// (never seen; the caller keeps its other candidates).
 pub(crate) fn squeezed(
     p: usize,
     m: usize,
     block: Block,
     cap: Option<&[i64]>,
     name: &str,
-) -> Option<(Schedule, i64)> {
+) -> Option<(Schedule, i64, bool)> {
     let mut s = Slots {
         p,
         m,
@@ -460,7 +482,7 @@ pub(crate) fn squeezed(
             return None;
         }
     }
-    s.put_w();
+    s.fill_free_slots();
     let own = s
         .occupancy()
         .iter()
@@ -468,13 +490,13 @@ pub(crate) fn squeezed(
         .max()
         .unwrap_or(0);
     let cap: Vec<i64> = (0..p).map(|d| cap.map_or(own, |c| c[d].max(own))).collect();
-    s.squeeze(&cap, true, false);
+    let mut capped = s.squeeze(&cap, true, false);
     if !s.retime() {
         return None;
     }
     s.drop_w();
-    s.squeeze(&cap, false, true);
-    s.put_w();
+    capped |= s.squeeze(&cap, false, true);
+    s.fill_free_slots();
     let orders = (0..p)
         .map(|d| {
             let (c0, c1) = (d, 2 * p - 1 - d);
@@ -501,5 +523,5 @@ pub(crate) fn squeezed(
     )
     .ok()?;
     crate::sim::span_and_makespan(&s, &unit)?;
-    Some((s, own))
+    Some((s, own, capped))
 }

@@ -1,6 +1,8 @@
 //! A cost-aware greedy for the V placement under any memory limit: the construction of the
 //! zero-bubble authors' ZB-V scheduler (Qi et al., "Pipeline Parallelism with Controllable
-//! Memory", described in our own words in `docs/notes/official-schedulers.md`).
+//! Memory"; their open-source scheduler, sail-sg/zero-bubble-pipeline-parallelism). This is
+//! our own implementation of how that scheduler behaves, as described in
+//! `docs/notes/official-schedulers.md`; none of its code is used.
 //!
 //! It builds every rank's list round by round, timing each pass as it goes: a warm-up of
 //! chunk-0 forwards sized so the first chunk-1 forward arrives just in time, then 2m rounds
@@ -36,9 +38,9 @@ struct Device {
 #[derive(Clone, Copy)]
 struct Knobs {
     /// Over-budget W before the first (chunk-1) input gradient.
-    fill_b: bool,
+    overrun_before_backward: bool,
     /// Over-budget W before a forward.
-    fill_f: bool,
+    overrun_before_forward: bool,
 }
 
 struct Greedy<'a> {
@@ -48,7 +50,7 @@ struct Greedy<'a> {
     limit: Vec<f64>,
     knobs: Knobs,
     /// Extra idle time each rank is allowed (the previous run's, or none).
-    approved: Option<Vec<f64>>,
+    allowed_idle: Option<Vec<f64>>,
     end_f: Vec<f64>,
     end_i: Vec<f64>,
     dev: Vec<Device>,
@@ -99,7 +101,7 @@ impl<'a> Greedy<'a> {
 
     fn budget(&self, d: usize) -> f64 {
         let worst = self.dev.iter().map(|x| x.bubble).fold(0.0, f64::max);
-        let extra = self.approved.as_ref().map_or(0.0, |a| {
+        let extra = self.allowed_idle.as_ref().map_or(0.0, |a| {
             a.iter().copied().fold(f64::NEG_INFINITY, f64::max) - a[d]
         });
         worst.max(extra)
@@ -223,6 +225,9 @@ impl<'a> Greedy<'a> {
                             && self.dev[j].mem + fmem(&self, j) <= self.limit[j] * (1.0 + EPS)
                     });
                     let late = dev.clock + f > back + EPS * back.abs().max(1.0);
+                    // Before its first backward rank i still runs its chunk-1 forward of
+                    // microbatch 0 and, in the fill below, i more pairs of forwards: keep
+                    // room for those 2i + 1 and this one.
                     let full = !room
                         || dev.mem + (2 + 2 * i) as f64 * fmem(&self, i)
                             > self.limit[i] * (1.0 + EPS);
@@ -230,8 +235,10 @@ impl<'a> Greedy<'a> {
                         self.bound |= full && !late;
                         break;
                     }
-                    for j in 0..=i {
-                        self.place(j, Kind::F, 0, false);
+                    // `room` guarantees every rank 0..=i can take this forward.
+                    let placed = (0..=i).all(|j| self.place(j, Kind::F, 0, false));
+                    if !placed {
+                        return None;
                     }
                 }
             }
@@ -276,7 +283,7 @@ impl<'a> Greedy<'a> {
                 progress |= self.place(d, Kind::I, 0, true);
             }
             for d in (0..p).filter(|&d| !second[d]) {
-                progress |= self.place(d, Kind::I, 1, self.knobs.fill_b);
+                progress |= self.place(d, Kind::I, 1, self.knobs.overrun_before_backward);
             }
             for d in 0..p {
                 let x = &self.dev[d];
@@ -294,7 +301,7 @@ impl<'a> Greedy<'a> {
                     None
                 };
                 if let Some(c) = c.filter(|&c| ready(&self, c)) {
-                    progress |= self.place(d, Kind::F, c, self.knobs.fill_f);
+                    progress |= self.place(d, Kind::F, c, self.knobs.overrun_before_forward);
                 }
             }
             stuck = if progress { 0 } else { stuck + 1 };
@@ -341,10 +348,10 @@ pub(crate) fn candidates(p: usize, m: usize, costs: &CostModel, x: f64) -> (Vec<
     } else {
         &[costs, &median]
     };
-    for (model, fill_b, fill_f) in models.iter().flat_map(|&c| {
+    for (model, overrun_before_backward, overrun_before_forward) in models.iter().flat_map(|&c| {
         [(false, false), (true, false), (false, true), (true, true)].map(|(b, f)| (c, b, f))
     }) {
-        let mut approved = None;
+        let mut allowed_idle = None;
         let mut worst = f64::INFINITY;
         // Each re-run is one pass over p·m; a few suffice (the idle times settle quickly).
         let reruns = if p * m <= 1024 { 8 } else { 3 };
@@ -354,8 +361,11 @@ pub(crate) fn candidates(p: usize, m: usize, costs: &CostModel, x: f64) -> (Vec<
                 m,
                 costs: model,
                 limit: limit.clone(),
-                knobs: Knobs { fill_b, fill_f },
-                approved: approved.clone(),
+                knobs: Knobs {
+                    overrun_before_backward,
+                    overrun_before_forward,
+                },
+                allowed_idle: allowed_idle.clone(),
                 end_f: vec![f64::NAN; 2 * p * m],
                 end_i: vec![f64::NAN; 2 * p * m],
                 dev: vec![Device::default(); p],
@@ -373,7 +383,7 @@ pub(crate) fn candidates(p: usize, m: usize, costs: &CostModel, x: f64) -> (Vec<
                 break;
             }
             worst = w;
-            approved = Some(bubbles);
+            allowed_idle = Some(bubbles);
         }
     }
     (out, bound)
@@ -396,11 +406,11 @@ fn median_times(costs: &CostModel) -> CostModel {
 
 /// [`candidates`] along a memory ladder, remembered once the limit stopped shaping them.
 #[derive(Default)]
-pub(crate) struct Ladder {
+pub(crate) struct GreedyLadder {
     unbound: Option<Vec<Schedule>>,
 }
 
-impl Ladder {
+impl GreedyLadder {
     /// The greedy's schedules at `x` × M_B.
     pub(crate) fn at(&mut self, p: usize, m: usize, costs: &CostModel, x: f64) -> Vec<Schedule> {
         if let Some(s) = &self.unbound {

@@ -188,12 +188,15 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
     Schedule::new("dualpipe-v", 2 * p, p, m, v_placement(p), orders)
 }
 
-/// The best V schedule we find under `x` × M_B per rank. Climbs the memory
-/// [`ladder`](super::auto::ladder) running the same steps at every level (so more memory
-/// never gives a worse schedule): the ZB-V pattern when it fits, the list scheduler under
-/// its three policies, the periodic schedules (see [`super::periodic`]) that fit, and a
-/// local search over weight-gradient positions (large pipelines: one policy, no local
-/// search).
+/// The best V schedule we find under `x` × M_B per rank (or per-rank byte budgets). Climbs
+/// the memory [`ladder`](super::auto::ladder) running the same steps at every level (so more
+/// memory never gives a worse schedule): the ZB-V pattern when it fits, the authors' ZB-V
+/// greedy ([`super::v_greedy`]; on large pipelines from p/2 × M_B up), their V-Half and
+/// V-Min building blocks squeezed to the level ([`super::v_blocks`]), the list scheduler
+/// under its three policies, the periodic schedules (see [`super::periodic`]) that fit, and
+/// a local search over weight-gradient positions. Pipelines over
+/// [`super::auto::LADDER_MAX_ACTIONS`] passes plan at the limit only: one policy, no ladder,
+/// no local search.
 pub fn v_auto(
     p: usize,
     m: usize,
@@ -207,7 +210,7 @@ pub fn v_auto(
     let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
     costs.objective = objective;
     let x = super::auto::apply_budget(&mut costs, &placement, m, budget, x)?;
-    if !budget.is_empty() {
+    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
         // As in `zb_auto`: never worse than the tightest rank's multiple shared by all.
         let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
         let shared = v_auto(p, m, spec, tight, name, objective, &[])?;
@@ -240,8 +243,8 @@ fn v_auto_within(
     let pattern = zb_v_pattern(p, m)?;
     let pattern_need = needed_limit(&pattern, &costs);
     let pattern_score = score(&pattern, &costs)?;
-    let mut greedy = super::v_greedy::Ladder::default();
-    let mut blocks = super::v_blocks::Ladder::new(p, m, name, costs.rank_share.clone());
+    let mut greedy = super::v_greedy::GreedyLadder::default();
+    let mut blocks = super::v_blocks::BlockLadder::new(p, m, name, costs.rank_share.clone());
     let mut periodic = Vec::new();
     for s in super::periodic::candidates(name, &placement, p, m, &costs) {
         let need = needed_limit(&s, &costs);

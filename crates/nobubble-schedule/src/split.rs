@@ -279,7 +279,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
             if !check.is_empty() {
                 crate::validate::check_memory_budget(&s, &c, check)?;
             }
-            let sc = crate::generate::auto::score(&s, &c)?;
+            let sc = crate::generate::search::score(&s, &c)?;
             Ok((counts.to_vec(), s, spec, sc))
         };
         // The even split under the request as given; its bytes per rank are then the
@@ -316,7 +316,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         if let Some(f) = &first {
             if even_best
                 .as_ref()
-                .is_none_or(|e| crate::generate::auto::better(f.3, e.1))
+                .is_none_or(|e| crate::generate::search::better(f.3, e.1))
             {
                 even_best = Some((f.1.clone(), f.3));
             }
@@ -332,7 +332,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
                 Ok(c)
                     if here
                         .as_ref()
-                        .is_none_or(|h| crate::generate::auto::better(c.3, h.3)) =>
+                        .is_none_or(|h| crate::generate::search::better(c.3, h.3)) =>
                 {
                     *here = Some(c);
                     true
@@ -374,7 +374,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         if let Some(h) = here {
             if best
                 .as_ref()
-                .is_none_or(|b| crate::generate::auto::better(h.3, b.3))
+                .is_none_or(|b| crate::generate::search::better(h.3, b.3))
             {
                 best = Some(h);
             }

@@ -7,6 +7,7 @@ mod drain;
 pub mod greedy;
 mod paper_heuristic;
 mod periodic;
+pub(crate) mod search;
 mod v_blocks;
 mod v_greedy;
 pub mod v_shape;
@@ -421,7 +422,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             c.objective = req.objective;
             let x = limit.expect("auto kinds plan under a limit");
             let budget = if budgeted { &req.mem_budget[..] } else { &[] };
-            let x = auto::apply_budget(&mut c, &classic::linear_placement(p), m, budget, x)?;
+            let x = search::apply_budget(&mut c, &classic::linear_placement(p), m, budget, x)?;
             paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
         }),
         ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
@@ -460,8 +461,8 @@ pub fn official_v(
             v_greedy::candidates(p, m, &costs, p as f64)
                 .0
                 .into_iter()
-                .filter_map(|s| auto::score(&s, &costs).ok().map(|sc| (s, sc)))
-                .reduce(|a, b| if auto::better(b.1, a.1) { b } else { a })
+                .filter_map(|s| search::score(&s, &costs).ok().map(|sc| (s, sc)))
+                .reduce(|a, b| if search::better(b.1, a.1) { b } else { a })
                 .map(|(mut s, _)| {
                     s.name = name.to_string();
                     s
@@ -494,13 +495,13 @@ fn pick_placement(
     spec: &CostSpec,
     objective: Objective,
 ) -> Result<Schedule, Error> {
-    let ranked = |s: &Schedule| -> Result<auto::Score, Error> {
+    let ranked = |s: &Schedule| -> Result<search::Score, Error> {
         let mut c = CostModel::for_schedule(spec, s)?;
         c.objective = objective;
-        auto::score(s, &c)
+        search::score(s, &c)
     };
     match (linear, v) {
-        (Some(l), Some(v)) => Ok(if auto::better(ranked(&v)?, ranked(&l)?) {
+        (Some(l), Some(v)) => Ok(if search::better(ranked(&v)?, ranked(&l)?) {
             v
         } else {
             l

@@ -63,7 +63,7 @@ pub(crate) fn candidates(
         let Ok(probe) = expand(name, placement, ranks, m.min(short), &t, period) else {
             continue;
         };
-        let need = super::auto::needed_limit(&probe, costs);
+        let need = super::search::needed_limit(&probe, costs);
         if kept.iter().all(|(n, _, _)| need < n - 1e-9) {
             kept.push((need, t, period));
         }

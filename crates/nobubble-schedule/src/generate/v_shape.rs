@@ -3,7 +3,7 @@
 //! Each chunk costs half of a rank's share (the one-rank's-share convention of
 //! [`crate::cost`]).
 
-use super::auto::{
+use super::search::{
     better, fits, improve, ladder, needed_limit, on_floor, pick_best, score, unlimited_floor,
     LadderRuns, Score,
 };
@@ -189,7 +189,7 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 }
 
 /// The best V schedule we find under `x` × M_B per rank (or per-rank byte budgets). Climbs
-/// the memory [`ladder`](super::auto::ladder) running the same steps at every level (so more
+/// the memory [`ladder`](super::search::ladder) running the same steps at every level (so more
 /// memory never gives a worse schedule): the ZB-V pattern when it fits, the authors' ZB-V
 /// greedy ([`super::v_greedy`]; on large pipelines from p/2 × M_B up), their V-Half and
 /// V-Min building blocks squeezed to the level ([`super::v_blocks`]), the list scheduler
@@ -209,13 +209,13 @@ pub fn v_auto(
     let placement = v_placement(p);
     let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
     costs.objective = objective;
-    let x = super::auto::apply_budget(&mut costs, &placement, m, budget, x)?;
+    let x = super::search::apply_budget(&mut costs, &placement, m, budget, x)?;
     if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
         // As in `zb_auto`: never worse than the tightest rank's multiple shared by all.
         let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
         let shared = v_auto(p, m, spec, tight, name, objective, &[])?;
         let own = v_auto_within(p, m, &costs, x, name)?;
-        return Ok(super::auto::keep_better(own, shared, &costs));
+        return Ok(super::search::keep_better(own, shared, &costs));
     }
     v_auto_within(p, m, &costs, x, name)
 }

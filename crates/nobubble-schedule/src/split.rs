@@ -127,8 +127,14 @@ impl LayerCosts {
     }
 }
 
-/// A split, its schedule, its stage costs and its score.
-type Candidate = (Vec<usize>, Schedule, CostSpec, (f64, f64));
+/// A split planned.
+#[derive(Clone)]
+struct Candidate {
+    counts: Vec<usize>,
+    schedule: Schedule,
+    spec: CostSpec,
+    score: (f64, f64),
+}
 
 /// The split chosen and what it planned.
 #[derive(Clone, Debug, PartialEq)]
@@ -280,7 +286,12 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
                 crate::validate::check_memory_budget(&s, &c, check)?;
             }
             let sc = crate::generate::search::score(&s, &c)?;
-            Ok((counts.to_vec(), s, spec, sc))
+            Ok(Candidate {
+                counts: counts.to_vec(),
+                schedule: s,
+                spec,
+                score: sc,
+            })
         };
         // The even split under the request as given; its bytes per rank are then the
         // budget for every other split.
@@ -297,9 +308,9 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         } else {
             let x = req.kind.planning_limit(p, req.mem_limit).or(req.mem_limit);
             match (&first, x) {
-                (Some((_, s, spec, _)), Some(x)) => {
-                    let c = CostModel::for_schedule(spec, s)?;
-                    (0..p).map(|r| x * c.rank_mem_b(s, r)).collect()
+                (Some(f), Some(x)) => {
+                    let c = CostModel::for_schedule(&f.spec, &f.schedule)?;
+                    (0..p).map(|r| x * c.rank_mem_b(&f.schedule, r)).collect()
                 }
                 _ => Vec::new(),
             }
@@ -316,9 +327,9 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         if let Some(f) = &first {
             if even_best
                 .as_ref()
-                .is_none_or(|e| crate::generate::search::better(f.3, e.1))
+                .is_none_or(|e| crate::generate::search::better(f.score, e.1))
             {
-                even_best = Some((f.1.clone(), f.3));
+                even_best = Some((f.schedule.clone(), f.score));
             }
         }
         let mut tried: Vec<Vec<usize>> = vec![even.clone()];
@@ -332,7 +343,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
                 Ok(c)
                     if here
                         .as_ref()
-                        .is_none_or(|h| crate::generate::search::better(c.3, h.3)) =>
+                        .is_none_or(|h| crate::generate::search::better(c.score, h.score)) =>
                 {
                     *here = Some(c);
                     true
@@ -352,7 +363,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         // Single-block moves across each boundary, from the best so far, while they help
         // (a bounded number of plans: each is a full search).
         let mut budget = 4 * n + 8;
-        while let Some((start, ..)) = here.clone() {
+        while let Some(start) = here.as_ref().map(|h| h.counts.clone()) {
             let mut moved = false;
             for k in 0..n - 1 {
                 for (from, to) in [(k, k + 1), (k + 1, k)] {
@@ -374,24 +385,23 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         if let Some(h) = here {
             if best
                 .as_ref()
-                .is_none_or(|b| crate::generate::search::better(h.3, b.3))
+                .is_none_or(|b| crate::generate::search::better(h.score, b.score))
             {
                 best = Some(h);
             }
         }
     }
-    let (counts, schedule, spec, _) = best.ok_or_else(|| {
+    let best = best.ok_or_else(|| {
         Error::Input(format!(
             "no layer split could be planned: {}",
             errors.join("; ")
         ))
     })?;
-    let even = even_best.map(|e| e.0);
     Ok(Split {
-        counts,
-        schedule,
-        spec,
-        even,
+        counts: best.counts,
+        schedule: best.schedule,
+        spec: best.spec,
+        even: even_best.map(|e| e.0),
     })
 }
 

@@ -101,6 +101,17 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         args.width,
         colour,
     );
+    let budget = args.costs.mem_budget();
+    if !budget.is_empty() && args.format == Format::Json {
+        // The budgets as given (the report's own are what the planner could use, at most m
+        // microbatches' worth).
+        let mut v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+        let per_rank: Vec<f64> = (0..schedule.ranks)
+            .map(|r| budget[r.min(budget.len() - 1)])
+            .collect();
+        v["mem_budget"] = serde_json::json!(per_rank);
+        out = serde_json::to_string_pretty(&v).expect("serializes") + "\n";
+    }
     if let Some((counts, even)) = &split {
         let join = |c: &[usize]| {
             c.iter()

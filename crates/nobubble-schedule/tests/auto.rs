@@ -693,3 +693,34 @@ fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
     assert!(proven >= 20, "only {proven} instances proven");
     println!("{proven} limited instances proven; zb-auto worst gap {worst:.4}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    /// With uneven memory per rank too, zb-auto (choosing its placement at the linear
+    /// layout's bytes) never plans worse with more memory, and fits every limit.
+    #[test]
+    fn more_memory_never_plans_worse_with_uneven_memory(
+        (p, m, spec) in (2usize..=5, 2usize..=12).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        mem in proptest::collection::vec(0.5f64..2.0, 5),
+    ) {
+        let mut spec = spec;
+        for (c, &b) in spec.stages.iter_mut().zip(&mem) {
+            c.mem_w *= b;
+            c.mem_b = b;
+        }
+        let mut prev = f64::INFINITY;
+        for x in 1..=(2 * p + 1) {
+            let x = x as f64;
+            let s = plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x));
+            // Within x × each rank's linear M_B, whichever placement won.
+            let linear = CostModel::for_layout(&spec, p, p).unwrap();
+            let budget: Vec<f64> = (0..p).map(|r| x * linear.stages[r].mem_b).collect();
+            let c = CostModel::for_schedule(&spec, &s).unwrap();
+            nobubble_schedule::validate::check_memory_budget(&s, &c, &budget).unwrap();
+            let sc = score(&s, &spec);
+            prop_assert!(sc.0 <= prev + 1e-9, "p={p} m={m}: span {} at limit {x} > {prev}", sc.0);
+            prev = sc.0;
+        }
+    }
+}

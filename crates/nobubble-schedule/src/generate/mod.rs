@@ -387,16 +387,16 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             let budget = &req.mem_budget;
             let linear = (req.placement != Some(Placement::V))
                 .then(|| zb_auto(p, m, costs, x, name, objective, budget));
-            // Compared at the same bytes per rank: a multiple of M_B becomes the linear
-            // layout's bytes for the V plan too (the V layout's M_B per rank differs when the
-            // model's segments do).
-            let v_budget = match (budget.is_empty(), req.placement) {
-                (true, None) => CostModel::for_layout(costs, p, p)
-                    .map(|c| c.stages.iter().map(|s| x * s.mem_b).collect::<Vec<f64>>())
-                    .unwrap_or_default(),
-                _ => budget.clone(),
-            };
-            let v = try_v.then(|| v_auto(p, m, costs, x, name, objective, &v_budget));
+            // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the
+            // linear layout's M_B (the V layout's M_B per rank differs when the model's
+            // segments do).
+            let v = try_v.then(|| {
+                if budget.is_empty() && req.placement.is_none() {
+                    v_shape::v_auto_at_linear_bytes(p, m, costs, x, name, objective)
+                } else {
+                    v_auto(p, m, costs, x, name, objective, budget)
+                }
+            });
             // Either placement may fail where the other plans (a budget one cannot meet, a
             // costs file listing one of the layouts' stages): an error only if both do.
             match (linear, v) {

@@ -210,14 +210,61 @@ pub fn v_auto(
     let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
     costs.objective = objective;
     let x = super::search::apply_budget(&mut costs, &placement, m, budget, x)?;
-    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
-        // As in `zb_auto`: never worse than the tightest rank's multiple shared by all.
-        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
-        let shared = v_auto(p, m, spec, tight, name, objective, &[])?;
-        let own = v_auto_within(p, m, &costs, x, name)?;
-        return Ok(super::search::keep_better(own, shared, &costs));
-    }
+    v_auto_shared(p, m, spec, &costs, x, name)
+}
+
+/// `v_auto` at `x` × the *linear* layout's M_B per rank: the same bytes a linear plan at `x`
+/// gets, for comparing the placements. The ladder climbs multiples of the linear M_B (each
+/// rank's share is its linear M_B over its V M_B), so more memory still never plans worse.
+pub(crate) fn v_auto_at_linear_bytes(
+    p: usize,
+    m: usize,
+    spec: &CostSpec,
+    x: f64,
+    name: &str,
+    objective: crate::cost::Objective,
+) -> Result<Schedule, Error> {
+    let placement = v_placement(p);
+    let linear = CostModel::for_layout(spec, p, p)?;
+    let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
+    costs.objective = objective;
+    costs.rank_share = (0..p)
+        .map(|r| {
+            let v: f64 = (0..2 * p)
+                .filter(|&s| placement[s] == r)
+                .map(|s| costs.stages[s].mem_b)
+                .sum();
+            if v > 0.0 {
+                linear.stages[r].mem_b / v
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    // No extra plan under the tightest share here: its own ladder would not line up with
+    // the multiples of `x`, and monotone in `x` is the promise.
     v_auto_within(p, m, &costs, x, name)
+}
+
+/// `v_auto` on resolved costs; with some rank's share below 1, also the plan under the
+/// tightest rank's multiple shared by all (as in `zb_auto`), keeping the better.
+fn v_auto_shared(
+    p: usize,
+    m: usize,
+    spec: &CostSpec,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<Schedule, Error> {
+    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
+        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
+        if tight >= 1.0 - 1e-9 {
+            let shared = v_auto(p, m, spec, tight, name, costs.objective, &[])?;
+            let own = v_auto_within(p, m, costs, x, name)?;
+            return Ok(super::search::keep_better(own, shared, costs));
+        }
+    }
+    v_auto_within(p, m, costs, x, name)
 }
 
 /// [`v_auto`] with the costs resolved (objective and rank shares set).

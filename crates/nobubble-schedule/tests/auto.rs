@@ -724,3 +724,44 @@ proptest! {
         }
     }
 }
+
+/// Over a grid of shapes and costs, `zb-v`, `v-half` and `v-min` are never worse than the
+/// authors' constructions (reimplemented: `generate::official_v`), which fit the family's
+/// memory whenever stage memory is even.
+#[test]
+fn v_schedules_are_never_worse_than_the_official_constructions_on_a_grid() {
+    for (f, i, w, c) in [(1.0, 1.3, 0.6, 0.2), (18522.0, 18086.0, 9337.0, 601.0)] {
+        let spec = CostSpec::uniform(
+            RankCost {
+                f,
+                i,
+                w,
+                mem_b: 1.0,
+                mem_w: 0.4,
+            },
+            c,
+        );
+        for kind in [ScheduleKind::ZbV, ScheduleKind::VHalf, ScheduleKind::VMin] {
+            for p in [2usize, 3, 4, 5, 6, 8] {
+                for m in [p, 2 * p, 3 * p + 1] {
+                    let x = kind.planning_limit(p, None).unwrap().min(m as f64);
+                    let theirs =
+                        nobubble_schedule::generate::official_v(kind, p, m, &spec).unwrap();
+                    let tc = CostModel::for_schedule(&spec, &theirs).unwrap();
+                    check_memory(&theirs, &tc, x).unwrap_or_else(|e| {
+                        panic!("{} p={p} m={m}: official over the limit: {e}", kind.name())
+                    });
+                    let ours = plan(kind, p, m, &spec, None);
+                    let (a, b) = (score(&ours, &spec), score(&theirs, &spec));
+                    assert!(
+                        a.0 <= b.0 * (1.0 + 1e-9),
+                        "{} p={p} m={m} costs {f},{i},{w},{c}: span {} vs {}",
+                        kind.name(),
+                        a.0,
+                        b.0
+                    );
+                }
+            }
+        }
+    }
+}

@@ -9,8 +9,8 @@
 use super::greedy::{list_schedule_bound, Policy};
 pub use super::search::apply_budget;
 use super::search::{
-    better, by_score, fits, improve, keep_better, ladder, needed_limit, on_floor, pick_best,
-    policies, repair_drain, score, unlimited_floor, LadderRuns, Score,
+    better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
+    repair_drain, score, unlimited_floor, within_budgets, LadderRuns, Score,
 };
 use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
@@ -45,15 +45,12 @@ pub fn zb_auto(
     let mut costs = CostModel::for_layout(spec, p, p)?;
     costs.objective = objective;
     let x = apply_budget(&mut costs, &placement, m, budget, x)?;
-    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
-        // Also the plan under the tightest rank's multiple for every rank (which fits every
-        // budget), so per-rank budgets never plan worse than one shared multiple.
-        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
-        let shared = zb_auto(p, m, spec, tight, name, objective, &[])?;
-        let own = zb_auto_within(p, m, &costs, x, name)?;
-        return Ok(keep_better(own, shared, &costs));
-    }
-    zb_auto_within(p, m, &costs, x, name)
+    within_budgets(
+        &costs,
+        x,
+        || zb_auto_within(p, m, &costs, x, name),
+        |tight| zb_auto(p, m, spec, tight, name, objective, &[]),
+    )
 }
 
 /// Largest pipeline (passes per iteration) the memory ladder searches. Above it the ladder's
@@ -70,16 +67,15 @@ fn zb_auto_within(
     x: f64,
     name: &str,
 ) -> Result<Schedule, Error> {
-    let costs = costs.clone();
     let placement: Vec<usize> = (0..p).collect();
     let actions = 3 * p * m;
     if actions > LADDER_MAX_ACTIONS {
-        return at_the_limit(p, m, &costs, x, name);
+        return at_the_limit(p, m, costs, x, name);
     }
     let search = TemplateSearch {
         p,
         m,
-        costs: &costs,
+        costs,
         name,
         rejected: Cell::new(false),
     };
@@ -98,7 +94,7 @@ fn zb_auto_within(
             let t = search
                 .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
                 .0;
-            let need = needed_limit(&search.build(&t).ok()?, &costs);
+            let need = needed_limit(&search.build(&t).ok()?, costs);
             Some((t, need))
         })
         .collect();
@@ -108,8 +104,8 @@ fn zb_auto_within(
     // The handcrafted schedules do not depend on the limit: score them once.
     let mut handcrafted = Vec::new();
     for s in [super::zb_h1(p, m)?, super::zb_h2(p, m)?] {
-        let need = needed_limit(&s, &costs);
-        let sc = score(&s, &costs)?;
+        let need = needed_limit(&s, costs);
+        let sc = score(&s, costs)?;
         handcrafted.push((s, sc, need));
     }
     let mut best: Option<(Schedule, Score)> = None;
@@ -117,7 +113,7 @@ fn zb_auto_within(
     let mut paper_free: Option<(Schedule, Score)> = None;
     let mut unbound = LadderRuns::new(policies().len());
     let mut tight = LadderRuns::new(1);
-    let floor = unlimited_floor(&placement, m, &costs);
+    let floor = unlimited_floor(&placement, m, costs);
     // Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
     let static_need = handcrafted
         .iter()
@@ -134,17 +130,17 @@ fn zb_auto_within(
         // On linear placements the list scheduler rarely beats the family search; it is
         // worth its time only on small pipelines.
         if actions <= 1500 {
-            candidates.extend(unbound.run(name, &placement, p, m, &costs, level));
+            candidates.extend(unbound.run(name, &placement, p, m, costs, level));
         }
-        let mut level_best = pick_best(candidates, &costs, level)?;
+        let mut level_best = pick_best(candidates, costs, level)?;
         let nothing_fits = level_best.is_none()
             && handcrafted.iter().all(|(_, _, need)| !fits(*need, level))
             && grid.iter().all(|g| !fits(g.2, level));
         if nothing_fits && actions > 1500 {
             // Below what the handcrafted schedules and the family need (limits under p):
             // the list scheduler plans within any limit.
-            let found = tight.run(name, &placement, p, m, &costs, level);
-            level_best = pick_best(found, &costs, level)?;
+            let found = tight.run(name, &placement, p, m, costs, level);
+            level_best = pick_best(found, costs, level)?;
         }
         for (s, sc, need) in &handcrafted {
             if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
@@ -154,8 +150,8 @@ fn zb_auto_within(
         // The paper's own scheduler at this level, so we are never worse than it; once
         // memory stops binding it, every larger level gives the same schedule.
         if paper_free.is_none() {
-            if let Ok((s, bound)) = super::paper_heuristic::zb_paper(p, m, &costs, level, name) {
-                let sc = score(&s, &costs)?;
+            if let Ok((s, bound)) = super::paper_heuristic::zb_paper(p, m, costs, level, name) {
+                let sc = score(&s, costs)?;
                 if !bound {
                     paper_free = Some((s.clone(), sc));
                 }
@@ -200,13 +196,13 @@ fn zb_auto_within(
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
-                improve(s, sc, &costs, level, improve_budget, &search.rejected)?
+                improve(s, sc, costs, level, improve_budget, &search.rejected)?
             } else {
                 (s, sc)
             };
             if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 // A new best: try reshaping its drain phase (see `drain`).
-                best = Some(repair_drain(improved, &costs, level));
+                best = Some(repair_drain(improved, costs, level));
                 settled = false;
             }
         }

@@ -324,11 +324,25 @@ pub(crate) fn ladder(x: f64) -> Vec<f64> {
     levels
 }
 
-/// The better of two schedules for the same layout under `costs` (`a` on a tie).
-pub(crate) fn keep_better(a: Schedule, b: Schedule, costs: &CostModel) -> Schedule {
-    match (score(&a, costs), score(&b, costs)) {
+/// A search under per-rank budgets (`costs.rank_share` set by [`apply_budget`], top
+/// multiple `x`): `own` plans with the shares; when a share is below 1, `shared(tight)` also
+/// plans every rank at the tightest rank's multiple (which fits every budget, since
+/// [`apply_budget`] refuses a rank below one microbatch), and the better is kept (`own` on
+/// a tie), so budgets never plan worse than one multiple for all.
+pub(crate) fn within_budgets(
+    costs: &CostModel,
+    x: f64,
+    own: impl FnOnce() -> Result<Schedule, Error>,
+    shared: impl FnOnce(f64) -> Result<Schedule, Error>,
+) -> Result<Schedule, Error> {
+    let tightest = costs.rank_share.iter().copied().fold(1.0, f64::min);
+    if tightest >= 1.0 - 1e-12 {
+        return own();
+    }
+    let (a, b) = (own()?, shared(x * tightest)?);
+    Ok(match (score(&a, costs), score(&b, costs)) {
         (Ok(sa), Ok(sb)) if better(sb, sa) => b,
         (Err(_), Ok(_)) => b,
         _ => a,
-    }
+    })
 }

@@ -210,7 +210,12 @@ pub fn v_auto(
     let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
     costs.objective = objective;
     let x = super::search::apply_budget(&mut costs, &placement, m, budget, x)?;
-    v_auto_shared(p, m, spec, &costs, x, name)
+    super::search::within_budgets(
+        &costs,
+        x,
+        || v_auto_within(p, m, &costs, x, name),
+        |tight| v_auto(p, m, spec, tight, name, objective, &[]),
+    )
 }
 
 /// `v_auto` at `x` × the *linear* layout's M_B per rank: the same bytes a linear plan at `x`
@@ -246,27 +251,6 @@ pub(crate) fn v_auto_at_linear_bytes(
     v_auto_within(p, m, &costs, x, name)
 }
 
-/// `v_auto` on resolved costs; with some rank's share below 1, also the plan under the
-/// tightest rank's multiple shared by all (as in `zb_auto`), keeping the better.
-fn v_auto_shared(
-    p: usize,
-    m: usize,
-    spec: &CostSpec,
-    costs: &CostModel,
-    x: f64,
-    name: &str,
-) -> Result<Schedule, Error> {
-    if costs.rank_share.iter().any(|&k| k < 1.0 - 1e-12) {
-        let tight = x * costs.rank_share.iter().copied().fold(1.0, f64::min);
-        if tight >= 1.0 - 1e-9 {
-            let shared = v_auto(p, m, spec, tight, name, costs.objective, &[])?;
-            let own = v_auto_within(p, m, costs, x, name)?;
-            return Ok(super::search::keep_better(own, shared, costs));
-        }
-    }
-    v_auto_within(p, m, costs, x, name)
-}
-
 /// [`v_auto`] with the costs resolved (objective and rank shares set).
 fn v_auto_within(
     p: usize,
@@ -275,7 +259,6 @@ fn v_auto_within(
     x: f64,
     name: &str,
 ) -> Result<Schedule, Error> {
-    let costs = costs.clone();
     let placement = v_placement(p);
     let actions = 6 * p * m;
     // Large pipelines get one policy and no local search, to plan within a second.
@@ -288,20 +271,20 @@ fn v_auto_within(
     // once, and let each level take the best that fits (the pattern first, so that it wins
     // ties, as the handcrafted schedule should).
     let pattern = zb_v_pattern(p, m)?;
-    let pattern_need = needed_limit(&pattern, &costs);
-    let pattern_score = score(&pattern, &costs)?;
+    let pattern_need = needed_limit(&pattern, costs);
+    let pattern_score = score(&pattern, costs)?;
     let mut greedy = super::v_greedy::GreedyLadder::default();
     let mut blocks = super::v_blocks::BlockLadder::new(p, m, name, costs.rank_share.clone());
     let mut periodic = Vec::new();
-    for s in super::periodic::candidates(name, &placement, p, m, &costs) {
-        let need = needed_limit(&s, &costs);
-        if let Ok(sc) = score(&s, &costs) {
+    for s in super::periodic::candidates(name, &placement, p, m, costs) {
+        let need = needed_limit(&s, costs);
+        if let Ok(sc) = score(&s, costs) {
             periodic.push((s, sc, need));
         }
     }
     for s in blocks.own() {
-        let need = needed_limit(&s, &costs);
-        if let Ok(sc) = score(&s, &costs) {
+        let need = needed_limit(&s, costs);
+        if let Ok(sc) = score(&s, costs) {
             periodic.push((s, sc, need));
         }
     }
@@ -309,9 +292,9 @@ fn v_auto_within(
         // Large pipelines: the candidates at the limit itself, no ladder (as `zb_auto`).
         let mut all: Vec<Schedule> = vec![pattern];
         all.extend(periodic.into_iter().map(|f| f.0));
-        all.extend(greedy.at(p, m, &costs, x));
+        all.extend(greedy.at(p, m, costs, x));
         all.extend(blocks.at(x, name));
-        let (mut best, _) = pick_best(all, &costs, x)?.ok_or_else(|| {
+        let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| {
             Error::Input(format!(
                 "no V schedule fits memory limit {x} × M_B; the minimum is 1, use --mem-limit 1 or more"
             ))
@@ -320,7 +303,7 @@ fn v_auto_within(
         return Ok(best);
     }
     let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
-    let floor = unlimited_floor(&placement, m, &costs);
+    let floor = unlimited_floor(&placement, m, costs);
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(n_policies);
     for level in ladder(x) {
@@ -328,15 +311,15 @@ fn v_auto_within(
         let rejected = std::cell::Cell::new(false);
         let mut changed = false;
         let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
-        let mut found = runs.run(name, &placement, p, m, &costs, level);
+        let mut found = runs.run(name, &placement, p, m, costs, level);
         // The greedy sizes its warm-up for about p·M_B; on large pipelines it is worth
         // its time only from half of that (a fixed set of levels, so the ladder stays
         // monotone).
         if actions <= 6000 || 2.0 * level >= p as f64 {
-            found.extend(greedy.at(p, m, &costs, level));
+            found.extend(greedy.at(p, m, costs, level));
         }
         found.extend(blocks.at(level, name));
-        if let Some((s, sc)) = pick_best(found, &costs, level)? {
+        if let Some((s, sc)) = pick_best(found, costs, level)? {
             if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
                 level_best = Some((s, sc));
             }
@@ -348,7 +331,7 @@ fn v_auto_within(
         }
         if let Some((s, sc)) = level_best {
             let improved = if improve_budget > 0 {
-                improve(s, sc, &costs, level, improve_budget, &rejected)?
+                improve(s, sc, costs, level, improve_budget, &rejected)?
             } else {
                 (s, sc)
             };

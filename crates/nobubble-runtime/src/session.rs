@@ -111,6 +111,16 @@ fn plan_with(
         Some(s) => s.clone(),
         None => generate(&req, spec).map_err(|e| RuntimeError::Config(e.to_string()))?,
     };
+    plan_of(schedule, spec, opts, source)
+}
+
+/// The plan of a schedule already made: its costs under `spec`, simulated.
+fn plan_of(
+    schedule: Schedule,
+    spec: &CostSpec,
+    opts: &SessionOptions,
+    source: &'static str,
+) -> Result<Plan, RuntimeError> {
     let mut costs = CostModel::for_schedule(spec, &schedule)
         .map_err(|e| RuntimeError::Config(e.to_string()))?;
     costs.objective = opts.objective;
@@ -144,7 +154,7 @@ impl Session {
         // Real compute: the layer split is part of the plan, chosen before any stage is
         // built, on the model's FLOP and activation estimates (the placement with it; the
         // measured costs later re-plan the order, never the split).
-        let keep = if opts.emulated.is_none()
+        let planned_split = if opts.emulated.is_none()
             && opts.file.is_none()
             && opts.run.layout == StageLayout::Even
         {
@@ -174,14 +184,18 @@ impl Session {
         } else {
             None
         };
-        let plan = plan_with(
-            &opts,
-            &provisional,
-            emulated_x,
-            Vec::new(),
-            keep.as_ref(),
-            "given costs",
-        )?;
+        // The split search planned the schedule already; otherwise plan it now.
+        let plan = match planned_split {
+            Some(s) => plan_of(s, &provisional, &opts, "given costs")?,
+            None => plan_with(
+                &opts,
+                &provisional,
+                emulated_x,
+                Vec::new(),
+                None,
+                "given costs",
+            )?,
+        };
         if let Some(x) = emulated_x {
             // Emulated memory is the cost model's: refuse a schedule over the limit, as
             // real runs do, before any pass runs.

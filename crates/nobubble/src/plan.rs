@@ -1,7 +1,7 @@
 //! `nobubble plan`: generate, simulate, export.
 
 use crate::costs::{plan, CostArgs, Planned};
-use crate::report::{emit, render, use_colour, Format};
+use crate::report::{emit, json_report, json_text, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::ScheduleKind;
@@ -90,38 +90,50 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         kind.planning_limit(args.stages, args.costs.mem_limit())
             .or(args.costs.mem_limit())
     };
-    let colour = use_colour(args.output.is_some());
-    let mut out = render(
-        args.format,
-        &schedule,
-        &costs,
-        &sim,
-        limit,
-        kind.uses_costs().then_some(costs.objective),
-        args.width,
-        colour,
-    );
-    let budget = args.costs.mem_budget();
-    if !budget.is_empty() && args.format == Format::Json {
-        // The budgets as given (the report's own are what the planner could use, at most m
-        // microbatches' worth).
-        let mut v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-        let per_rank: Vec<f64> = (0..schedule.ranks)
-            .map(|r| budget[r.min(budget.len() - 1)])
-            .collect();
-        v["mem_budget"] = serde_json::json!(per_rank);
-        out = serde_json::to_string_pretty(&v).expect("serializes") + "\n";
-    }
-    if let Some((counts, even)) = &split {
-        let join = |c: &[usize]| {
-            c.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let m = &sim.metrics;
-        match args.format {
-            Format::Text => {
+    let planned_for = kind.uses_costs().then_some(costs.objective);
+    let join = |c: &[usize]| {
+        c.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let out = match args.format {
+        // JSON: the report with what only `plan` knows added, serialized once.
+        Format::Json => {
+            let mut v = json_report(&schedule, &costs, &sim, limit);
+            let budget = args.costs.mem_budget();
+            if !budget.is_empty() {
+                // The budgets as given (the report's own are what the planner could use,
+                // at most m microbatches' worth).
+                let per_rank: Vec<f64> = (0..schedule.ranks)
+                    .map(|r| budget[r.min(budget.len() - 1)])
+                    .collect();
+                v["mem_budget"] = serde_json::json!(per_rank);
+            }
+            if let Some((counts, even)) = &split {
+                v["layer_split"] = serde_json::json!(counts);
+                v["even_split"] = match even {
+                    Some((c, e)) => serde_json::json!({"layers": c,
+                        "makespan": e.metrics.makespan, "bubble_rate": e.metrics.bubble_rate}),
+                    None => serde_json::Value::Null,
+                };
+            }
+            json_text(&v, planned_for)
+        }
+        format => {
+            let colour = use_colour(args.output.is_some());
+            let mut out = render(
+                format,
+                &schedule,
+                &costs,
+                &sim,
+                limit,
+                planned_for,
+                args.width,
+                colour,
+            );
+            if let (Format::Text, Some((counts, even))) = (format, &split) {
+                let m = &sim.metrics;
                 let versus = match even {
                     Some((c, e)) => format!(
                         "the even split {} gives makespan {} (bubble rate {:.2}%)",
@@ -138,19 +150,8 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
                     100.0 * m.bubble_rate
                 ));
             }
-            Format::Json => {
-                let mut v: serde_json::Value =
-                    serde_json::from_str(&out).map_err(|e| e.to_string())?;
-                v["layer_split"] = serde_json::json!(counts);
-                v["even_split"] = match even {
-                    Some((c, e)) => serde_json::json!({"layers": c,
-                        "makespan": e.metrics.makespan, "bubble_rate": e.metrics.bubble_rate}),
-                    None => serde_json::Value::Null,
-                };
-                out = serde_json::to_string_pretty(&v).expect("serializes") + "\n";
-            }
-            _ => {}
+            out
         }
-    }
+    };
     emit(args.output.as_deref(), &out)
 }

@@ -70,6 +70,15 @@ pub fn json_report(
     })
 }
 
+/// The JSON report as printed, with the objective an automatic schedule was planned for.
+pub fn json_text(report: &Value, planned_for: Option<Objective>) -> String {
+    let mut report = report.clone();
+    report["objective"] = planned_for.map(|o| o.name()).into();
+    let mut s = serde_json::to_string_pretty(&report).expect("report serializes");
+    s.push('\n');
+    s
+}
+
 /// The per-rank table and headline metrics printed under a text timeline.
 pub fn text_summary(
     schedule: &Schedule,
@@ -180,13 +189,7 @@ pub fn render(
             }
             out
         }
-        Format::Json => {
-            let mut report = json_report(schedule, costs, sim, mem_limit);
-            report["objective"] = planned_for.map(|o| o.name()).into();
-            let mut s = serde_json::to_string_pretty(&report).expect("report serializes");
-            s.push('\n');
-            s
-        }
+        Format::Json => json_text(&json_report(schedule, costs, sim, mem_limit), planned_for),
         Format::Csv => csv::write(schedule),
         Format::Chrome => {
             let mut s =

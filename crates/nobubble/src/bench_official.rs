@@ -212,6 +212,27 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// One V family's comparisons in `bench v-baseline`.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    /// Longest span shorter, equal, longer than the official construction's.
+    shorter: usize,
+    equal: usize,
+    longer: usize,
+    /// Cases where the official schedule needs more than the family's limit (ours is then
+    /// v-auto at the official schedule's own peak).
+    at_their_peak: usize,
+    /// Summed bubble rates.
+    bubble_ours: f64,
+    bubble_theirs: f64,
+}
+
+impl Tally {
+    fn cases(&self) -> f64 {
+        (self.shorter + self.equal + self.longer).max(1) as f64
+    }
+}
+
 /// `bench v-baseline`.
 pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
     if a.cases == 0 {
@@ -219,10 +240,7 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
     }
     let mut rng = crate::bench::Rng(a.seed);
     let kinds = [ScheduleKind::ZbV, ScheduleKind::VHalf, ScheduleKind::VMin];
-    // Per kind: better, equal, worse (longest span), cases where the official schedule
-    // needs more than the family's limit (ours is then v-auto at the official's own peak),
-    // and the summed bubble rates (ours, theirs).
-    let mut tally = [(0usize, 0usize, 0usize, 0usize, 0.0f64, 0.0f64); 3];
+    let mut tally = [Tally::default(); 3];
     let started = Instant::now();
     for case in 0..a.cases {
         let (p, m, spec) = rng.pipeline();
@@ -237,7 +255,7 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
             let req = if check_memory(&theirs, &c, limit.min(m as f64)).is_ok() {
                 Request::new(kind, p, m)
             } else {
-                tally[k].3 += 1;
+                tally[k].at_their_peak += 1;
                 Request {
                     mem_limit: Some(measure(&theirs, &spec)?.3),
                     ..Request::new(ScheduleKind::VAuto, p, m)
@@ -248,14 +266,14 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
             let tol = 1e-9 * t.2;
             let t_k = &mut tally[k];
             if o.2 < t.2 - tol {
-                t_k.0 += 1;
+                t_k.shorter += 1;
             } else if o.2 > t.2 + tol {
-                t_k.2 += 1;
+                t_k.longer += 1;
             } else {
-                t_k.1 += 1;
+                t_k.equal += 1;
             }
-            t_k.4 += o.0;
-            t_k.5 += t.0;
+            t_k.bubble_ours += o.0;
+            t_k.bubble_theirs += t.0;
         }
         if !a.json && (case + 1) % 25 == 0 {
             eprintln!("  {}/{} pipelines", case + 1, a.cases);
@@ -266,10 +284,11 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
             .iter()
             .zip(&tally)
             .map(|(k, t)| {
-                let n = (t.0 + t.1 + t.2).max(1) as f64;
-                json!({"schedule": k.name(), "better": t.0, "equal": t.1, "worse": t.2,
-                       "compared_at_the_official_peak": t.3, "mean_bubble_ours": t.4 / n,
-                       "mean_bubble_official": t.5 / n})
+                let n = t.cases();
+                json!({"schedule": k.name(), "better": t.shorter, "equal": t.equal,
+                       "worse": t.longer, "compared_at_the_official_peak": t.at_their_peak,
+                       "mean_bubble_ours": t.bubble_ours / n,
+                       "mean_bubble_official": t.bubble_theirs / n})
             })
             .collect();
         println!(
@@ -286,17 +305,17 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     for (k, t) in kinds.iter().zip(&tally) {
-        let n = (t.0 + t.1 + t.2).max(1) as f64;
+        let n = t.cases();
         println!(
             "  {:<7} shorter in {:>3}, equal in {:>3}, longer in {}; mean bubble rate {:.2}% vs {:.2}%{}",
             k.name(),
-            t.0,
-            t.1,
-            t.2,
-            100.0 * t.4 / n,
-            100.0 * t.5 / n,
-            if t.3 > 0 {
-                format!(" ({} where the official one needs more than the family's limit: v-auto at its peak)", t.3)
+            t.shorter,
+            t.equal,
+            t.longer,
+            100.0 * t.bubble_ours / n,
+            100.0 * t.bubble_theirs / n,
+            if t.at_their_peak > 0 {
+                format!(" ({} where the official one needs more than the family's limit: v-auto at its peak)", t.at_their_peak)
             } else {
                 String::new()
             }

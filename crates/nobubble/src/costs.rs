@@ -118,6 +118,24 @@ fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, 
         .collect()
 }
 
+/// A size's number and, when it has a unit suffix (GiB, MiB, KiB, GB, MB, KB, B), the
+/// bytes per unit; shared by every `--mem-limit`.
+pub(crate) fn split_size(text: &str) -> (&str, Option<f64>) {
+    let t = text.trim();
+    [
+        ("GiB", 1u64 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1000),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), Some(*m as f64))))
+    .unwrap_or((t, None))
+}
+
 /// `--mem-limit` read: a multiple of M_B, or absolute budgets (one for all ranks or one per
 /// rank) in --mem's unit.
 #[derive(Clone, Debug, PartialEq)]
@@ -135,17 +153,14 @@ impl MemLimit {
     pub fn parse(text: &str) -> Result<MemLimit, String> {
         let parts: Vec<&str> = text.split(',').map(str::trim).collect();
         if parts.len() > 1 {
-            if let Some(bare) = parts
-                .iter()
-                .find(|p| crate::train::split_size(p).1.is_none())
-            {
+            if let Some(bare) = parts.iter().find(|p| split_size(p).1.is_none()) {
                 return Err(format!(
                     "--mem-limit: in a list every budget needs a unit (`{bare}` has none): \
                      write e.g. 20MiB,24MiB or 1609728B,2000000B"
                 ));
             }
         }
-        if parts.len() == 1 && crate::train::split_size(parts[0]).1.is_none() {
+        if parts.len() == 1 && split_size(parts[0]).1.is_none() {
             let x: f64 = parts[0].parse().map_err(|_| {
                 format!("--mem-limit: `{text}` is neither a multiple of MB (e.g. 8) nor a size (e.g. 20MiB)")
             })?;
@@ -157,7 +172,7 @@ impl MemLimit {
         parts
             .iter()
             .map(|p| {
-                let (num, unit) = crate::train::split_size(p);
+                let (num, unit) = split_size(p);
                 let v: f64 = num.parse().map_err(|_| {
                     format!("--mem-limit: `{p}` is not a size; write e.g. 20MiB, 1609728B, or a list 20MiB,24MiB with one per rank")
                 })?;

@@ -109,7 +109,7 @@ fn mem_limit(text: &str) -> Result<MemLimit, String> {
     let bad = || {
         format!("--mem-limit: `{text}` is neither a size (40GiB, 80GB) nor a number of microbatches (12)")
     };
-    let (num, unit) = crate::train::split_size(text);
+    let (num, unit) = crate::costs::split_size(text);
     let v: f64 = num
         .parse()
         .ok()

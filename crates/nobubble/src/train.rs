@@ -182,26 +182,8 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
     })
 }
 
-/// A size's number and, when it has a unit suffix (GiB, MiB, KiB, GB, MB, KB, B), the
-/// bytes per unit; shared with `forecast --mem-limit`.
-pub(crate) fn split_size(text: &str) -> (&str, Option<f64>) {
-    let t = text.trim();
-    [
-        ("GiB", 1u64 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("KB", 1000),
-        ("B", 1),
-    ]
-    .iter()
-    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), Some(*m as f64))))
-    .unwrap_or((t, None))
-}
-
 fn parse_bytes(text: &str) -> Result<f64, String> {
-    let (num, mult) = split_size(text);
+    let (num, mult) = crate::costs::split_size(text);
     let mult = mult.unwrap_or(1.0);
     let v: f64 = num.parse().map_err(|_| {
         format!("--mem-limit: `{text}` is not a size; write e.g. 268435456, 256MiB or 1GiB")

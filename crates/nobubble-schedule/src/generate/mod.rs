@@ -482,7 +482,8 @@ pub fn official_v(
     };
     found.ok_or_else(|| {
         Error::Input(format!(
-            "the authors' {name} construction does not exist for p = {p}, m = {m}"
+            "the authors' {name} construction does not exist for p = {p}, m = {m} (its slot \
+             offsets collide); plan `{name}` itself, which falls back on its other candidates"
         ))
     })
 }

@@ -86,15 +86,8 @@ pub struct EngineBenchReport {
     pub bytes_after_input_grad: usize,
 }
 
-/// Paper FLOP counts (F, I, W) of one block.
-pub fn block_flops(hidden: usize, seq_len: usize, microbatch_size: usize) -> [f64; 3] {
-    let (h, s, b) = (hidden as f64, seq_len as f64, microbatch_size as f64);
-    [
-        s * b * h * (24.0 * h + 4.0 * s),
-        s * b * h * (24.0 * h + 8.0 * s),
-        24.0 * s * b * h * h,
-    ]
-}
+/// Paper FLOP counts (F, I, W) of one block: the planner's model.
+pub use nobubble_schedule::flops::block_pass_flops as block_flops;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);

@@ -46,6 +46,9 @@ pub enum RuntimeError {
     },
     /// Bad configuration or input, found before training starts.
     Config(String),
+    /// The planner refused the request (a setting it names, a schedule over the memory
+    /// limit): kept typed so that each front end names the setting its own way.
+    Plan(nobubble_schedule::Error),
 }
 
 impl fmt::Display for RuntimeError {
@@ -96,6 +99,7 @@ impl fmt::Display for RuntimeError {
                 write!(f, "rank {rank} stopped because another rank failed")
             }
             RuntimeError::Config(msg) => write!(f, "{msg}"),
+            RuntimeError::Plan(e) => write!(f, "{e}"),
         }
     }
 }
@@ -113,7 +117,10 @@ pub(crate) fn nearest_cause(errors: Vec<RuntimeError>) -> Option<RuntimeError> {
     if let Some(i) = errors.iter().position(|e| {
         matches!(
             e,
-            RuntimeError::Pass { .. } | RuntimeError::Panic { .. } | RuntimeError::Config(_)
+            RuntimeError::Pass { .. }
+                | RuntimeError::Panic { .. }
+                | RuntimeError::Config(_)
+                | RuntimeError::Plan(_)
         )
     }) {
         return errors.into_iter().nth(i);

@@ -11,11 +11,12 @@ use crate::rank::Rank;
 use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::config::StageLayout;
 use nobubble_nn::{ByteCorpus, GptConfig};
-use nobubble_schedule::split::{self, LayerCosts};
+use nobubble_schedule::flops;
+use nobubble_schedule::split::LayerCosts;
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
-    generate, simulate, CostModel, CostSpec, Kind, Objective, Placement, RankCost, Request,
-    Schedule, ScheduleKind,
+    planner, CostModel, CostSpec, Kind, MemLimit, Objective, Placement, PlanCosts, PlanRequest,
+    RankCost, Schedule, ScheduleKind,
 };
 use std::sync::Arc;
 
@@ -33,8 +34,9 @@ pub struct SessionOptions {
     pub ranks: usize,
     /// Chunks per rank for interleaved schedules.
     pub chunks: usize,
-    /// Activation memory limit per rank, in bytes (real compute) or in M_B (emulated).
-    pub mem_limit: Option<f64>,
+    /// Activation memory limit per rank: a multiple of each rank's M_B (measured, for real
+    /// compute), or bytes (real compute only; emulated passes hold no tensors).
+    pub mem_limit: MemLimit,
     /// Emulated compute: pass times per rank share in milliseconds and link latency
     /// (`run.compute` is then derived from the plan). `None`: real compute.
     pub emulated: Option<CostSpec>,
@@ -86,53 +88,66 @@ pub struct Session {
     pub step: u64,
 }
 
-/// Plans (or takes the user's file) and simulates. `keep` is the schedule already running:
-/// a re-plan keeps its placement, since the ranks have built their stages for it.
-fn plan_with(
-    opts: &SessionOptions,
-    spec: &CostSpec,
-    x: Option<f64>,
-    budget: Vec<f64>,
-    keep: Option<&Schedule>,
-    source: &'static str,
-) -> Result<Plan, RuntimeError> {
-    let req = Request {
-        mem_limit: x,
-        mem_budget: budget,
+/// The planner's request for this session on `spec`, keeping `keep`'s placement (a re-plan:
+/// the ranks have built their stages for it; only zb-auto chooses one, the others have theirs).
+fn request(opts: &SessionOptions, costs: PlanCosts, keep: Option<&Schedule>) -> PlanRequest {
+    PlanRequest {
+        schedule: opts.kind,
+        ranks: opts.ranks,
+        microbatches: opts.run.train.microbatches,
         chunks: opts.chunks,
-        objective: opts.objective,
-        // Only zb-auto chooses a placement; the others have theirs.
+        costs,
+        mem_limit: opts.mem_limit.clone(),
         placement: keep
             .filter(|_| opts.kind == ScheduleKind::ZbAuto)
             .and_then(Placement::of),
-        ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
-    };
-    let schedule = match &opts.file {
-        Some(s) => s.clone(),
-        None => generate(&req, spec).map_err(|e| RuntimeError::Config(e.to_string()))?,
-    };
-    plan_of(schedule, spec, opts, source)
+        objective: opts.objective,
+    }
 }
 
-/// The plan of a schedule already made: its costs under `spec`, simulated.
-fn plan_of(
-    schedule: Schedule,
-    spec: &CostSpec,
+/// Plans (or takes the user's file) and simulates.
+fn plan_with(
     opts: &SessionOptions,
+    spec: &CostSpec,
+    keep: Option<&Schedule>,
     source: &'static str,
 ) -> Result<Plan, RuntimeError> {
-    let mut costs = CostModel::for_schedule(spec, &schedule)
-        .map_err(|e| RuntimeError::Config(e.to_string()))?;
-    costs.objective = opts.objective;
-    let sim = simulate(&schedule, &costs).map_err(|e| RuntimeError::Config(e.to_string()))?;
-    Ok(Plan {
-        predicted_peak: peak_memory(&schedule, &costs),
-        simulated_makespan: sim.metrics.makespan,
-        simulated_bubble_fraction: sim.metrics.bubble_fraction,
-        schedule,
-        costs,
+    let planned = match &opts.file {
+        Some(s) => planner::evaluate(s.clone(), spec, &opts.mem_limit, opts.objective),
+        None => planner::plan(&request(opts, PlanCosts::Stages(spec.clone()), keep)),
+    }
+    .map_err(RuntimeError::Plan)?;
+    Ok(plan_of(planned, source))
+}
+
+/// The session's view of a planned schedule.
+fn plan_of(planned: planner::Planned, source: &'static str) -> Plan {
+    Plan {
+        predicted_peak: planned.peak_memory().to_vec(),
+        simulated_makespan: planned.sim.metrics.makespan,
+        simulated_bubble_fraction: planned.sim.metrics.bubble_fraction,
+        schedule: planned.schedule,
+        costs: planned.costs,
         source,
-    })
+    }
+}
+
+/// The layer split (and with it the placement) for a real run, chosen before any stage is
+/// built on the model's FLOP and activation estimates; `None` keeps the even split. The
+/// estimates' memory is not the measured one: if no split fits the limit by them, choose on
+/// time alone (the measured re-plan enforces the limit).
+fn planned_split(opts: &SessionOptions) -> Option<(Vec<usize>, Schedule)> {
+    let layers = PlanCosts::Layers(estimated_layer_costs(&opts.run.model));
+    let req = request(opts, layers, None);
+    planner::plan(&req)
+        .or_else(|_| {
+            planner::plan(&PlanRequest {
+                mem_limit: MemLimit::None,
+                ..req.clone()
+            })
+        })
+        .ok()
+        .and_then(|p| Some((p.split?.counts, p.schedule)))
 }
 
 impl Session {
@@ -149,58 +164,39 @@ impl Session {
             .emulated
             .clone()
             .unwrap_or_else(|| CostSpec::uniform(RankCost::default(), 0.0));
-        let emulated_x = opts.emulated.as_ref().and(opts.mem_limit);
         let mut opts = opts;
         // Real compute: the layer split is part of the plan, chosen before any stage is
-        // built, on the model's FLOP and activation estimates (the placement with it; the
-        // measured costs later re-plan the order, never the split).
-        let planned_split = if opts.emulated.is_none()
+        // built (the placement with it; the measured costs later re-plan the order, never
+        // the split).
+        let split = (opts.emulated.is_none()
             && opts.file.is_none()
-            && opts.run.layout == StageLayout::Even
-        {
-            let req = Request {
-                mem_budget: opts.mem_limit.into_iter().collect(),
-                chunks: opts.chunks,
-                objective: opts.objective,
-                ..Request::new(opts.kind, opts.ranks, opts.run.train.microbatches)
-            };
-            let layers = estimated_layer_costs(&opts.run.model);
-            // The estimates' memory is not the measured one: if no split fits the limit by
-            // them, choose on time alone (the measured re-plan enforces the limit), and
-            // failing that keep the even split.
-            let found = split::plan_split(&req, &layers).or_else(|_| {
-                split::plan_split(
-                    &Request {
-                        mem_budget: Vec::new(),
-                        ..req.clone()
-                    },
-                    &layers,
-                )
-            });
-            found.ok().map(|split| {
-                opts.run.layout = StageLayout::Explicit(split.counts);
-                split.schedule
-            })
-        } else {
-            None
-        };
+            && opts.run.layout == StageLayout::Even)
+            .then(|| planned_split(&opts))
+            .flatten();
         // The split search planned the schedule already; otherwise plan it now.
-        let plan = match planned_split {
-            Some(s) => plan_of(s, &provisional, &opts, "given costs")?,
-            None => plan_with(
-                &opts,
-                &provisional,
-                emulated_x,
-                Vec::new(),
-                None,
-                "given costs",
-            )?,
+        let plan = match split {
+            Some((counts, schedule)) => {
+                opts.run.layout = StageLayout::Explicit(counts);
+                let planned =
+                    planner::evaluate(schedule, &provisional, &MemLimit::None, opts.objective)
+                        .map_err(RuntimeError::Plan)?;
+                plan_of(planned, "given costs")
+            }
+            None => {
+                // Real runs: the limit is checked on the measured bytes below.
+                let mut first = opts.clone();
+                if first.emulated.is_none() {
+                    first.mem_limit = MemLimit::None;
+                }
+                plan_with(&first, &provisional, None, "given costs")?
+            }
         };
-        if let Some(x) = emulated_x {
+        if opts.emulated.is_some() {
             // Emulated memory is the cost model's: refuse a schedule over the limit, as
             // real runs do, before any pass runs.
-            nobubble_schedule::check_memory(&plan.schedule, &plan.costs, x)
-                .map_err(|e| RuntimeError::Config(e.to_string()))?;
+            opts.mem_limit
+                .check_schedule(&plan.schedule, &plan.costs)
+                .map_err(RuntimeError::Plan)?;
         }
         opts.run.compute = match opts.emulated {
             Some(_) => Compute::Emulated {
@@ -227,15 +223,6 @@ impl Session {
         Ok(session)
     }
 
-    /// The byte limit as the planner's multiple of each rank's M_B (the tightest rank).
-    fn limit_x(&self, costs: &CostModel, schedule: &Schedule) -> Option<f64> {
-        self.options.mem_limit.map(|bytes| {
-            (0..schedule.ranks)
-                .map(|r| bytes / costs.rank_mem_b(schedule, r).max(1.0))
-                .fold(f64::INFINITY, f64::min)
-        })
-    }
-
     fn replan_with(
         &mut self,
         times: &[(f64, f64, f64)],
@@ -257,59 +244,78 @@ impl Session {
                 .collect(),
         };
         let current = &self.plan.schedule;
-        let probe = CostModel::for_schedule(&spec, current)
-            .map_err(|e| RuntimeError::Config(e.to_string()))?;
-        let x = self.limit_x(&probe, current);
-        if let Some(x) = x {
-            if x < 1.0 {
-                let need = (0..current.ranks)
-                    .map(|r| probe.rank_mem_b(current, r))
-                    .fold(0.0, f64::max);
-                return Err(RuntimeError::Config(format!(
-                    "--mem-limit {} is below one microbatch's activations on the largest rank ({}); \
-                     raise it or use a smaller --microbatch-size or --seq-len",
-                    human_bytes(self.options.mem_limit.unwrap_or(0.0)),
-                    human_bytes(need)
-                )));
-            }
-        }
-        // Real runs plan each rank within the byte limit itself, not within the tightest
-        // rank's multiple of M_B (a heavier last stage would shrink every rank's).
-        let budget = self.options.mem_limit.into_iter().collect();
-        let mut plan = plan_with(&self.options, &spec, x, budget, Some(current), source)?;
+        self.check_one_microbatch_fits(&spec)?;
+        let mut plan = plan_with(&self.options, &spec, Some(current), source)?;
         // The planner's model has a microbatch hold no more after I than after F; a stage
         // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
-        // planned on the clamped figure, but the prediction — and the --mem-limit check
-        // below — use what the stages really hold.
+        // planned on the clamped figure, but the prediction — and the limit check below —
+        // use what the stages really hold.
+        let mut real = plan.costs.clone();
+        for (c, &(_, bw)) in real.stages.iter_mut().zip(&self.stage_bytes) {
+            c.mem_w = bw as f64;
+        }
         if self.stage_bytes.iter().any(|&(b, bw)| bw > b) {
-            let mut real = plan.costs.clone();
-            for (c, &(_, bw)) in real.stages.iter_mut().zip(&self.stage_bytes) {
-                c.mem_w = bw as f64;
-            }
             plan.predicted_peak = peak_memory(&plan.schedule, &real);
         }
-        if let Some(bytes) = self.options.mem_limit {
-            if let Some((r, peak)) = plan
-                .predicted_peak
-                .iter()
-                .enumerate()
-                .find(|(_, &p)| p > bytes)
-            {
-                return Err(RuntimeError::Config(format!(
-                    "{} needs {} of activations on rank {r}, over --mem-limit {}; \
-                     use --schedule zb-auto (plans within the limit) or 1f1b, or raise the limit",
-                    self.options.schedule_name(),
-                    human_bytes(*peak),
-                    human_bytes(bytes)
-                )));
-            }
-        }
+        self.check_limit(&plan, &real)?;
         if plan.schedule.placement != self.plan.schedule.placement {
             return Err(RuntimeError::Config(
                 "internal: re-planning changed the placement".into(),
             ));
         }
         Ok(plan)
+    }
+
+    /// Refuses a limit below one microbatch's measured activations on some rank.
+    fn check_one_microbatch_fits(&self, spec: &CostSpec) -> Result<(), RuntimeError> {
+        let current = &self.plan.schedule;
+        let probe = CostModel::for_schedule(spec, current).map_err(RuntimeError::Plan)?;
+        let limit = &self.options.mem_limit;
+        for r in 0..current.ranks {
+            let need = probe.rank_mem_b(current, r);
+            let allowed = match (limit.as_multiple(), limit.per_rank(current.ranks)) {
+                (Some(x), _) => x * need,
+                (None, Some(bytes)) => bytes[r],
+                (None, None) => continue,
+            };
+            if allowed < need * (1.0 - 1e-9) {
+                return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
+                    "mem_limit",
+                    format!(
+                        "{limit} is below one microbatch's activations on rank {r} ({}); raise \
+                         it or use a smaller microbatch or sequence",
+                        human_bytes(need)
+                    ),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a plan whose predicted peak (on what the stages really hold) is over the limit.
+    fn check_limit(&self, plan: &Plan, real: &CostModel) -> Result<(), RuntimeError> {
+        let limit = &self.options.mem_limit;
+        let s = &plan.schedule;
+        let allowed = |r: usize| match (limit.as_multiple(), limit.per_rank(s.ranks)) {
+            (Some(x), _) => Some(x * real.rank_mem_b(s, r)),
+            (None, Some(bytes)) => Some(bytes[r]),
+            (None, None) => None,
+        };
+        for (r, &peak) in plan.predicted_peak.iter().enumerate() {
+            if let Some(a) = allowed(r).filter(|a| peak > a * (1.0 + 1e-9)) {
+                return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
+                    "mem_limit",
+                    format!(
+                        "{} needs {} of activations on rank {r}, over the limit {limit} ({}); \
+                         plan zb-auto (it plans within the limit) or 1f1b, or raise the limit",
+                        self.options.schedule_name(),
+                        human_bytes(peak),
+                        human_bytes(a)
+                    ),
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Re-plans an automatic schedule on the median pass times this rank measured in
@@ -406,22 +412,20 @@ impl Session {
 /// FLOPs per pass (a block's matrix products and attention; the LM head's projection) and
 /// the paper's activation bytes per block (f32 here), the head holding its logits.
 pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
-    let (h, a) = (model.hidden as f64, model.heads as f64);
-    let (s, b, v) = (
-        model.seq_len as f64,
-        model.microbatch_size as f64,
-        model.vocab as f64,
-    );
-    let tokens = s * b;
+    let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
+    let tokens = (s * b) as f64;
     let gflop = |x: f64| x / 1e9;
+    let [f, i, w] = flops::block_pass_flops(h, s, b).map(gflop);
+    let (mem_b, mem_w) = flops::block_activation_bytes(h, model.heads, s, b, 4.0);
     let block = RankCost {
-        f: gflop(tokens * (24.0 * h * h + 4.0 * s * h)),
-        i: gflop(tokens * (24.0 * h * h + 8.0 * s * h)),
-        w: gflop(tokens * 24.0 * h * h),
-        mem_b: 2.0 * tokens * (34.0 * h + 5.0 * a * s),
-        mem_w: 2.0 * tokens * 32.0 * h,
+        f,
+        i,
+        w,
+        mem_b,
+        mem_w,
     };
-    let head_flops = gflop(2.0 * tokens * h * v);
+    let head_flops = gflop(flops::head_pass_flops(h, model.vocab, s, b));
+    let (h, v) = (h as f64, model.vocab as f64);
     let head = RankCost {
         f: head_flops,
         i: head_flops,

@@ -193,7 +193,7 @@ pub struct CostModel {
     pub objective: Objective,
     /// Each rank's share of a memory limit of `x` × M_B (1 where missing): rank r may hold
     /// `x × rank_share[r]` × its M_B. How per-rank byte budgets reach planners that climb a
-    /// single ladder of multiples (see [`crate::generate::Request::mem_budget`]).
+    /// single ladder of multiples (see [`crate::generate::Request::mem_limit`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_share: Vec<f64>,
 }
@@ -230,6 +230,12 @@ impl CostModel {
             objective: Objective::default(),
             rank_share: Vec::new(),
         })
+    }
+
+    /// The same costs, planned for `objective`.
+    pub fn with_objective(mut self, objective: Objective) -> CostModel {
+        self.objective = objective;
+        self
     }
 
     /// Duration of `kind` on `stage`.

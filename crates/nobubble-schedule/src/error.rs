@@ -8,8 +8,17 @@ use std::fmt;
 /// Each variant carries enough context for the message alone to tell a user what to change.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Error {
-    /// A request or file that cannot describe a schedule (zero stages, bad costs, ...).
+    /// A request or file that cannot describe a schedule (bad costs, a malformed file, ...).
     Input(String),
+    /// A request setting whose value cannot work. `setting` is the request's field name
+    /// (snake_case: `mem_limit`, `microbatches`), so that each front end names it its own
+    /// way ([`Error::naming`]): the CLI as a flag, the Python bindings as a keyword.
+    Setting {
+        /// The field of the request.
+        setting: &'static str,
+        /// What is wrong and what to do, in the library's words.
+        message: String,
+    },
     /// A schedule that breaks a rule at a specific place.
     Invalid {
         /// The rank whose list holds the problem.
@@ -41,6 +50,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Input(msg) => write!(f, "{msg}"),
+            Error::Setting { setting, message } => write!(f, "{setting}: {message}"),
             Error::Invalid {
                 rank,
                 action: Some(a),
@@ -73,8 +83,8 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "rank {rank}, action {action}: activation memory {} exceeds the limit {} ({} × M_B) by {} \
-                 (raise --mem-limit, or use zb-auto, which plans within any limit of at least 1 × M_B; \
-                 `nobubble compare --mem-limit …` shows what fits)",
+                 (raise the memory limit, or plan with zb-auto, which plans within any limit of at \
+                 least 1 × M_B)",
                 fmt_num(*used),
                 fmt_num(*limit),
                 fmt_num(*units),
@@ -85,6 +95,25 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl Error {
+    /// An error in the request's `setting` (its field name).
+    pub fn setting(setting: &'static str, message: impl Into<String>) -> Error {
+        Error::Setting {
+            setting,
+            message: message.into(),
+        }
+    }
+
+    /// The message with a [`Error::Setting`]'s field named by `name` (a CLI flag, a Python
+    /// keyword); other errors as displayed.
+    pub fn naming(&self, name: impl Fn(&str) -> String) -> String {
+        match self {
+            Error::Setting { setting, message } => format!("{}: {message}", name(setting)),
+            e => e.to_string(),
+        }
+    }
+}
 
 /// Prints a number without float noise (`3` rather than `3.0000000001`).
 pub fn fmt_num(x: f64) -> String {

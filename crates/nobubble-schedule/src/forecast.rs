@@ -13,7 +13,9 @@
 
 use crate::cost::{CostModel, CostSpec, RankCost};
 use crate::error::Error;
+use crate::flops;
 use crate::generate::{generate, Request, ScheduleKind};
+pub use crate::limit::MemLimit;
 use crate::sim::simulate;
 use crate::validate::peak_memory;
 use serde::Serialize;
@@ -62,8 +64,8 @@ pub struct ForecastInput {
     pub usd_per_gpu_hour: f64,
     /// Time of one transfer between ranks, seconds.
     pub comm_seconds: f64,
-    /// Activation memory per GPU: bytes (`ModelShape::Layers`), or multiples of M_B.
-    pub mem_limit: Option<MemLimit>,
+    /// Activation memory per GPU: bytes (`ModelShape::Layers` only), or a multiple of M_B.
+    pub mem_limit: MemLimit,
     /// What an iteration costs.
     pub step_time: StepTime,
 }
@@ -77,15 +79,6 @@ pub enum StepTime {
     Span,
     /// The makespan: a synchronous optimizer step waits for the whole iteration to drain.
     Makespan,
-}
-
-/// A memory limit per GPU.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MemLimit {
-    /// Bytes of activations.
-    Bytes(f64),
-    /// Multiples of one rank's M_B (one microbatch's activations of a 1F1B stage).
-    Microbatches(f64),
 }
 
 /// One schedule's forecast.
@@ -128,10 +121,6 @@ pub const SCHEDULES: [ScheduleKind; 6] = [
     ScheduleKind::ZbAuto,
 ];
 
-fn input_error(msg: String) -> Error {
-    Error::Input(msg)
-}
-
 /// Per-rank pass costs (seconds; memory in bytes or M_B units) from the FLOP model: one
 /// entry per rank of a linear pipeline.
 pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
@@ -152,14 +141,13 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
             heads,
             vocab,
         } => {
-            let (h, a) = (hidden as f64, heads as f64);
             let per_layer = layers as f64 / p;
-            let f = s * b * h * (24.0 * h + 4.0 * s) * per_layer;
-            let i = s * b * h * (24.0 * h + 8.0 * s) * per_layer;
-            let w = 24.0 * s * b * h * h * per_layer;
-            let mem_b = s * b * (34.0 * h + 5.0 * a * s) * per_layer;
-            let mem_w = 32.0 * s * b * h * per_layer;
-            let head = 2.0 * s * b * h * vocab as f64;
+            let [f, i, w] = flops::block_pass_flops(hidden, x.seq_len, x.microbatch_size)
+                .map(|v| v * per_layer);
+            let (mem_b, mem_w) =
+                flops::block_activation_bytes(hidden, heads, x.seq_len, x.microbatch_size, 2.0);
+            let (mem_b, mem_w) = (mem_b * per_layer, mem_w * per_layer);
+            let head = flops::head_pass_flops(hidden, vocab, x.seq_len, x.microbatch_size);
             (0..n)
                 .map(|r| {
                     let extra = if r + 1 == n { head } else { 0.0 };
@@ -196,46 +184,59 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
 }
 
 fn check(x: &ForecastInput) -> Result<(), Error> {
-    let positive = |name: &str, v: f64| {
+    let positive = |setting: &'static str, v: f64| {
         if v.is_finite() && v > 0.0 {
             Ok(())
         } else {
-            Err(input_error(format!(
-                "{name} must be a positive number, got {v}"
-            )))
+            Err(Error::setting(
+                setting,
+                format!("must be a positive number, got {v}"),
+            ))
         }
     };
-    positive("--tokens", x.tokens)?;
-    positive("the peak FLOP/s", x.peak_flops)?;
-    positive("--usd-per-gpu-hour", x.usd_per_gpu_hour)?;
+    positive("tokens", x.tokens)?;
+    positive("peak_flops", x.peak_flops)?;
+    positive("usd_per_gpu_hour", x.usd_per_gpu_hour)?;
     if !(x.mfu.is_finite() && x.mfu > 0.0 && x.mfu <= 1.0) {
-        return Err(input_error(format!(
-            "--mfu is a fraction of the peak in (0, 1], e.g. 0.5; got {}",
-            x.mfu
-        )));
-    }
-    if x.stages == 0 || x.microbatches == 0 || x.data_parallel == 0 {
-        return Err(input_error(
-            "--stages, --microbatches and --data-parallel must be at least 1".into(),
+        return Err(Error::setting(
+            "mfu",
+            format!(
+                "is a fraction of the peak in (0, 1], e.g. 0.5; got {}",
+                x.mfu
+            ),
         ));
     }
-    if x.stages > 4096 || x.data_parallel > 1 << 20 {
-        return Err(input_error(format!(
-            "--stages {} × --data-parallel {} is beyond what this forecast models (4096 stages, \
-             2^20 replicas)",
-            x.stages, x.data_parallel
-        )));
+    for (setting, n) in [
+        ("stages", x.stages),
+        ("microbatches", x.microbatches),
+        ("data_parallel", x.data_parallel),
+        ("seq_len", x.seq_len),
+        ("microbatch_size", x.microbatch_size),
+    ] {
+        if n == 0 {
+            return Err(Error::setting(setting, "must be at least 1"));
+        }
     }
-    if x.seq_len == 0 || x.microbatch_size == 0 {
-        return Err(input_error(
-            "--seq-len and --microbatch-size must be at least 1".into(),
+    if x.stages > 4096 {
+        return Err(Error::setting(
+            "stages",
+            format!("{} is beyond what this forecast models (4096)", x.stages),
+        ));
+    }
+    if x.data_parallel > 1 << 20 {
+        return Err(Error::setting(
+            "data_parallel",
+            format!(
+                "{} is beyond what this forecast models (2^20)",
+                x.data_parallel
+            ),
         ));
     }
     if !(x.comm_seconds.is_finite() && x.comm_seconds >= 0.0) {
-        return Err(input_error(format!(
-            "--comm-ms must be zero or positive, got {}",
-            x.comm_seconds * 1e3
-        )));
+        return Err(Error::setting(
+            "comm_seconds",
+            format!("must be zero or positive, got {}", x.comm_seconds),
+        ));
     }
     match x.model {
         ModelShape::Layers {
@@ -244,26 +245,29 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
             heads,
             ..
         } => {
-            if layers == 0 || hidden == 0 || heads == 0 {
-                return Err(input_error(
-                    "--layers, --hidden and --heads must be at least 1".into(),
-                ));
+            for (setting, n) in [("layers", layers), ("hidden", hidden), ("heads", heads)] {
+                if n == 0 {
+                    return Err(Error::setting(setting, "must be at least 1"));
+                }
             }
             if layers < x.stages {
-                return Err(input_error(format!(
-                    "{layers} layers cannot fill {} pipeline stages; use fewer --stages",
-                    x.stages
-                )));
+                return Err(Error::setting(
+                    "stages",
+                    format!(
+                        "{layers} layers cannot fill {} pipeline stages; use fewer stages",
+                        x.stages
+                    ),
+                ));
             }
         }
         ModelShape::Parameters(n) => {
-            positive("--params", n)?;
-            if let Some(MemLimit::Bytes(_)) = x.mem_limit {
-                return Err(input_error(
-                    "a --mem-limit in bytes needs the model's shape (--layers, --hidden, \
-                     --heads) to size activations; with --params give it in microbatches \
-                     (a plain number, multiples of M_B)"
-                        .into(),
+            positive("params", n)?;
+            if !x.mem_limit.budgets().is_empty() {
+                return Err(Error::setting(
+                    "mem_limit",
+                    "in bytes needs the model's shape (layers, hidden size, heads) to size \
+                     activations; with only a parameter count give a multiple of M_B (a bare \
+                     number)",
                 ));
             }
         }
@@ -286,15 +290,25 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
     check(x)?;
     let spec = rank_costs(x)?;
     let mem_b = spec.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
-    let limit_x = x.mem_limit.map(|l| match l {
-        MemLimit::Bytes(bytes) => bytes / mem_b.max(f64::MIN_POSITIVE),
-        MemLimit::Microbatches(k) => k,
-    });
+    let limit_x = match &x.mem_limit {
+        MemLimit::None => None,
+        MemLimit::Multiple(k) => Some(*k),
+        MemLimit::Bytes(bytes) => Some(bytes / mem_b.max(f64::MIN_POSITIVE)),
+        MemLimit::PerRank(_) => {
+            return Err(Error::setting(
+                "mem_limit",
+                "a forecast takes one limit for every GPU, not one per rank",
+            ))
+        }
+    };
     if let Some(l) = limit_x.filter(|l| *l < 1.0) {
-        return Err(input_error(format!(
-            "--mem-limit holds {l:.2} microbatches' activations of a stage; a pipeline needs at \
-             least 1: raise it, or shorten --seq-len or --microbatch-size"
-        )));
+        return Err(Error::setting(
+            "mem_limit",
+            format!(
+                "holds {l:.2} microbatches' activations of a stage; a pipeline needs at least \
+                 1: raise it, or shorten the sequence or the microbatch"
+            ),
+        ));
     }
     let gpus = x.stages as f64 * x.data_parallel as f64;
     let tokens_per_step = x.microbatches as f64
@@ -306,7 +320,7 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
     let mut omitted = Vec::new();
     for kind in SCHEDULES {
         let req = Request {
-            mem_limit: limit_x,
+            mem_limit: limit_x.map_or(MemLimit::None, MemLimit::Multiple),
             ..Request::new(kind, x.stages, x.microbatches)
         };
         let spec = match kind {
@@ -406,7 +420,7 @@ mod tests {
             data_parallel: 1,
             usd_per_gpu_hour: 2.0,
             comm_seconds: 0.0,
-            mem_limit: None,
+            mem_limit: MemLimit::None,
             step_time: StepTime::Span,
         }
     }
@@ -451,7 +465,7 @@ mod tests {
     fn a_byte_limit_is_planned_and_fixed_patterns_over_it_are_flagged() {
         let mut x = seed_example();
         let mem_b = rank_costs(&x).unwrap().stages[0].mem_b;
-        x.mem_limit = Some(MemLimit::Bytes(10.0 * mem_b));
+        x.mem_limit = MemLimit::Bytes(10.0 * mem_b);
         let rows = forecast(&x).unwrap().rows;
         let auto = row(&rows, "zb-auto");
         assert_eq!(auto.planned_limit, Some(10.0));
@@ -461,14 +475,14 @@ mod tests {
     }
 
     #[test]
-    fn bad_inputs_name_the_flag() {
+    fn bad_inputs_name_the_setting() {
         let mut x = seed_example();
         x.mfu = 1.5;
-        assert!(forecast(&x).unwrap_err().to_string().contains("--mfu"));
+        assert!(forecast(&x).unwrap_err().to_string().contains("mfu"));
         let mut x = seed_example();
         x.model = ModelShape::Parameters(1e9);
-        x.mem_limit = Some(MemLimit::Bytes(1e9));
-        assert!(forecast(&x).unwrap_err().to_string().contains("--params"));
+        x.mem_limit = MemLimit::Bytes(1e9);
+        assert!(forecast(&x).unwrap_err().to_string().contains("mem_limit"));
         let mut x = seed_example();
         x.stages = 64;
         assert!(forecast(&x)

@@ -184,14 +184,15 @@ impl PaperSetting {
     /// expressed with M_B = 1.
     pub fn costs(&self) -> CostSpec {
         let (h, a) = self.shape();
-        let mem_b = 34.0 * h + 5.0 * a * 1024.0;
+        let (mem_b, mem_w) =
+            crate::flops::block_activation_bytes(h as usize, a as usize, 1024, 1, 2.0);
         CostSpec::uniform(
             RankCost {
                 f: self.t_f,
                 i: self.t_i,
                 w: self.t_w,
                 mem_b: 1.0,
-                mem_w: 32.0 * h / mem_b,
+                mem_w: mem_w / mem_b,
             },
             self.t_comm,
         )
@@ -234,7 +235,7 @@ pub fn bubble_rate_floor(setting: &PaperSetting, kind: ScheduleKind) -> Result<f
 /// (x = p) and ZB-2p (x = 2p) columns.
 pub fn paper_scheduler_rate(setting: &PaperSetting, x: f64) -> Result<f64, Error> {
     let req = Request {
-        mem_limit: Some(x),
+        mem_limit: crate::limit::MemLimit::Multiple(x),
         ..Request::new(ScheduleKind::ZbPaper, setting.p, setting.m)
     };
     rate(setting, &req)

@@ -11,6 +11,7 @@
 use crate::cost::{CostModel, CostSpec, RankCost};
 use crate::error::Error;
 use crate::generate::{generate, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS};
+use crate::limit::MemLimit;
 use crate::schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
@@ -229,15 +230,15 @@ fn balanced_counts(l: &LayerCosts, n: usize, min_middle: usize) -> Result<Vec<us
 /// Plans `req` on the best split of `layers` we find. `req.kind`'s placement decides the
 /// stage count (`zb-auto` without `--placement` tries the linear and the V one). Every
 /// middle stage keeps at least one block (the runtime's rule). The memory is held fixed: a
-/// byte budget (`mem_budget`) as given, a multiple of M_B (the kind's limit) as the bytes it
+/// budget in memory (`MemLimit::Bytes`, `MemLimit::PerRank`) as given, a multiple of M_B (the kind's limit) as the bytes it
 /// means under the even split, which every other split must fit too.
 pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
     let blocks = layers.blocks()?.len();
     let (p, m) = (req.ranks, req.microbatches);
-    if p == 0 || m == 0 || req.chunks == 0 {
-        return Err(Error::Input(
-            "--stages, --microbatches and --chunks must be at least 1".into(),
-        ));
+    for (setting, n) in [("stages", p), ("microbatches", m), ("chunks", req.chunks)] {
+        if n == 0 {
+            return Err(Error::setting(setting, "must be at least 1"));
+        }
     }
     let placements: Vec<(Option<Placement>, usize)> = match req.kind {
         ScheduleKind::ZbAuto => match req.placement {
@@ -296,17 +297,19 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         // The even split under the request as given; its bytes per rank are then the
         // budget for every other split.
         let even = even_counts(blocks, n);
-        let first = match plan(&even, &plain, &req.mem_budget) {
+        let given = req.mem_limit.budgets();
+        let first = match plan(&even, &plain, &given) {
             Ok(c) => Some(c),
             Err(e) => {
                 errors.push(format!("even split on {n} stages: {e}"));
                 None
             }
         };
-        let bytes: Vec<f64> = if !req.mem_budget.is_empty() {
-            req.mem_budget.clone()
+        let bytes: Vec<f64> = if !given.is_empty() {
+            given.clone()
         } else {
-            let x = req.kind.planning_limit(p, req.mem_limit).or(req.mem_limit);
+            let user = req.mem_limit.as_multiple();
+            let x = req.kind.planning_limit(p, user).or(user);
             match (&first, x) {
                 (Some(f), Some(x)) => {
                     let c = CostModel::for_schedule(&f.spec, &f.schedule)?;
@@ -317,8 +320,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         };
         let sub = if budgeted && !bytes.is_empty() {
             Request {
-                mem_limit: None,
-                mem_budget: bytes.clone(),
+                mem_limit: MemLimit::PerRank(bytes.clone()),
                 ..plain.clone()
             }
         } else {
@@ -486,7 +488,7 @@ mod tests {
         let mut req = Request::new(ScheduleKind::ZbAuto, 4, 8);
         req.objective = crate::Objective::Makespan;
         req.placement = Some(Placement::Linear);
-        req.mem_limit = Some(4.0);
+        req.mem_limit = MemLimit::Multiple(4.0);
         let s = plan_split(&req, &l).unwrap();
         assert_eq!(s.counts.iter().sum::<usize>(), 16);
         assert!(s.counts[3] < 4, "{:?}", s.counts);

@@ -4,7 +4,7 @@
 
 use nobubble_schedule::{
     check_memory, check_weight_order, generate, lower_bound, simulate, span_lower_bound, CostModel,
-    CostSpec, RankCost, Request, Schedule, ScheduleKind,
+    CostSpec, MemLimit, RankCost, Request, Schedule, ScheduleKind,
 };
 use proptest::prelude::*;
 
@@ -17,7 +17,7 @@ fn costs_strategy(p: usize) -> impl Strategy<Value = CostSpec> {
 
 fn plan(kind: ScheduleKind, p: usize, m: usize, spec: &CostSpec, x: Option<f64>) -> Schedule {
     let req = Request {
-        mem_limit: x,
+        mem_limit: x.map_or(MemLimit::None, MemLimit::Multiple),
         ..Request::new(kind, p, m)
     };
     generate(&req, spec).unwrap_or_else(|e| panic!("{} p={p} m={m} x={x:?}: {e}", kind.name()))
@@ -81,7 +81,7 @@ proptest! {
     ) {
         // Any limit from p (below it the paper's warm-up cannot start) to 2p + 1.
         let x = p as f64 + frac * (p + 1) as f64;
-        let req = Request { mem_limit: Some(x), ..Request::new(ScheduleKind::ZbPaper, p, m) };
+        let req = Request { mem_limit: MemLimit::Multiple(x), ..Request::new(ScheduleKind::ZbPaper, p, m) };
         if let Ok(paper) = generate(&req, &spec) {
             let theirs = score(&paper, &spec);
             let ours = score(&plan(ScheduleKind::ZbAuto, p, m, &spec, Some(x)), &spec);
@@ -109,7 +109,7 @@ fn a_limit_below_one_microbatch_is_refused_with_the_minimum() {
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     for kind in [ScheduleKind::ZbAuto, ScheduleKind::VAuto] {
         let req = Request {
-            mem_limit: Some(0.5),
+            mem_limit: MemLimit::Multiple(0.5),
             ..Request::new(kind, 4, 8)
         };
         let e = generate(&req, &spec).unwrap_err().to_string();
@@ -214,7 +214,7 @@ fn zb_auto_is_near_optimal_on_small_instances() {
             );
             // The exact search knows the linear placement only.
             let req = Request {
-                mem_limit: Some(m as f64),
+                mem_limit: MemLimit::Multiple(m as f64),
                 placement: Some(nobubble_schedule::Placement::Linear),
                 ..Request::new(ScheduleKind::ZbAuto, p, m)
             };
@@ -442,7 +442,7 @@ proptest! {
         let x = p as f64 + extra;
         for objective in [Objective::Span, Objective::Makespan] {
             let run = |placement| {
-                let req = Request { mem_limit: Some(x), objective, placement, ..Request::new(ScheduleKind::ZbAuto, p, m) };
+                let req = Request { mem_limit: MemLimit::Multiple(x), objective, placement, ..Request::new(ScheduleKind::ZbAuto, p, m) };
                 generate(&req, &spec).unwrap()
             };
             let ranked = |s: &Schedule| {
@@ -484,14 +484,14 @@ proptest! {
         // Budgets of 1 to 8 microbatches' activations, rank by rank.
         let budget: Vec<f64> = (0..p).map(|r| room[r] * linear.stages[r].mem_b).collect();
         let tight = (0..p).map(|r| budget[r] / linear.stages[r].mem_b).fold(f64::INFINITY, f64::min);
-        let run = |mem_limit, mem_budget: Vec<f64>| {
-            let req = Request { mem_limit, mem_budget, placement: Some(Placement::Linear), ..Request::new(ScheduleKind::ZbAuto, p, m) };
+        let run = |mem_limit: MemLimit| {
+            let req = Request { mem_limit, placement: Some(Placement::Linear), ..Request::new(ScheduleKind::ZbAuto, p, m) };
             generate(&req, &spec).unwrap()
         };
-        let own = run(None, budget.clone());
+        let own = run(MemLimit::PerRank(budget.clone()));
         let c = CostModel::for_schedule(&spec, &own).unwrap();
         check_memory_budget(&own, &c, &budget).unwrap();
-        let shared = run(Some(tight), Vec::new());
+        let shared = run(MemLimit::Multiple(tight));
         let (a, b) = (score(&own, &spec), score(&shared, &spec));
         prop_assert!(a.0 <= b.0 * (1.0 + 1e-9), "budgets {a:?} vs shared multiple {b:?}");
         let h1 = nobubble_schedule::generate::zb_h1(p, m).unwrap();
@@ -499,7 +499,7 @@ proptest! {
             prop_assert!(a.0 <= score(&h1, &spec).0 * (1.0 + 1e-9));
         }
         // zb-auto's own placement choice also stays within the budgets.
-        let req = Request { mem_budget: budget.clone(), ..Request::new(ScheduleKind::ZbAuto, p, m) };
+        let req = Request { mem_limit: MemLimit::PerRank(budget.clone()), ..Request::new(ScheduleKind::ZbAuto, p, m) };
         if let Ok(s) = generate(&req, &spec) {
             let c = CostModel::for_schedule(&spec, &s).unwrap();
             check_memory_budget(&s, &c, &budget).unwrap();
@@ -511,7 +511,7 @@ proptest! {
 fn budgets_below_one_microbatch_or_of_the_wrong_count_are_refused() {
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     let req = |b: Vec<f64>| Request {
-        mem_budget: b,
+        mem_limit: MemLimit::PerRank(b),
         ..Request::new(ScheduleKind::ZbAuto, 4, 8)
     };
     let e = generate(&req(vec![4.0, 4.0, 0.5, 4.0]), &spec)
@@ -640,7 +640,7 @@ fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
             for x in 1..=p {
                 let x = x as f64;
                 let req = Request {
-                    mem_limit: Some(x),
+                    mem_limit: MemLimit::Multiple(x),
                     objective: Objective::Makespan,
                     placement: Some(Placement::Linear),
                     ..Request::new(ScheduleKind::ZbAuto, p, m)

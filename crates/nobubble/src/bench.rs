@@ -5,7 +5,9 @@ use clap::{Args, Subcommand};
 use nobubble_schedule::paper::{
     bubble_rate, bubble_rate_floor, paper_scheduler_rate, COMPARED, SETTINGS,
 };
-use nobubble_schedule::{generate, simulate, CostModel, CostSpec, RankCost, Request, ScheduleKind};
+use nobubble_schedule::{
+    generate, simulate, CostModel, CostSpec, MemLimit, RankCost, Request, ScheduleKind,
+};
 use serde_json::json;
 use std::time::Instant;
 
@@ -309,8 +311,7 @@ fn plan(a: &PlanBenchArgs) -> Result<(), String> {
         let kind = ScheduleKind::from_name(name).map_err(|e| e.to_string())?;
         for &(p, m) in &sizes {
             let req = Request {
-                mem_limit: a.costs.mem_limit(),
-                mem_budget: a.costs.mem_budget(),
+                mem_limit: a.costs.limit(),
                 objective: a.costs.objective.into(),
                 placement: (kind == ScheduleKind::ZbAuto)
                     .then(|| a.costs.placement.placement())
@@ -354,7 +355,7 @@ fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
         for kind in [ScheduleKind::ZbAuto, ScheduleKind::VAuto] {
             // One column per placement: zb-auto held to the linear one.
             let req = Request {
-                mem_limit: Some(x as f64),
+                mem_limit: MemLimit::Multiple(x as f64),
                 placement: (kind == ScheduleKind::ZbAuto)
                     .then_some(nobubble_schedule::Placement::Linear),
                 ..Request::new(kind, p, m)
@@ -434,7 +435,7 @@ fn baseline(a: &BaselineBenchArgs) -> Result<(), String> {
         let x = p as f64 + rng.range(0.0, (p + 1) as f64);
         let rate = |kind: ScheduleKind| -> Result<(f64, f64), String> {
             let req = Request {
-                mem_limit: Some(x),
+                mem_limit: MemLimit::Multiple(x),
                 ..Request::new(kind, p, m)
             };
             let s = generate(&req, &spec).map_err(|e| format!("case {case}: {e}"))?;

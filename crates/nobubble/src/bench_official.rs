@@ -6,7 +6,7 @@ use clap::Args;
 use nobubble_schedule::export::csv;
 use nobubble_schedule::generate::official_v;
 use nobubble_schedule::{
-    check_memory, generate, simulate, CostModel, CostSpec, RankCost, Request, Schedule,
+    check_memory, generate, simulate, CostModel, CostSpec, MemLimit, RankCost, Request, Schedule,
     ScheduleKind,
 };
 use serde_json::json;
@@ -136,7 +136,9 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
         let mut planned = Vec::new();
         for &kind in ours {
             let req = Request {
-                mem_limit: kind.planning_limit(p, Some(limit)).map(|_| limit),
+                mem_limit: kind
+                    .planning_limit(p, Some(limit))
+                    .map_or(MemLimit::None, |_| MemLimit::Multiple(limit)),
                 ..Request::new(kind, p, m)
             };
             let started = Instant::now();
@@ -257,7 +259,7 @@ pub fn v_baseline(a: &VBaselineBenchArgs) -> Result<(), String> {
             } else {
                 tally[k].at_their_peak += 1;
                 Request {
-                    mem_limit: Some(measure(&theirs, &spec)?.3),
+                    mem_limit: MemLimit::Multiple(measure(&theirs, &spec)?.3),
                     ..Request::new(ScheduleKind::VAuto, p, m)
                 }
             };

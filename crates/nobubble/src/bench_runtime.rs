@@ -5,7 +5,9 @@ use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::training::{self, TrainJob, TrainReport};
 use nobubble_runtime::{launch, median_pass_ms, Compute, RunConfig, SessionOptions, StepRecord};
-use nobubble_schedule::{simulate, CostModel, CostSpec, Objective, RankCost, ScheduleKind};
+use nobubble_schedule::{
+    simulate, CostModel, CostSpec, MemLimit, Objective, RankCost, ScheduleKind,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,7 +73,7 @@ fn train(
             file: None,
             ranks: p,
             chunks: 2,
-            mem_limit: None,
+            mem_limit: MemLimit::None,
             emulated,
             collective_ms: 0.0,
             // A synchronous optimizer step: every iteration pays the makespan.

@@ -1,10 +1,10 @@
 //! `nobubble check`: judge a schedule written by someone else.
 
-use crate::costs::CostArgs;
+use crate::costs::{cli_error, CostArgs};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{simulate, CostModel};
+use nobubble_schedule::{planner, Error, Objective, Planned};
 use std::path::PathBuf;
 
 /// Arguments of `check`.
@@ -36,9 +36,20 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         |e: nobubble_schedule::Error| format!("{}: invalid schedule: {e}", args.file.display());
     let schedule = csv::read(&text, &name).map_err(invalid)?;
     let spec = args.costs.spec()?;
-    let costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
-    let sim = simulate(&schedule, &costs).map_err(invalid)?;
-    args.costs.check_limit(&schedule, &costs).map_err(invalid)?;
+    let planned = planner::evaluate(schedule, &spec, &args.costs.limit(), Objective::default())
+        .map_err(|e| match e {
+            // The simulator's verdicts on the file itself.
+            Error::Invalid { .. } | Error::Deadlock(_) => invalid(e),
+            e => cli_error(e),
+        })?;
+    planned.check_limit().map_err(invalid)?;
+    let Planned {
+        schedule,
+        costs,
+        sim,
+        limit,
+        ..
+    } = &planned;
     let format = if args.json {
         Format::Json
     } else {
@@ -47,16 +58,16 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!("{}: valid\n", args.file.display()));
-        if let Err(e) = nobubble_schedule::check_weight_order(&schedule) {
+        if let Err(e) = nobubble_schedule::check_weight_order(schedule) {
             out.push_str(&format!("note: `nobubble train` would refuse it: {e}\n"));
         }
     }
     out.push_str(&render(
         format,
-        &schedule,
-        &costs,
-        &sim,
-        args.costs.mem_limit(),
+        schedule,
+        costs,
+        sim,
+        *limit,
         None,
         args.width,
         use_colour(false),

@@ -1,6 +1,6 @@
 //! `nobubble compare`: every applicable schedule in one table.
 
-use crate::costs::{plan, CostArgs, Planned};
+use crate::costs::{cli_error, plan, CostArgs, PipelineArgs};
 use clap::Args;
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::ScheduleKind;
@@ -9,15 +9,8 @@ use serde_json::{json, Value};
 /// Arguments of `compare`.
 #[derive(Args, Debug)]
 pub struct CompareArgs {
-    /// Pipeline stages (ranks, devices).
-    #[arg(long, short = 'p')]
-    pub stages: usize,
-    /// Microbatches per iteration.
-    #[arg(long, short = 'm')]
-    pub microbatches: usize,
-    /// Model chunks per rank for interleaved-1f1b.
-    #[arg(long, default_value_t = 2)]
-    pub chunks: usize,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
     #[command(flatten)]
     pub costs: CostArgs,
     /// Print a JSON array instead of the table.
@@ -41,24 +34,9 @@ struct Figures {
 }
 
 fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
-    let Planned {
-        schedule,
-        costs,
-        sim,
-        ..
-    } = plan(
-        kind,
-        args.stages,
-        args.microbatches,
-        args.chunks,
-        &args.costs,
-    )?;
-    let m = sim.metrics;
-    let over_limit = args
-        .costs
-        .check_limit(&schedule, &costs)
-        .err()
-        .map(|e| e.to_string());
+    let planned = plan(kind, &args.pipeline, &args.costs)?;
+    let over_limit = planned.over_limit.map(cli_error);
+    let m = planned.sim.metrics;
     Ok(Figures {
         bubble_rate: m.bubble_rate,
         bubble_fraction: m.bubble_fraction,
@@ -71,7 +49,8 @@ fn evaluate(args: &CompareArgs, kind: ScheduleKind) -> Result<Figures, String> {
 
 /// Runs `compare`.
 pub fn run(args: &CompareArgs) -> Result<(), String> {
-    if args.stages == 0 || args.microbatches == 0 {
+    let (stages, microbatches) = (args.pipeline.stages, args.pipeline.microbatches);
+    if stages == 0 || microbatches == 0 {
         return Err("--stages and --microbatches must be at least 1".into());
     }
     args.costs.spec()?;
@@ -126,10 +105,10 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         .map(|(k, _)| k);
     println!(
         "{} ranks, {} microbatches{}",
-        args.stages,
-        args.microbatches,
+        stages,
+        microbatches,
         args.costs
-            .mem_limit_text
+            .mem_limit
             .as_ref()
             .map(|l| format!(", memory limit {l} per rank"))
             .unwrap_or_default()

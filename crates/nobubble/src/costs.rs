@@ -1,11 +1,71 @@
-//! The cost flags every command shares, turned into a [`CostSpec`].
+//! The cost flags every command shares, turned into the planner's [`PlanRequest`], and the
+//! pipeline-shape flags `plan` and `compare` share. Planning itself is the library's
+//! ([`nobubble_schedule::plan`]); this only reads flags and names them in errors.
 
 use clap::Args;
+use nobubble_schedule::split::LayerCosts;
 use nobubble_schedule::{
-    generate, simulate, CostModel, CostSpec, Objective, Placement, RankCost, Request, Schedule,
-    ScheduleKind, Simulation,
+    CostSpec, Error, MemLimit, Objective, Placement, PlanCosts, PlanRequest, Planned, RankCost,
+    ScheduleKind,
 };
 use std::path::PathBuf;
+
+/// The pipeline's shape, as `plan` and `compare` take it.
+#[derive(Args, Clone, Debug)]
+pub struct PipelineArgs {
+    /// Pipeline stages (ranks, devices).
+    #[arg(long, short = 'p')]
+    pub stages: usize,
+    /// Microbatches per iteration.
+    #[arg(long, short = 'm')]
+    pub microbatches: usize,
+    /// Model chunks per rank (interleaved-1f1b, interleaved-zb).
+    #[arg(long, default_value_t = 2)]
+    pub chunks: usize,
+}
+
+/// A transformer's shape, as `train` (overriding its preset) and `forecast` take it.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ModelShapeArgs {
+    /// Transformer blocks (train: overrides the preset).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Hidden size (train: overrides the preset).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Attention heads (train: overrides the preset).
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Sequence length in tokens [train: the preset's; forecast: 1024].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Sequences per microbatch [train: the preset's; forecast: 1].
+    #[arg(long)]
+    pub microbatch_size: Option<usize>,
+}
+
+/// The flag a planner setting is given with (`mem_limit` → `--mem-limit`).
+pub fn flag(setting: &str) -> String {
+    let name = match setting {
+        "comm_seconds" => "comm-ms",
+        "peak_flops" => "peak-tflops",
+        other => other,
+    };
+    format!("--{}", name.replace('_', "-"))
+}
+
+/// A planner error as the CLI prints it: settings named by their flags.
+pub fn cli_error(e: Error) -> String {
+    e.naming(flag)
+}
+
+/// `--mem-limit`'s value parser: the planner's one reading of the text (clap names the flag).
+pub fn parse_mem_limit(text: &str) -> Result<MemLimit, String> {
+    MemLimit::parse(text).map_err(|e| match e {
+        Error::Setting { message, .. } => message,
+        e => e.to_string(),
+    })
+}
 
 /// Time, communication and memory of one rank's share of the model (one 1F1B stage).
 #[derive(Args, Clone, Debug)]
@@ -41,16 +101,17 @@ pub struct CostArgs {
         allow_hyphen_values = true
     )]
     pub mem: String,
-    /// Activation memory limit per rank: a number is a multiple of each rank's MB; a size
-    /// (`20MiB`, `1609728B`) or a comma-separated list of sizes, one per rank, is a budget
-    /// in --mem's unit that zb-auto, zb-paper and v-auto plan each rank within. Schedules
-    /// over it are rejected.
+    /// Activation memory limit per rank: a bare number is always a multiple of each rank's
+    /// MB; a size (`20MiB`, `1609728B`) or a comma-separated list of sizes, one per rank, is
+    /// a budget in --mem's unit that zb-auto, zb-paper and v-auto plan each rank within.
+    /// Schedules over it are rejected.
     #[arg(
         long = "mem-limit",
         value_name = "X|SIZE[,SIZE…]",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = parse_mem_limit
     )]
-    pub mem_limit_text: Option<String>,
+    pub mem_limit: Option<MemLimit>,
     /// What the automatic schedules minimize: `span`, the longest rank span (iterations
     /// tile: post-validated optimizer steps; the paper's objective), or `makespan` (a
     /// synchronous optimizer step waits for every rank).
@@ -118,125 +179,14 @@ fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, 
         .collect()
 }
 
-/// A size's number and, when it has a unit suffix (GiB, MiB, KiB, GB, MB, KB, B), the
-/// bytes per unit; shared by every `--mem-limit`.
-pub(crate) fn split_size(text: &str) -> (&str, Option<f64>) {
-    let t = text.trim();
-    [
-        ("GiB", 1u64 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("KB", 1000),
-        ("B", 1),
-    ]
-    .iter()
-    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), Some(*m as f64))))
-    .unwrap_or((t, None))
-}
-
-/// `--mem-limit` read: a multiple of M_B, or absolute budgets (one for all ranks or one per
-/// rank) in --mem's unit.
-#[derive(Clone, Debug, PartialEq)]
-pub enum MemLimit {
-    /// No limit.
-    None,
-    /// `X` × each rank's M_B.
-    Multiple(f64),
-    /// Amounts of memory per rank.
-    Budget(Vec<f64>),
-}
-
-impl MemLimit {
-    /// Parses the flag's text (see [`CostArgs::mem_limit_text`]).
-    pub fn parse(text: &str) -> Result<MemLimit, String> {
-        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-        if parts.len() > 1 {
-            if let Some(bare) = parts.iter().find(|p| split_size(p).1.is_none()) {
-                return Err(format!(
-                    "--mem-limit: in a list every budget needs a unit (`{bare}` has none): \
-                     write e.g. 20MiB,24MiB or 1609728B,2000000B"
-                ));
-            }
-        }
-        if parts.len() == 1 && split_size(parts[0]).1.is_none() {
-            let x: f64 = parts[0].parse().map_err(|_| {
-                format!("--mem-limit: `{text}` is neither a multiple of MB (e.g. 8) nor a size (e.g. 20MiB)")
-            })?;
-            if !(x.is_finite() && x > 0.0) {
-                return Err(format!("--mem-limit must be a positive number, got {text}"));
-            }
-            return Ok(MemLimit::Multiple(x));
-        }
-        parts
-            .iter()
-            .map(|p| {
-                let (num, unit) = split_size(p);
-                let v: f64 = num.parse().map_err(|_| {
-                    format!("--mem-limit: `{p}` is not a size; write e.g. 20MiB, 1609728B, or a list 20MiB,24MiB with one per rank")
-                })?;
-                let v = v * unit.unwrap_or(1.0);
-                if !(v.is_finite() && v > 0.0) {
-                    return Err(format!("--mem-limit: `{p}` must be a positive size"));
-                }
-                Ok(v)
-            })
-            .collect::<Result<Vec<f64>, String>>()
-            .map(MemLimit::Budget)
-    }
-}
-
 impl CostArgs {
-    /// `--mem-limit`, read.
-    pub fn limit(&self) -> Result<MemLimit, String> {
-        self.mem_limit_text
-            .as_deref()
-            .map_or(Ok(MemLimit::None), MemLimit::parse)
-    }
-
-    /// `--mem-limit` as a multiple of M_B, when it is one.
-    pub fn mem_limit(&self) -> Option<f64> {
-        match self.limit() {
-            Ok(MemLimit::Multiple(x)) => Some(x),
-            _ => None,
-        }
-    }
-
-    /// `--mem-limit` as budgets per rank, when it is that (else empty).
-    pub fn mem_budget(&self) -> Vec<f64> {
-        match self.limit() {
-            Ok(MemLimit::Budget(b)) => b,
-            _ => Vec::new(),
-        }
-    }
-
-    /// Checks a schedule against `--mem-limit`, whichever form it has.
-    pub fn check_limit(
-        &self,
-        schedule: &Schedule,
-        costs: &CostModel,
-    ) -> Result<(), nobubble_schedule::Error> {
-        match self.limit() {
-            Ok(MemLimit::Multiple(x)) => nobubble_schedule::check_memory(schedule, costs, x),
-            Ok(MemLimit::Budget(b)) => {
-                if b.len() != 1 && b.len() != schedule.ranks {
-                    return Err(nobubble_schedule::Error::Input(format!(
-                        "--mem-limit lists {} budgets for {} ranks: give one for all ranks or \
-                         one per rank",
-                        b.len(),
-                        schedule.ranks
-                    )));
-                }
-                nobubble_schedule::validate::check_memory_budget(schedule, costs, &b)
-            }
-            _ => Ok(()),
-        }
+    /// `--mem-limit`, or no limit.
+    pub fn limit(&self) -> MemLimit {
+        self.mem_limit.clone().unwrap_or_default()
     }
 
     /// The cost description, from the file when given, else from the flags.
     pub fn spec(&self) -> Result<CostSpec, String> {
-        let limit = self.limit()?;
         if self.layer_costs.is_some() {
             return Err(
                 "--layer-costs works with `nobubble plan`, which chooses the layer split; here \
@@ -244,16 +194,18 @@ impl CostArgs {
                     .into(),
             );
         }
+        self.stage_spec()
+    }
+
+    fn stage_spec(&self) -> Result<CostSpec, String> {
         // A size needs memory in bytes: with the unitless default --mem it would mean
         // millions of microbatches, that is no limit at all.
-        if let MemLimit::Budget(_) = limit {
-            if self.costs.is_none() && self.mem == "1,0.5" {
-                return Err(
-                    "--mem-limit as a size needs --mem (or --costs) in bytes, e.g. --mem \
-                     201216,73728; or give a multiple of MB, e.g. --mem-limit 8"
-                        .into(),
-                );
-            }
+        if !self.limit().budgets().is_empty() && self.costs.is_none() && self.mem == "1,0.5" {
+            return Err(
+                "--mem-limit as a size needs --mem (or --costs) in bytes, e.g. --mem \
+                 201216,73728; or give a multiple of MB, e.g. --mem-limit 8"
+                    .into(),
+            );
         }
         if let Some(path) = &self.costs {
             let text = std::fs::read_to_string(path)
@@ -275,109 +227,53 @@ impl CostArgs {
         spec.check().map_err(|e| e.to_string())?;
         Ok(spec)
     }
+
+    /// What the costs are: the stages' (`--cost`, `--costs`) or the layers'
+    /// (`--layer-costs`, read from its file).
+    fn plan_costs(&self) -> Result<PlanCosts, String> {
+        match &self.layer_costs {
+            None => self.stage_spec().map(PlanCosts::Stages),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read --layer-costs {}: {e}", path.display()))?;
+                LayerCosts::from_json(&text)
+                    .map(PlanCosts::Layers)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// The planner's request for `kind` on this pipeline under these flags.
+    pub fn request(&self, kind: ScheduleKind, pipe: &PipelineArgs) -> Result<PlanRequest, String> {
+        Ok(PlanRequest {
+            schedule: kind,
+            ranks: pipe.stages,
+            microbatches: pipe.microbatches,
+            chunks: pipe.chunks,
+            costs: self.plan_costs()?,
+            mem_limit: self.limit(),
+            placement: self.placement.placement(),
+            objective: self.objective.into(),
+        })
+    }
 }
 
-/// A generated schedule with the cost model it was resolved against and its simulation.
-pub struct Planned {
-    /// The schedule.
-    pub schedule: Schedule,
-    /// Its per-stage costs.
-    pub costs: CostModel,
-    /// Its simulated timeline and metrics.
-    pub sim: Simulation,
-    /// With `--mem-limit` budgets: the multiple of M_B the ranks' shares on `costs` are of.
-    pub budget_multiple: Option<f64>,
-    /// With `--layer-costs`: the blocks per stage chosen, and the even split with its
-    /// simulation (`None` where the even split does not plan).
-    pub split: Option<ChosenSplit>,
-}
-
-/// `--layer-costs`' outcome: the blocks per stage chosen, and the even split with its
-/// simulation (`None` where the even split does not plan).
-pub type ChosenSplit = (Vec<usize>, Option<(Vec<usize>, Simulation)>);
-
-/// Generates `kind` for the pipeline and the cost flags, and simulates it: what `plan` and
-/// `compare` both start from.
+/// Plans `kind` for the pipeline and the cost flags (the library's planner, with a spinner
+/// on long work): what `plan` and `compare` both start from.
 pub fn plan(
     kind: ScheduleKind,
-    ranks: usize,
-    microbatches: usize,
-    chunks: usize,
+    pipe: &PipelineArgs,
     cost_args: &CostArgs,
 ) -> Result<Planned, String> {
-    let spec = if cost_args.layer_costs.is_some() {
-        cost_args.limit()?;
-        // The stages' costs come from the split.
-        CostSpec::uniform(RankCost::default(), 0.0)
-    } else {
-        cost_args.spec()?
-    };
-    let req = Request {
-        kind,
-        ranks,
-        microbatches,
-        chunks,
-        mem_limit: cost_args.mem_limit(),
-        mem_budget: cost_args.mem_budget(),
-        objective: cost_args.objective.into(),
-        placement: cost_args.placement.placement(),
-    };
-    let label = format!(
-        "planning {} for {ranks} ranks and {microbatches} microbatches",
-        kind.name()
+    let req = cost_args.request(kind, pipe)?;
+    let mut label = format!(
+        "planning {} for {} ranks and {} microbatches",
+        kind.name(),
+        pipe.stages,
+        pipe.microbatches
     );
-    let mut split = None;
-    let (schedule, spec) = match &cost_args.layer_costs {
-        None => (
-            crate::progress::while_working(&label, || generate(&req, &spec))
-                .map_err(|e| e.to_string())?,
-            spec,
-        ),
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --layer-costs {}: {e}", path.display()))?;
-            let layers = nobubble_schedule::split::LayerCosts::from_json(&text)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let label = format!("{label}, choosing the layer split");
-            let s = crate::progress::while_working(&label, || {
-                nobubble_schedule::split::plan_split(&req, &layers)
-            })
-            .map_err(|e| e.to_string())?;
-            let blocks = layers.blocks().map_err(|e| e.to_string())?.len();
-            let even = match &s.even {
-                Some(e) => {
-                    let counts = nobubble_schedule::split::even_counts(blocks, e.stages);
-                    let spec = layers.spec(&counts).map_err(|e| e.to_string())?;
-                    let c = CostModel::for_schedule(&spec, e).map_err(|e| e.to_string())?;
-                    Some((counts, simulate(e, &c).map_err(|e| e.to_string())?))
-                }
-                None => None,
-            };
-            split = Some((s.counts, even));
-            (s.schedule, s.spec)
-        }
-    };
-    let mut costs = CostModel::for_schedule(&spec, &schedule).map_err(|e| e.to_string())?;
-    costs.objective = req.objective;
-    // Report and bound against each rank's own budget.
-    let budget_multiple = (!req.mem_budget.is_empty())
-        .then(|| {
-            nobubble_schedule::generate::auto::apply_budget(
-                &mut costs,
-                &schedule.placement,
-                microbatches,
-                &req.mem_budget,
-                1.0,
-            )
-        })
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let sim = simulate(&schedule, &costs).map_err(|e| e.to_string())?;
-    Ok(Planned {
-        schedule,
-        costs,
-        sim,
-        budget_multiple,
-        split,
-    })
+    if cost_args.layer_costs.is_some() {
+        label.push_str(", choosing the layer split");
+    }
+    crate::progress::while_working(&label, || nobubble_schedule::plan(&req)).map_err(cli_error)
 }

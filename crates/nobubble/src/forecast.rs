@@ -18,24 +18,11 @@ pub struct ForecastArgs {
     /// per-layer counts and activation sizes.
     #[arg(long, conflicts_with_all = ["layers", "hidden", "heads"])]
     pub params: Option<String>,
-    /// Transformer layers.
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Hidden size.
-    #[arg(long)]
-    pub hidden: Option<usize>,
-    /// Attention heads.
-    #[arg(long)]
-    pub heads: Option<usize>,
+    #[command(flatten)]
+    pub shape: crate::costs::ModelShapeArgs,
     /// Vocabulary size: adds the LM head to the last stage (0 = leave it out).
     #[arg(long, default_value_t = 0)]
     pub vocab: usize,
-    /// Sequence length.
-    #[arg(long, default_value_t = 1024)]
-    pub seq_len: usize,
-    /// Sequences per microbatch.
-    #[arg(long, default_value_t = 1)]
-    pub microbatch_size: usize,
     /// GPU model, for its published dense BF16 peak: A100, H100, H200, B200.
     #[arg(long, default_value = "A100")]
     pub gpu: String,
@@ -64,11 +51,11 @@ pub struct ForecastArgs {
     /// Time of one activation or gradient transfer between stages, milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub comm_ms: f64,
-    /// Activation memory per GPU: bytes with a suffix (40GiB, 80GB), or a plain number of
+    /// Activation memory per GPU: bytes with a suffix (40GiB, 80GB), or a bare number of
     /// microbatches' activations (multiples of M_B). zb-auto plans within it; fixed
     /// schedules over it are marked.
-    #[arg(long)]
-    pub mem_limit: Option<String>,
+    #[arg(long, value_parser = crate::costs::parse_mem_limit)]
+    pub mem_limit: Option<MemLimit>,
     /// What an iteration costs: span (post-validated optimizer steps let iterations overlap,
     /// `train --post-validate`) or makespan (a synchronous step).
     #[arg(long, value_enum, default_value_t = StepTimeArg::Span)]
@@ -105,24 +92,9 @@ fn count(flag: &str, text: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("{flag}: `{text}` is not a positive count; write e.g. 300B or 3e11"))
 }
 
-fn mem_limit(text: &str) -> Result<MemLimit, String> {
-    let bad = || {
-        format!("--mem-limit: `{text}` is neither a size (40GiB, 80GB) nor a number of microbatches (12)")
-    };
-    let (num, unit) = crate::costs::split_size(text);
-    let v: f64 = num
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v > 0.0)
-        .ok_or_else(bad)?;
-    Ok(match unit {
-        Some(bytes) => MemLimit::Bytes(v * bytes),
-        None => MemLimit::Microbatches(v),
-    })
-}
-
 fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {
-    let model = match (&a.params, a.layers, a.hidden, a.heads) {
+    let sh = &a.shape;
+    let model = match (&a.params, sh.layers, sh.hidden, sh.heads) {
         (Some(p), ..) => ModelShape::Parameters(count("--params", p)?),
         (None, Some(layers), Some(hidden), Some(heads)) => ModelShape::Layers {
             layers,
@@ -169,8 +141,8 @@ fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {
     };
     let x = ForecastInput {
         model,
-        seq_len: a.seq_len,
-        microbatch_size: a.microbatch_size,
+        seq_len: sh.seq_len.unwrap_or(1024),
+        microbatch_size: sh.microbatch_size.unwrap_or(1),
         tokens: count("--tokens", &a.tokens)?,
         peak_flops: peak,
         mfu: a.mfu,
@@ -179,7 +151,7 @@ fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {
         data_parallel: d,
         usd_per_gpu_hour: a.usd_per_gpu_hour,
         comm_seconds: a.comm_ms / 1e3,
-        mem_limit: a.mem_limit.as_deref().map(mem_limit).transpose()?,
+        mem_limit: a.mem_limit.clone().unwrap_or_default(),
         step_time: match a.step_time {
             StepTimeArg::Span => StepTime::Span,
             StepTimeArg::Makespan => StepTime::Makespan,
@@ -199,7 +171,7 @@ fn memory(v: f64, shaped: bool) -> String {
 /// Runs `forecast`.
 pub fn run(a: &ForecastArgs) -> Result<(), String> {
     let (x, gpu) = input(a)?;
-    let f = forecast(&x).map_err(|e| e.to_string())?;
+    let f = forecast(&x).map_err(crate::costs::cli_error)?;
     let rows = &f.rows;
     if a.json {
         let out = json!({

@@ -1,10 +1,11 @@
 //! `nobubble plan`: generate, simulate, export.
 
-use crate::costs::{plan, CostArgs, Planned};
+use crate::costs::{cli_error, plan, CostArgs, PipelineArgs};
 use crate::report::{emit, json_report, json_text, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::error::fmt_num;
-use nobubble_schedule::ScheduleKind;
+use nobubble_schedule::planner::LayerSplit;
+use nobubble_schedule::{Planned, ScheduleKind};
 use std::path::PathBuf;
 
 /// Arguments of `plan`.
@@ -19,15 +20,8 @@ pub struct PlanArgs {
         default_value = "zb-h2"
     )]
     pub schedule: String,
-    /// Pipeline stages (ranks, devices).
-    #[arg(long, short = 'p')]
-    pub stages: usize,
-    /// Microbatches per iteration.
-    #[arg(long, short = 'm')]
-    pub microbatches: usize,
-    /// Model chunks per rank (interleaved-1f1b, interleaved-zb).
-    #[arg(long, default_value_t = 2)]
-    pub chunks: usize,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
     #[command(flatten)]
     pub costs: CostArgs,
     /// Output format.
@@ -65,52 +59,29 @@ pub fn schedules_help() -> String {
 
 /// Runs `plan`.
 pub fn run(args: &PlanArgs) -> Result<(), String> {
-    let kind = ScheduleKind::from_name(&args.schedule).map_err(|e| e.to_string())?;
+    let kind = ScheduleKind::from_name(&args.schedule).map_err(cli_error)?;
+    let planned = plan(kind, &args.pipeline, &args.costs)?;
+    planned.check_limit().map_err(cli_error)?;
     let Planned {
         schedule,
         costs,
         sim,
-        budget_multiple,
+        limit,
+        objective,
         split,
-    } = plan(
-        kind,
-        args.stages,
-        args.microbatches,
-        args.chunks,
-        &args.costs,
-    )?;
-    args.costs
-        .check_limit(&schedule, &costs)
-        .map_err(|e| e.to_string())?;
-    // The limit the schedule was planned under (automatic kinds) or checked against; with
-    // budgets, the multiple each rank's share is of (set on `costs` by `plan`).
-    let limit = if budget_multiple.is_some() {
-        budget_multiple
-    } else {
-        kind.planning_limit(args.stages, args.costs.mem_limit())
-            .or(args.costs.mem_limit())
-    };
-    let planned_for = kind.uses_costs().then_some(costs.objective);
-    let join = |c: &[usize]| {
-        c.iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+        mem_limit,
+        ..
+    } = &planned;
     let out = match args.format {
         // JSON: the report with what only `plan` knows added, serialized once.
         Format::Json => {
-            let mut v = json_report(&schedule, &costs, &sim, limit);
-            let budget = args.costs.mem_budget();
-            if !budget.is_empty() {
+            let mut v = json_report(schedule, costs, sim, *limit);
+            if let Some(per_rank) = mem_limit.per_rank(schedule.ranks) {
                 // The budgets as given (the report's own are what the planner could use,
                 // at most m microbatches' worth).
-                let per_rank: Vec<f64> = (0..schedule.ranks)
-                    .map(|r| budget[r.min(budget.len() - 1)])
-                    .collect();
                 v["mem_budget"] = serde_json::json!(per_rank);
             }
-            if let Some((counts, even)) = &split {
+            if let Some(LayerSplit { counts, even }) = split {
                 v["layer_split"] = serde_json::json!(counts);
                 v["even_split"] = match even {
                     Some((c, e)) => serde_json::json!({"layers": c,
@@ -118,40 +89,44 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
                     None => serde_json::Value::Null,
                 };
             }
-            json_text(&v, planned_for)
+            json_text(&v, *objective)
         }
         format => {
             let colour = use_colour(args.output.is_some());
             let mut out = render(
-                format,
-                &schedule,
-                &costs,
-                &sim,
-                limit,
-                planned_for,
-                args.width,
-                colour,
+                format, schedule, costs, sim, *limit, *objective, args.width, colour,
             );
-            if let (Format::Text, Some((counts, even))) = (format, &split) {
-                let m = &sim.metrics;
-                let versus = match even {
-                    Some((c, e)) => format!(
-                        "the even split {} gives makespan {} (bubble rate {:.2}%)",
-                        join(c),
-                        fmt_num(e.metrics.makespan),
-                        100.0 * e.metrics.bubble_rate
-                    ),
-                    None => "the even split does not plan within these limits".to_string(),
-                };
-                out.push_str(&format!(
-                    "layer split (blocks per stage): {}; {versus}, this one {} ({:.2}%)\n",
-                    join(counts),
-                    fmt_num(m.makespan),
-                    100.0 * m.bubble_rate
-                ));
+            if let (Format::Text, Some(split)) = (format, split) {
+                out.push_str(&split_line(split, &planned));
             }
             out
         }
     };
     emit(args.output.as_deref(), &out)
+}
+
+/// The text report's line on the layer split against the even one.
+fn split_line(split: &LayerSplit, planned: &Planned) -> String {
+    let join = |c: &[usize]| {
+        c.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let m = &planned.sim.metrics;
+    let versus = match &split.even {
+        Some((c, e)) => format!(
+            "the even split {} gives makespan {} (bubble rate {:.2}%)",
+            join(c),
+            fmt_num(e.metrics.makespan),
+            100.0 * e.metrics.bubble_rate
+        ),
+        None => "the even split does not plan within these limits".to_string(),
+    };
+    format!(
+        "layer split (blocks per stage): {}; {versus}, this one {} ({:.2}%)\n",
+        join(&split.counts),
+        fmt_num(m.makespan),
+        100.0 * m.bubble_rate
+    )
 }

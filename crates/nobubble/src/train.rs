@@ -15,7 +15,7 @@ use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::Fault;
 use nobubble_runtime::{Compute, RunConfig, RuntimeError, SessionOptions};
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{CostSpec, Objective, RankCost, Schedule, ScheduleKind};
+use nobubble_schedule::{CostSpec, MemLimit, Objective, RankCost, Schedule, ScheduleKind};
 #[cfg(feature = "mpi")]
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -53,21 +53,8 @@ pub struct TrainArgs {
     /// Model preset: micro, tiny, small, medium.
     #[arg(long, default_value = "tiny")]
     pub model: String,
-    /// Transformer blocks (overrides the preset).
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Hidden size (overrides the preset).
-    #[arg(long)]
-    pub hidden: Option<usize>,
-    /// Attention heads (overrides the preset).
-    #[arg(long)]
-    pub heads: Option<usize>,
-    /// Sequence length in bytes (overrides the preset).
-    #[arg(long)]
-    pub seq_len: Option<usize>,
-    /// Sequences per microbatch (overrides the preset).
-    #[arg(long)]
-    pub microbatch_size: Option<usize>,
+    #[command(flatten)]
+    pub shape: crate::costs::ModelShapeArgs,
     /// Training text (any UTF-8 file); default: the built-in King James Bible excerpt.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -86,9 +73,11 @@ pub struct TrainArgs {
     /// Seed of the initial weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Activation memory limit per rank: bytes, or with a KiB/MiB/GiB suffix (e.g. 64MiB).
-    #[arg(long)]
-    pub mem_limit: Option<String>,
+    /// Activation memory limit per rank: a size (64MiB, 1048576B), one size per rank
+    /// (64MiB,48MiB), or a bare number, always a multiple of each rank's measured M_B (8).
+    /// With --compute emulated only a multiple.
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::costs::parse_mem_limit)]
+    pub mem_limit: Option<MemLimit>,
     /// real: train the model; emulated: passes sleep for --cost milliseconds.
     #[arg(long, value_parser = ["real", "emulated"], default_value = "real")]
     pub compute: String,
@@ -182,33 +171,29 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
     })
 }
 
-fn parse_bytes(text: &str) -> Result<f64, String> {
-    let (num, mult) = crate::costs::split_size(text);
-    let mult = mult.unwrap_or(1.0);
-    let v: f64 = num.parse().map_err(|_| {
-        format!("--mem-limit: `{text}` is not a size; write e.g. 268435456, 256MiB or 1GiB")
-    })?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(format!("--mem-limit must be positive, got `{text}`"));
+/// A runtime error as the CLI prints it: the planner's settings named by their flags.
+fn runtime_error(e: RuntimeError) -> String {
+    match e {
+        RuntimeError::Plan(e) => crate::costs::cli_error(e),
+        e => e.to_string(),
     }
-    Ok(v * mult)
 }
 
 fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     let mut m = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
-    if let Some(v) = a.layers {
+    if let Some(v) = a.shape.layers {
         m.layers = v;
     }
-    if let Some(v) = a.hidden {
+    if let Some(v) = a.shape.hidden {
         m.hidden = v;
     }
-    if let Some(v) = a.heads {
+    if let Some(v) = a.shape.heads {
         m.heads = v;
     }
-    if let Some(v) = a.seq_len {
+    if let Some(v) = a.shape.seq_len {
         m.seq_len = v;
     }
-    if let Some(v) = a.microbatch_size {
+    if let Some(v) = a.shape.microbatch_size {
         m.microbatch_size = v;
     }
     m.validate().map_err(|e| e.to_string())?;
@@ -369,15 +354,15 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
                 .into(),
         );
     }
-    // Real compute: a size in bytes. Emulated passes hold no tensors: the limit is in
-    // multiples of a rank's M_B, as for `plan`.
-    let mem_limit = match (&emulated, a.mem_limit.as_deref()) {
-        (_, None) => None,
-        (None, Some(text)) => Some(parse_bytes(text)?),
-        (Some(_), Some(text)) => Some(text.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 1.0).ok_or_else(|| {
-            format!("with --compute emulated, --mem-limit is in multiples of a rank's M_B (a number ≥ 1, e.g. 8), got `{text}`")
-        })?),
-    };
+    // Emulated passes hold no tensors: their memory is counted in M_B, so the limit is a
+    // multiple of it, as for `plan`.
+    let mem_limit = a.mem_limit.clone().unwrap_or_default();
+    if emulated.is_some() && !mem_limit.budgets().is_empty() {
+        return Err(format!(
+            "with --compute emulated, --mem-limit is a multiple of a rank's M_B (a bare number \
+             ≥ 1, e.g. 8), got `{mem_limit}`"
+        ));
+    }
     if !(a.lr.is_finite() && a.lr > 0.0) {
         return Err(format!("--lr must be a positive number, got {}", a.lr));
     }
@@ -522,7 +507,7 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
                     training::run(&job, ctx, None).map(|_| None)
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(runtime_error)?;
             let (report, watch) = results
                 .into_iter()
                 .flatten()
@@ -608,12 +593,12 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String
                 Ok(code)
             }
             Ok(None) => fail("internal: rank 0 made no report".into()),
-            Err(e) => fail(e.to_string()),
+            Err(e) => fail(runtime_error(e)),
         }
     } else {
         match run(None) {
             Ok(_) => Ok(0),
-            Err(e) => fail(e.to_string()),
+            Err(e) => fail(runtime_error(e)),
         }
     }
 }

@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{fails, nobubble, ok};
+use common::{fails, micro_train, nobubble, ok};
 
 fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("nobubble-ckpt-cli-{}", std::process::id()));
@@ -104,15 +104,7 @@ fn save_resume_and_sample() {
         e.contains("already at step 4") && e.contains("raise --steps"),
         "{e}"
     );
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "2",
-        "--save-every",
-        "1",
-    ]);
+    let e = fails(&micro_train("2", &["--save-every", "1"]));
     assert!(e.contains("need --save DIR"), "{e}");
 
     // Other text is allowed (fine-tuning), with a warning that this is no continuation.

@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 mod common;
-use common::{fails, ok};
+use common::{fails, micro_train, ok};
 
 fn temp_file(name: &str, content: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nobubble-cli-{}", std::process::id()));
@@ -134,9 +134,9 @@ fn exports_are_well_formed() {
 #[test]
 fn zero_stages_or_microbatches_are_refused() {
     assert!(fails(&["plan", "-s", "1f1b", "-p", "0", "-m", "4"])
-        .contains("--stages must be at least 1"));
+        .contains("--stages: must be at least 1"));
     assert!(fails(&["plan", "-s", "1f1b", "-p", "4", "-m", "0"])
-        .contains("--microbatches must be at least 1"));
+        .contains("--microbatches: must be at least 1"));
     assert!(fails(&["compare", "-p", "0", "-m", "4"]).contains("at least 1"));
 }
 
@@ -314,23 +314,21 @@ fn train_runs_logs_and_traces() {
     let dir = std::env::temp_dir().join(format!("nobubble-train-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (log, trace) = (dir.join("log.jsonl"), dir.join("trace.json"));
-    let out = ok(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    let out = ok(&micro_train(
         "4",
-        "-p",
-        "2",
-        "-m",
-        "4",
-        "-s",
-        "zb-h1",
-        "--log",
-        log.to_str().unwrap(),
-        "--trace",
-        trace.to_str().unwrap(),
-    ]);
+        &[
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "-s",
+            "zb-h1",
+            "--log",
+            log.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+    ));
     assert!(
         out.contains("validation loss") && out.contains("planner predicted"),
         "{out}"
@@ -353,34 +351,17 @@ fn train_runs_logs_and_traces() {
 
 #[test]
 fn train_refuses_bad_input_before_training() {
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "2",
-        "--mem-limit",
-        "1KiB",
-    ]);
+    let e = fails(&micro_train("2", &["--mem-limit", "1KiB"]));
     assert!(
         e.contains("--mem-limit") && e.contains("below one microbatch"),
         "{e}"
     );
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    let e = fails(&micro_train(
         "2",
-        "-s",
-        "zb-h2",
-        "-m",
-        "8",
-        "--mem-limit",
-        "300KiB",
-    ]);
+        &["-s", "zb-h2", "-m", "8", "--mem-limit", "300KiB"],
+    ));
     assert!(
-        e.contains("over --mem-limit") || e.contains("below one microbatch"),
+        e.contains("--mem-limit: zb-h2 needs") || e.contains("below one microbatch"),
         "{e}"
     );
     let e = fails(&["train", "--data", "/nonexistent.txt", "--steps", "1"]);
@@ -388,7 +369,7 @@ fn train_refuses_bad_input_before_training() {
     let e = fails(&["train", "--model", "huge"]);
     assert!(e.contains("unknown preset"), "{e}");
     let e = fails(&["train", "--mem-limit", "lots"]);
-    assert!(e.contains("not a size"), "{e}");
+    assert!(e.contains("neither a multiple of M_B"), "{e}");
     let e = fails(&[
         "train",
         "--model",
@@ -409,15 +390,7 @@ fn train_refuses_bad_input_before_training() {
         "2",
     ]);
     assert!(e.contains("exceeds the limit 1"), "{e}");
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "1",
-        "--trace",
-        "/nonexistent/t.json",
-    ]);
+    let e = fails(&micro_train("1", &["--trace", "/nonexistent/t.json"]));
     assert!(e.contains("cannot write --trace"), "{e}");
 }
 

@@ -3,7 +3,7 @@
 //! names people type, the NaN stop, and the forecast against hand calculations.
 
 mod common;
-use common::{fails, ok};
+use common::{fails, micro_train, ok};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -291,15 +291,7 @@ fn metrics_scraped_during_a_run_match_the_log_and_pass_promtool() {
 
 #[test]
 fn a_bad_metrics_address_is_refused_before_training() {
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "1",
-        "--metrics-addr",
-        "nonsense",
-    ]);
+    let e = fails(&micro_train("1", &["--metrics-addr", "nonsense"]));
     assert!(
         e.contains("--metrics-addr nonsense: cannot listen there"),
         "{e}"
@@ -492,36 +484,32 @@ fn a_users_schedule_file_trains_like_the_named_schedule() {
         d.join("named.jsonl"),
         d.join("r.json"),
     );
-    ok(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    ok(&micro_train(
         "4",
-        "--eval-sets",
-        "0",
-        "--schedule",
-        csv.to_str().unwrap(),
-        "--log",
-        a.to_str().unwrap(),
-        "--report",
-        rep.to_str().unwrap(),
-    ]);
-    ok(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+        &[
+            "--eval-sets",
+            "0",
+            "--schedule",
+            csv.to_str().unwrap(),
+            "--log",
+            a.to_str().unwrap(),
+            "--report",
+            rep.to_str().unwrap(),
+        ],
+    ));
+    ok(&micro_train(
         "4",
-        "--eval-sets",
-        "0",
-        "-m",
-        "4",
-        "--pipeline-schedule",
-        "ScheduleZBVZeroBubble",
-        "--log",
-        b.to_str().unwrap(),
-    ]);
+        &[
+            "--eval-sets",
+            "0",
+            "-m",
+            "4",
+            "--pipeline-schedule",
+            "ScheduleZBVZeroBubble",
+            "--log",
+            b.to_str().unwrap(),
+        ],
+    ));
     let (x, y) = (log_lines(&a), log_lines(&b));
     assert_eq!(x.len(), 4);
     for (p, q) in x.iter().zip(&y) {
@@ -541,42 +529,19 @@ fn a_users_schedule_file_trains_like_the_named_schedule() {
     );
     assert_eq!(r["schedule_file"], csv.to_str().unwrap());
     // Flags that contradict the file, and broken files, are refused by name.
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    let e = fails(&micro_train(
         "1",
-        "-m",
-        "8",
-        "--schedule",
-        csv.to_str().unwrap(),
-    ]);
+        &["-m", "8", "--schedule", csv.to_str().unwrap()],
+    ));
     assert!(
         e.contains("--microbatches 8 disagrees with --schedule"),
         "{e}"
     );
     let broken = d.join("broken.csv");
     std::fs::write(&broken, "0F0,0I0\n").unwrap();
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "1",
-        "--schedule",
-        broken.to_str().unwrap(),
-    ]);
+    let e = fails(&micro_train("1", &["--schedule", broken.to_str().unwrap()]));
     assert!(e.contains("invalid schedule"), "{e}");
-    let e = fails(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
-        "1",
-        "--schedule",
-        "nope.csv",
-    ]);
+    let e = fails(&micro_train("1", &["--schedule", "nope.csv"]));
     assert!(e.contains("cannot read nope.csv"), "{e}");
 }
 
@@ -584,25 +549,23 @@ fn a_users_schedule_file_trains_like_the_named_schedule() {
 fn the_report_and_the_timeline_picture_describe_the_run() {
     let d = temp("report");
     let (rep, svg, log) = (d.join("r.json"), d.join("t.svg"), d.join("l.jsonl"));
-    let out = ok(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    let out = ok(&micro_train(
         "6",
-        "--eval-sets",
-        "1",
-        "-s",
-        "Schedule1F1B",
-        "--report",
-        rep.to_str().unwrap(),
-        "--timeline-svg",
-        svg.to_str().unwrap(),
-        "--log",
-        log.to_str().unwrap(),
-        "--peak-flops",
-        "1e9",
-    ]);
+        &[
+            "--eval-sets",
+            "1",
+            "-s",
+            "Schedule1F1B",
+            "--report",
+            rep.to_str().unwrap(),
+            "--timeline-svg",
+            svg.to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+            "--peak-flops",
+            "1e9",
+        ],
+    ));
     assert!(out.contains("MFU "), "{out}");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&rep).unwrap()).unwrap();
     assert_eq!(r["schedule"], "1f1b");

@@ -222,10 +222,13 @@ fn zb_auto_within(
         }
     }
     let (mut best, _) = best.ok_or_else(|| {
-        Error::Input(format!(
-            "no schedule fits memory limit {x} × M_B; raise --mem-limit (every rank must hold \
-             at least one microbatch's activations)"
-        ))
+        Error::setting(
+            "mem_limit",
+            format!(
+                "no schedule fits {x} × M_B; raise the limit (every rank must hold at least one \
+                 microbatch's activations)"
+            ),
+        )
     })?;
     best.name = name.to_string();
     Ok(best)
@@ -269,10 +272,13 @@ fn at_the_limit(
         )?,
     };
     let (mut best, _) = found.map(|b| repair_drain(b, costs, x)).ok_or_else(|| {
-        Error::Input(format!(
-            "no schedule fits memory limit {x} × M_B; raise --mem-limit (every rank must \
-                 hold at least one microbatch's activations)"
-        ))
+        Error::setting(
+            "mem_limit",
+            format!(
+                "no schedule fits {x} × M_B; raise the limit (every rank must hold at least one \
+                 microbatch's activations)"
+            ),
+        )
     })?;
     best.name = name.to_string();
     Ok(best)

@@ -79,8 +79,9 @@ pub(crate) fn interleaved_orders(
     bwd: Kind,
 ) -> Result<Vec<Vec<Action>>, Error> {
     if v == 0 {
-        return Err(Error::Input(
-            "--chunks must be at least 1 (1 gives plain 1F1B)".into(),
+        return Err(Error::setting(
+            "chunks",
+            "must be at least 1 (1 gives plain 1F1B)",
         ));
     }
     if !m.is_multiple_of(p) {

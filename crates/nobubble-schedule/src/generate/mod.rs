@@ -20,6 +20,7 @@ pub use zero_bubble::{interleaved_zb, zb_h1, zb_h2, zb_template};
 
 use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
+use crate::limit::MemLimit;
 use crate::schedule::Schedule;
 
 /// Largest schedule (passes per iteration) the planner accepts: far beyond any real
@@ -115,18 +116,18 @@ impl ScheduleKind {
                 "zero-bubble handcrafted; bubble (p−1)(F+I−2W), memory (2p−1)·M_B"
             }
             ScheduleKind::ZbAuto => {
-                "automatic zero bubble under --mem-limit (default 2p), real costs"
+                "automatic zero bubble under the memory limit (default 2p), real costs"
             }
             ScheduleKind::Zb1p => "automatic zero bubble at p·M_B (1F1B's memory)",
             ScheduleKind::Zb2p => "automatic zero bubble at 2p·M_B",
             ScheduleKind::ZbPaper => {
-                "the paper's greedy scheduler (median costs, 20 knob settings) under --mem-limit"
+                "the paper's greedy scheduler (median costs, 20 knob settings) under the memory limit"
             }
             ScheduleKind::InterleavedZb => "interleaved with split backward, W delayed r on rank r",
             ScheduleKind::ZbV => "V placement, 2 chunks per rank, at p·M_B; ≈0 bubble when F≈I≈W",
             ScheduleKind::VHalf => "V placement at ≈ half of 1F1B's memory, ⌊(p+2)/2⌋·M_B",
             ScheduleKind::VMin => "V placement at ≈ a third of 1F1B's memory, ⌊(p+4)/3⌋·M_B",
-            ScheduleKind::VAuto => "automatic V schedule under --mem-limit (default p), real costs",
+            ScheduleKind::VAuto => "automatic V schedule under the memory limit (default p), real costs",
             ScheduleKind::DualPipeV => "DeepSeek's DualPipeV: V placement, F/B pairs, m ≥ 2·ranks",
         }
     }
@@ -146,8 +147,17 @@ impl ScheduleKind {
         )
     }
 
-    /// The memory limit (× M_B per rank) this kind plans under, given the user's
-    /// `--mem-limit`; `None` for fixed patterns, which ignore it.
+    /// Whether this kind plans under the user's memory limit (and so takes per-rank
+    /// budgets); the others have a limit of their own or none.
+    pub fn takes_limit(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
+        )
+    }
+
+    /// The memory limit (× M_B per rank) this kind plans under, given the user's multiple;
+    /// `None` for fixed patterns, which ignore it.
     pub fn planning_limit(self, p: usize, user: Option<f64>) -> Option<f64> {
         let p = p as f64;
         match self {
@@ -225,25 +235,24 @@ impl ScheduleKind {
     }
 }
 
-/// What to generate: the CLI's `--schedule`, `--stages`, `--microbatches`, `--chunks`,
-/// `--mem-limit`.
+/// What to generate: a schedule family for a pipeline shape under a memory limit. (Most
+/// callers want [`crate::planner::plan`], which also resolves the costs, chooses a layer
+/// split and simulates.)
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request {
     /// Schedule family.
     pub kind: ScheduleKind,
-    /// Pipeline ranks (devices); the CLI calls this `--stages`.
+    /// Pipeline ranks (devices).
     pub ranks: usize,
     /// Microbatches per iteration.
     pub microbatches: usize,
     /// Chunks per rank for interleaved schedules (ignored by the others).
     pub chunks: usize,
-    /// Memory limit in multiples of a rank's M_B, for the automatic schedules.
-    pub mem_limit: Option<f64>,
-    /// Absolute memory budgets per rank, in the costs' memory unit (one entry: every rank),
-    /// for the kinds that plan under `--mem-limit` (`zb-auto`, `zb-paper`, `v-auto`); they
-    /// replace `mem_limit` there. Each rank is planned within its own budget, not within
-    /// the tightest rank's multiple of M_B.
-    pub mem_budget: Vec<f64>,
+    /// The memory limit the automatic schedules plan under. Amounts of memory (one for
+    /// every rank or one per rank, in the costs' memory unit) are planned rank by rank by the
+    /// kinds that take a limit (`zb-auto`, `zb-paper`, `v-auto`): each rank within its own
+    /// budget, not within the tightest rank's multiple of M_B. Fixed patterns ignore it.
+    pub mem_limit: MemLimit,
     /// What the automatic schedules minimize.
     pub objective: Objective,
     /// `zb-auto`'s placement; `None`: it plans both and keeps the better.
@@ -293,8 +302,7 @@ impl Request {
             ranks,
             microbatches,
             chunks: 2,
-            mem_limit: None,
-            mem_budget: Vec::new(),
+            mem_limit: MemLimit::None,
             objective: Objective::Span,
             placement: None,
         }
@@ -306,14 +314,15 @@ impl Request {
 pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let (p, m) = (req.ranks, req.microbatches);
     if p == 0 {
-        return Err(Error::Input(
-            "--stages must be at least 1 (the number of pipeline ranks)".into(),
+        return Err(Error::setting(
+            "stages",
+            "must be at least 1 (the number of pipeline ranks)",
         ));
     }
     if m == 0 {
-        return Err(Error::Input(
-            "--microbatches must be at least 1; pipelines want m ≥ stages to keep every rank busy"
-                .into(),
+        return Err(Error::setting(
+            "microbatches",
+            "must be at least 1; pipelines want m ≥ stages to keep every rank busy",
         ));
     }
     let stages = match req.kind {
@@ -327,11 +336,14 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         _ => p,
     };
     if req.placement.is_some() && req.kind != ScheduleKind::ZbAuto {
-        return Err(Error::Input(format!(
-            "--placement chooses zb-auto's placement; {} has its own (drop --placement, or use \
-             zb-auto)",
-            req.kind.name()
-        )));
+        return Err(Error::setting(
+            "placement",
+            format!(
+                "chooses zb-auto's placement; {} has its own (leave the placement to it, or \
+                 plan zb-auto)",
+                req.kind.name()
+            ),
+        ));
     }
     let actions = stages.saturating_mul(m).saturating_mul(3);
     if actions > MAX_ACTIONS {
@@ -340,32 +352,29 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
              planner handles ({MAX_ACTIONS}); use fewer stages, chunks or microbatches"
         )));
     }
-    let budgeted = !req.mem_budget.is_empty()
-        && matches!(
-            req.kind,
-            ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
-        );
-    if let Some(b) = req
-        .mem_budget
-        .iter()
-        .find(|b| !(b.is_finite() && **b > 0.0))
-    {
-        return Err(Error::Input(format!(
-            "memory budget {b} is not a positive size; give bytes such as 20MiB"
-        )));
+    let mem_budget = req.mem_limit.budgets();
+    let budgeted = !mem_budget.is_empty() && req.kind.takes_limit();
+    if let Some(b) = mem_budget.iter().find(|b| !(b.is_finite() && **b > 0.0)) {
+        return Err(Error::setting(
+            "mem_limit",
+            format!("budget {b} is not a positive size; give an amount such as 20MiB"),
+        ));
     }
     // With budgets the multiple is derived per layout (the placement's M_B per rank).
     let limit = if budgeted {
         Some(m as f64)
     } else {
-        req.kind.planning_limit(p, req.mem_limit)
+        req.kind.planning_limit(p, req.mem_limit.as_multiple())
     };
     if let Some(x) = limit {
         if !(x.is_finite() && x >= 1.0 - 1e-9) {
-            return Err(Error::Input(format!(
-                "memory limit {x} × M_B is below the minimum feasible 1 × M_B: every rank must \
-                 hold at least one microbatch's activations; use --mem-limit 1 or more"
-            )));
+            return Err(Error::setting(
+                "mem_limit",
+                format!(
+                    "{x} × M_B is below the minimum feasible 1 × M_B: every rank must hold at \
+                     least one microbatch's activations; use a limit of 1 or more"
+                ),
+            ));
         }
     }
     // No rank can ever hold more than all m microbatches: a larger limit plans like m.
@@ -384,7 +393,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 Some(p) => p == Placement::V,
                 None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
             };
-            let budget = &req.mem_budget;
+            let budget = &mem_budget;
             let linear = (req.placement != Some(Placement::V))
                 .then(|| zb_auto(p, m, costs, x, name, objective, budget));
             // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the
@@ -421,7 +430,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|mut c| {
             c.objective = req.objective;
             let x = limit.expect("auto kinds plan under a limit");
-            let budget = if budgeted { &req.mem_budget[..] } else { &[] };
+            let budget = if budgeted { &mem_budget[..] } else { &[] };
             let x = search::apply_budget(&mut c, &classic::linear_placement(p), m, budget, x)?;
             paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
         }),
@@ -434,7 +443,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                 limit.expect("V kinds plan under a limit"),
                 name,
                 req.objective,
-                if budgeted { &req.mem_budget } else { &[] },
+                if budgeted { &mem_budget } else { &[] },
             )
         }
         ScheduleKind::DualPipeV => dualpipe_v(p, m),

@@ -81,10 +81,13 @@ pub fn apply_budget(
     }
     let ranks = placement.iter().copied().max().map_or(0, |r| r + 1);
     if budget.len() != 1 && budget.len() != ranks {
-        return Err(Error::Input(format!(
-            "--mem-limit lists {} budgets for {ranks} ranks: give one for all ranks or one per rank",
-            budget.len()
-        )));
+        return Err(Error::setting(
+            "mem_limit",
+            format!(
+                "lists {} budgets for {ranks} ranks: give one for all ranks or one per rank",
+                budget.len()
+            ),
+        ));
     }
     let mut multiples = Vec::with_capacity(ranks);
     for r in 0..ranks {
@@ -100,12 +103,15 @@ pub fn apply_budget(
             m as f64
         };
         if k < 1.0 - 1e-9 {
-            return Err(Error::Input(format!(
-                "rank {r}'s memory budget {} is below one microbatch's activations there ({}); \
-                 every rank must hold at least one: raise its --mem-limit",
-                crate::error::fmt_num(bytes),
-                crate::error::fmt_num(mem_b)
-            )));
+            return Err(Error::setting(
+                "mem_limit",
+                format!(
+                    "rank {r}'s budget {} is below one microbatch's activations there ({}); \
+                     every rank must hold at least one: raise its budget",
+                    crate::error::fmt_num(bytes),
+                    crate::error::fmt_num(mem_b)
+                ),
+            ));
         }
         multiples.push(k);
     }

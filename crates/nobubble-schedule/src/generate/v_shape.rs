@@ -295,9 +295,10 @@ fn v_auto_within(
         all.extend(greedy.at(p, m, costs, x));
         all.extend(blocks.at(x, name));
         let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| {
-            Error::Input(format!(
-                "no V schedule fits memory limit {x} × M_B; the minimum is 1, use --mem-limit 1 or more"
-            ))
+            Error::setting(
+                "mem_limit",
+                format!("no V schedule fits {x} × M_B; the minimum is 1, use a limit of 1 or more"),
+            )
         })?;
         best.name = name.to_string();
         return Ok(best);
@@ -349,9 +350,10 @@ fn v_auto_within(
         }
     }
     let (mut best, _) = best.ok_or_else(|| {
-        Error::Input(format!(
-            "no V schedule fits memory limit {x} × M_B; the minimum is 1, use --mem-limit 1 or more"
-        ))
+        Error::setting(
+            "mem_limit",
+            format!("no V schedule fits {x} × M_B; the minimum is 1, use a limit of 1 or more"),
+        )
     })?;
     best.name = name.to_string();
     Ok(best)

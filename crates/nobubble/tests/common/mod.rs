@@ -29,3 +29,11 @@ pub fn fails(args: &[&str]) -> String {
     assert!(!out.status.success(), "{args:?} should fail");
     String::from_utf8(out.stderr).unwrap()
 }
+
+/// A `train` command line on the micro model for `steps` steps, followed by `extra`: the
+/// quick settings most tests share, written once.
+pub fn micro_train<'a>(steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["train", "--model", "micro", "--steps", steps];
+    v.extend_from_slice(extra);
+    v
+}

@@ -1,0 +1,463 @@
+//! `nobubble._native`: the Python bindings of the planner. A thin layer, like the CLI: it
+//! turns Python arguments into a [`PlanRequest`], calls the library's one planning entry
+//! point ([`nobubble_schedule::plan`], or [`planner::evaluate`] for a schedule the user
+//! has), and hands back a [`Plan`]. No planning logic lives here, so a Python plan is the
+//! CLI's plan, bit for bit.
+
+use nobubble_schedule::export::{chrome, csv, svg};
+use nobubble_schedule::split::LayerCosts;
+use nobubble_schedule::{
+    planner, CostSpec, Error, MemLimit, Objective, Placement, PlanCosts, PlanRequest, Planned,
+    RankCost, ScheduleKind,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+create_exception!(
+    _native,
+    ScheduleError,
+    PyValueError,
+    "A request the planner refuses, or a schedule that breaks a rule; the message names the \
+     setting (as its keyword), rank or action at fault and what to do."
+);
+
+/// A planner error as a Python exception: the setting named by its keyword.
+fn py_error(e: Error) -> PyErr {
+    ScheduleError::new_err(e.naming(|s| s.to_string()))
+}
+
+fn value_error(msg: impl Into<String>) -> PyErr {
+    ScheduleError::new_err(msg.into())
+}
+
+/// A tuple or list of exactly `n` numbers.
+fn numbers(obj: &Bound<'_, PyAny>, n: usize) -> Option<Vec<f64>> {
+    if obj.is_instance_of::<PyString>() {
+        return None;
+    }
+    let v: Vec<f64> = obj.extract().ok()?;
+    (v.len() == n).then_some(v)
+}
+
+/// One entry `(a, b, …)` or a list of them, as rows of `n` numbers.
+fn rows(obj: &Bound<'_, PyAny>, n: usize, what: &str, example: &str) -> PyResult<Vec<Vec<f64>>> {
+    if let Some(one) = numbers(obj, n) {
+        return Ok(vec![one]);
+    }
+    let err = || {
+        PyTypeError::new_err(format!(
+            "{what} takes {n} numbers {example}, or a list with one such entry per stage (or per rank)"
+        ))
+    };
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+        return Err(err());
+    }
+    let items: Vec<Bound<'_, PyAny>> = obj.extract().map_err(|_| err())?;
+    if items.is_empty() {
+        return Err(err());
+    }
+    items
+        .iter()
+        .map(|i| numbers(i, n).ok_or_else(err))
+        .collect()
+}
+
+/// `cost=`, `mem=` and `comm=` as the planner's [`CostSpec`]: one entry for all stages, or
+/// one per stage (or per rank); a single `mem` entry goes with every `cost` entry.
+fn cost_spec(
+    cost: Option<&Bound<'_, PyAny>>,
+    mem: Option<&Bound<'_, PyAny>>,
+    comm: f64,
+) -> PyResult<CostSpec> {
+    let times = match cost {
+        Some(c) => rows(c, 3, "cost", "(F, I, W)")?,
+        None => vec![vec![1.0, 1.0, 1.0]],
+    };
+    let mems = match mem {
+        Some(m) => rows(m, 2, "mem", "(M_B, M_W)")?,
+        None => vec![vec![1.0, 0.5]],
+    };
+    let n = times.len().max(mems.len());
+    if times.len() != mems.len() && times.len() != 1 && mems.len() != 1 {
+        return Err(value_error(format!(
+            "cost lists {} entries and mem {}: give the same number, or one of them once for all",
+            times.len(),
+            mems.len()
+        )));
+    }
+    let pick = |v: &Vec<Vec<f64>>, k: usize| v[k.min(v.len() - 1)].clone();
+    let stages = (0..n)
+        .map(|k| {
+            let (t, m) = (pick(&times, k), pick(&mems, k));
+            RankCost {
+                f: t[0],
+                i: t[1],
+                w: t[2],
+                mem_b: m[0],
+                mem_w: m[1],
+            }
+        })
+        .collect();
+    let spec = CostSpec { comm, stages };
+    spec.check().map_err(py_error)?;
+    Ok(spec)
+}
+
+/// `mem_limit=`: `None`, a number (always a multiple of M_B, as on the command line), a size
+/// string (`"20GiB"`, `"1609728B"`), or a list of sizes, one per rank.
+fn mem_limit(obj: Option<&Bound<'_, PyAny>>) -> PyResult<MemLimit> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(MemLimit::None);
+    };
+    if let Ok(text) = obj.extract::<String>() {
+        return MemLimit::parse(&text).map_err(py_error);
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let items: Vec<Bound<'_, PyAny>> = obj.extract()?;
+        let texts: Vec<String> = items
+            .iter()
+            .map(|i| {
+                i.extract::<String>().map_err(|_| {
+                    value_error(
+                        "mem_limit: a per-rank list takes sizes with units, e.g. \
+                         [\"20MiB\", \"24MiB\"] (a bare number is a multiple of M_B; for bytes \
+                         write f\"{n}B\")",
+                    )
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        return MemLimit::parse(&texts.join(",")).map_err(py_error);
+    }
+    let x: f64 = obj.extract().map_err(|_| {
+        PyTypeError::new_err(
+            "mem_limit takes None, a multiple of M_B (8), a size (\"20GiB\") or a list of sizes",
+        )
+    })?;
+    MemLimit::multiple(x).map_err(py_error)
+}
+
+fn placement(text: &str) -> PyResult<Option<Placement>> {
+    match text.to_ascii_lowercase().as_str() {
+        "auto" => Ok(None),
+        "linear" => Ok(Some(Placement::Linear)),
+        "v" => Ok(Some(Placement::V)),
+        _ => Err(value_error(format!(
+            "placement: `{text}` is not one of \"auto\", \"linear\", \"v\""
+        ))),
+    }
+}
+
+fn objective(text: &str) -> PyResult<Objective> {
+    match text.to_ascii_lowercase().as_str() {
+        "span" => Ok(Objective::Span),
+        "makespan" => Ok(Objective::Makespan),
+        _ => Err(value_error(format!(
+            "objective: `{text}` is not \"span\" or \"makespan\""
+        ))),
+    }
+}
+
+/// A planned schedule: its actions per rank in PyTorch's notation, the stages each rank
+/// builds, and what the simulator predicts.
+#[pyclass(module = "nobubble", frozen)]
+struct Plan {
+    inner: Planned,
+}
+
+#[pymethods]
+impl Plan {
+    /// The schedule's name (`zb-auto`, or the file's).
+    #[getter]
+    fn schedule(&self) -> String {
+        self.inner.schedule.name.clone()
+    }
+
+    /// Pipeline ranks (devices).
+    #[getter]
+    fn num_ranks(&self) -> usize {
+        self.inner.schedule.ranks
+    }
+
+    /// Model stages (chunks) over all ranks: the model is cut into this many pieces.
+    #[getter]
+    fn num_stages(&self) -> usize {
+        self.inner.schedule.stages
+    }
+
+    /// Microbatches per iteration.
+    #[getter]
+    fn num_microbatches(&self) -> usize {
+        self.inner.schedule.microbatches
+    }
+
+    /// `placement[stage]` = the rank that runs it.
+    #[getter]
+    fn placement(&self) -> Vec<usize> {
+        self.inner.schedule.placement.clone()
+    }
+
+    /// `"linear"`, `"v"`, or `None` for other placements (interleaved).
+    #[getter]
+    fn placement_kind(&self) -> Option<&'static str> {
+        Placement::of(&self.inner.schedule).map(Placement::name)
+    }
+
+    /// Per rank, the actions in program order in PyTorch's notation: `0F3` (forward of stage
+    /// 0 on microbatch 3), `1I2` (input gradient), `1W2` (weight gradient), `3B1` (both).
+    #[getter]
+    fn actions(&self) -> Vec<Vec<String>> {
+        let orders = &self.inner.schedule.orders;
+        orders
+            .iter()
+            .map(|o| o.iter().map(|a| a.to_string()).collect())
+            .collect()
+    }
+
+    /// The stage indices `rank` must build, in increasing order.
+    fn stages_of(&self, rank: usize) -> PyResult<Vec<usize>> {
+        let s = &self.inner.schedule;
+        if rank >= s.ranks {
+            return Err(PyIndexError::new_err(format!(
+                "rank {rank} is out of range: the plan has ranks 0..{}",
+                s.ranks
+            )));
+        }
+        Ok(s.stages_of(rank))
+    }
+
+    /// The rank that runs `stage`.
+    fn rank_of(&self, stage: usize) -> PyResult<usize> {
+        let s = &self.inner.schedule;
+        if stage >= s.stages {
+            return Err(PyIndexError::new_err(format!(
+                "stage {stage} is out of range: the plan has stages 0..{}",
+                s.stages
+            )));
+        }
+        Ok(s.rank_of(stage))
+    }
+
+    /// Simulated time of one iteration, in the costs' unit.
+    #[getter]
+    fn makespan(&self) -> f64 {
+        self.inner.sim.metrics.makespan
+    }
+
+    /// The paper's bubble rate: 1 − the busiest rank's work / its span.
+    #[getter]
+    fn bubble_rate(&self) -> f64 {
+        self.inner.sim.metrics.bubble_rate
+    }
+
+    /// Idle share of all ranks over the makespan.
+    #[getter]
+    fn bubble_fraction(&self) -> f64 {
+        self.inner.sim.metrics.bubble_fraction
+    }
+
+    /// Each rank's span, first pass to last.
+    #[getter]
+    fn span(&self) -> Vec<f64> {
+        self.inner.sim.metrics.span.clone()
+    }
+
+    /// Peak activation memory per rank, in the costs' memory unit.
+    #[getter]
+    fn peak_memory(&self) -> Vec<f64> {
+        self.inner.peak_memory().to_vec()
+    }
+
+    /// A proven lower bound on the makespan under the same costs and memory limit.
+    #[getter]
+    fn lower_bound(&self) -> f64 {
+        self.inner.lower_bound()
+    }
+
+    /// A proven lower bound on the longest rank span.
+    #[getter]
+    fn span_lower_bound(&self) -> f64 {
+        self.inner.span_lower_bound()
+    }
+
+    /// What the plan minimized (`"span"` or `"makespan"`), `None` for fixed patterns.
+    #[getter]
+    fn objective(&self) -> Option<&'static str> {
+        self.inner.objective.map(Objective::name)
+    }
+
+    /// The memory limit as requested (`"none"`, `"8"`, `"20MiB"`, …).
+    #[getter]
+    fn mem_limit(&self) -> String {
+        self.inner.mem_limit.to_string()
+    }
+
+    /// Whether the schedule fits the memory limit (fixed patterns may not).
+    #[getter]
+    fn fits(&self) -> bool {
+        self.inner.over_limit.is_none()
+    }
+
+    /// Blocks per stage when planned with `layer_costs=`, else `None`.
+    #[getter]
+    fn layer_split(&self) -> Option<Vec<usize>> {
+        self.inner.split.as_ref().map(|s| s.counts.clone())
+    }
+
+    /// Per stage, the (F, I, W) times the plan was made with.
+    #[getter]
+    fn stage_costs(&self) -> Vec<(f64, f64, f64)> {
+        let stages = &self.inner.costs.stages;
+        stages.iter().map(|c| (c.f, c.i, c.w)).collect()
+    }
+
+    /// PyTorch's compute-only schedule CSV (row r = rank r).
+    fn to_csv(&self) -> String {
+        csv::write(&self.inner.schedule)
+    }
+
+    /// The simulated timeline as a Chrome/Perfetto trace (JSON text).
+    fn to_chrome_trace(&self) -> String {
+        chrome::trace(&self.inner.schedule, &self.inner.sim).to_string()
+    }
+
+    /// The simulated timeline as an SVG picture.
+    fn to_svg(&self) -> String {
+        svg::render(&self.inner.schedule, &self.inner.sim)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.inner.schedule;
+        format!(
+            "Plan(schedule={:?}, ranks={}, stages={}, microbatches={}, makespan={}, \
+             bubble_rate={:.4})",
+            s.name,
+            s.ranks,
+            s.stages,
+            s.microbatches,
+            nobubble_schedule::error::fmt_num(self.makespan()),
+            self.bubble_rate()
+        )
+    }
+}
+
+/// Plans `schedule` (a nobubble name or a PyTorch class name) for `stages` ranks and
+/// `microbatches` microbatches: the same planner, and so the same schedule, as
+/// `nobubble plan`.
+#[pyfunction]
+#[pyo3(signature = (
+    schedule, stages, microbatches, *, cost=None, comm=0.0, mem=None, mem_limit=None,
+    placement="auto", objective="span", chunks=2, layer_costs=None
+))]
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    py: Python<'_>,
+    schedule: &str,
+    stages: usize,
+    microbatches: usize,
+    cost: Option<&Bound<'_, PyAny>>,
+    comm: f64,
+    mem: Option<&Bound<'_, PyAny>>,
+    mem_limit: Option<&Bound<'_, PyAny>>,
+    placement: &str,
+    objective: &str,
+    chunks: usize,
+    layer_costs: Option<&str>,
+) -> PyResult<Plan> {
+    let kind = ScheduleKind::from_name(schedule).map_err(py_error)?;
+    let costs = match layer_costs {
+        Some(json) => PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?),
+        None => PlanCosts::Stages(cost_spec(cost, mem, comm)?),
+    };
+    let req = PlanRequest {
+        schedule: kind,
+        ranks: stages,
+        microbatches,
+        chunks,
+        costs,
+        mem_limit: self::mem_limit(mem_limit)?,
+        placement: self::placement(placement)?,
+        objective: self::objective(objective)?,
+    };
+    // Planning large pipelines takes a while: let other Python threads run meanwhile.
+    let planned = py
+        .detach(|| nobubble_schedule::plan(&req))
+        .map_err(py_error)?;
+    planned.check_limit().map_err(py_error)?;
+    Ok(Plan { inner: planned })
+}
+
+/// The plan of a schedule someone else wrote, given as PyTorch's CSV text.
+fn evaluate(
+    text: &str,
+    name: &str,
+    cost: Option<&Bound<'_, PyAny>>,
+    comm: f64,
+    mem: Option<&Bound<'_, PyAny>>,
+    limit: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Plan> {
+    let schedule = csv::read(text, name).map_err(py_error)?;
+    let spec = cost_spec(cost, mem, comm)?;
+    let planned = planner::evaluate(schedule, &spec, &mem_limit(limit)?, Objective::default())
+        .map_err(py_error)?;
+    planned.check_limit().map_err(py_error)?;
+    Ok(Plan { inner: planned })
+}
+
+/// Validates a schedule in PyTorch's compute-only CSV format (what `nobubble check` does):
+/// returns its plan, or raises `ScheduleError` naming the rank and action at fault.
+#[pyfunction]
+#[pyo3(signature = (csv, *, cost=None, comm=0.0, mem=None, mem_limit=None, name="custom"))]
+fn check(
+    csv: &str,
+    cost: Option<&Bound<'_, PyAny>>,
+    comm: f64,
+    mem: Option<&Bound<'_, PyAny>>,
+    mem_limit: Option<&Bound<'_, PyAny>>,
+    name: &str,
+) -> PyResult<Plan> {
+    evaluate(csv, name, cost, comm, mem, mem_limit)
+}
+
+/// Simulates per-rank action lists (PyTorch notation, e.g. `[["0F0", "0I0", "0W0"], …]`)
+/// under the given costs; raises `ScheduleError` if they do not form a valid schedule.
+#[pyfunction]
+#[pyo3(signature = (actions, *, cost=None, comm=0.0, mem=None, mem_limit=None, name="custom"))]
+fn simulate(
+    actions: Vec<Vec<String>>,
+    cost: Option<&Bound<'_, PyAny>>,
+    comm: f64,
+    mem: Option<&Bound<'_, PyAny>>,
+    mem_limit: Option<&Bound<'_, PyAny>>,
+    name: &str,
+) -> PyResult<Plan> {
+    if let Some(cell) = actions.iter().flatten().find(|a| a.contains([',', '\n'])) {
+        return Err(value_error(format!(
+            "`{cell}` is not an action such as 0F3"
+        )));
+    }
+    let text: Vec<String> = actions.iter().map(|row| row.join(",")).collect();
+    evaluate(&text.join("\n"), name, cost, comm, mem, mem_limit)
+}
+
+/// Every schedule name with its one-line summary, in `compare`'s order.
+#[pyfunction]
+fn schedules() -> Vec<(&'static str, &'static str)> {
+    ScheduleKind::ALL
+        .iter()
+        .map(|k| (k.name(), k.summary()))
+        .collect()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Plan>()?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(schedules, m)?)?;
+    m.add("ScheduleError", m.py().get_type::<ScheduleError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

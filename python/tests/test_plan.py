@@ -1,0 +1,193 @@
+"""The Python planner is the CLI's planner: same schedules, same errors, same simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import nobubble
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_binary() -> Path:
+    """The `nobubble` binary to compare against (NOBUBBLE_BIN, else the workspace's build)."""
+    if "NOBUBBLE_BIN" in os.environ:
+        return Path(os.environ["NOBUBBLE_BIN"])
+    for profile in ("debug", "release"):
+        path = REPO / "target" / profile / "nobubble"
+        if path.exists():
+            return path
+    pytest.fail("no nobubble binary: run `cargo build` first, or set NOBUBBLE_BIN")
+
+
+def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(
+        [str(cli_binary()), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (run.returncode == 0) == ok, (args, run.stdout, run.stderr)
+    return run
+
+
+# Every family, with a pipeline it applies to (interleaved ones need m a multiple of p).
+FAMILIES = [name for name, _ in nobubble.schedules()]
+COSTS = [(1.0, 1.2, 0.8), (2.0, 1.0, 1.0), (1.0, 2.0, 0.5), (1.5, 1.5, 1.0)]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_plans_the_clis_schedule(name: str) -> None:
+    p, m = 4, 8
+    py = nobubble.plan(name, 4, 8, cost=COSTS, comm=0.05, mem=(1.0, 0.4))
+    costs = {
+        "comm": 0.05,
+        "stages": [dict(f=f, i=i, w=w, mem_b=1.0, mem_w=0.4) for f, i, w in COSTS],
+    }
+    path = REPO / "target" / f"py-costs-{name}.json"
+    path.write_text(json.dumps(costs))
+    try:
+        out = cli("plan", "-s", name, "-p", str(p), "-m", str(m), "--costs", str(path), "-f", "csv")
+    finally:
+        path.unlink()
+    assert py.to_csv() == out.stdout
+    assert py.num_ranks == p and py.num_microbatches == m
+    assert sorted(s for r in range(p) for s in py.stages_of(r)) == list(range(py.num_stages))
+
+
+@pytest.mark.parametrize(
+    ("limit", "flag"),
+    [(6, "6"), ("6000B", "6000B"), (["8KB", "8KB", "8KB", "2KB"], "8KB,8KB,8KB,2KB")],
+)
+def test_memory_limits_plan_as_on_the_command_line(limit: object, flag: str) -> None:
+    py = nobubble.plan("zb-auto", 4, 8, mem=(1000.0, 400.0), mem_limit=limit)
+    out = cli(
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem",
+        "1000,400",
+        "--mem-limit",
+        flag,
+        "-f",
+        "json",
+    )
+    report = json.loads(out.stdout)
+    assert py.makespan == report["makespan"]
+    assert py.actions == report["actions"]
+    # The limit holds rank by rank.
+    budgets = [6000.0] * 4 if flag in ("6", "6000B") else [8000.0, 8000.0, 8000.0, 2000.0]
+    assert all(peak <= b + 1e-9 for peak, b in zip(py.peak_memory, budgets))
+
+
+def test_a_v_plan_says_which_stages_each_rank_builds() -> None:
+    plan = nobubble.plan("zb-v", 4, 8)
+    assert plan.placement_kind == "v"
+    assert plan.num_stages == 8
+    assert [plan.stages_of(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert all(plan.rank_of(s) == r for r in range(4) for s in plan.stages_of(r))
+    assert all(a[0] in "0123456789" for row in plan.actions for a in row)
+    with pytest.raises(IndexError, match="ranks 0..4"):
+        plan.stages_of(4)
+
+
+def test_bounds_exports_and_the_simulator_agree_with_the_plan() -> None:
+    plan = nobubble.plan("zb-auto", 4, 12, cost=(1.0, 1.2, 0.8), objective="makespan")
+    assert plan.objective == "makespan"
+    assert 0 < plan.lower_bound <= plan.makespan + 1e-9
+    assert 0 <= plan.bubble_rate < 0.2
+    again = nobubble.simulate(plan.actions, cost=(1.0, 1.2, 0.8))
+    assert again.makespan == plan.makespan and again.to_csv() == plan.to_csv()
+    trace = json.loads(plan.to_chrome_trace())
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 3 * plan.num_stages * 12
+    svg = plan.to_svg()
+    assert svg.startswith("<svg") and svg.count("<title>") == 3 * plan.num_stages * 12
+    assert "zb-auto" in repr(plan)
+
+
+def test_pytorch_class_names_are_schedule_names() -> None:
+    a = nobubble.plan("ScheduleZBVZeroBubble", 2, 4)
+    b = nobubble.plan("zb-v", 2, 4)
+    assert a.to_csv() == b.to_csv()
+
+
+def error_of(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    assert isinstance(info.value, nobubble.ScheduleError)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flags"),
+    [
+        (dict(schedule="1f1b", stages=0, microbatches=4), ["-s", "1f1b", "-p", "0", "-m", "4"]),
+        (dict(schedule="1f1b", stages=2, microbatches=0), ["-s", "1f1b", "-p", "2", "-m", "0"]),
+        (
+            dict(schedule="LoopedBFS", stages=2, microbatches=4),
+            ["-s", "LoopedBFS", "-p", "2", "-m", "4"],
+        ),
+        (
+            dict(
+                schedule="zb-auto", stages=4, microbatches=8, mem=(1000.0, 400.0), mem_limit="0.5KB"
+            ),
+            ["-s", "zb-auto", "-p", "4", "-m", "8", "--mem", "1000,400", "--mem-limit", "0.5KB"],
+        ),
+        (
+            dict(
+                schedule="zb-auto",
+                stages=4,
+                microbatches=8,
+                mem=(1000.0, 400.0),
+                mem_limit=["8KB", "8KB"],
+            ),
+            ["-s", "zb-auto", "-p", "4", "-m", "8", "--mem", "1000,400", "--mem-limit", "8KB,8KB"],
+        ),
+        (
+            dict(schedule="zb-h2", stages=2, microbatches=4, placement="v"),
+            ["-s", "zb-h2", "-p", "2", "-m", "4", "--placement", "v"],
+        ),
+        (
+            dict(schedule="zb-h2", stages=3, microbatches=6, mem_limit=2),
+            ["-s", "zb-h2", "-p", "3", "-m", "6", "--mem-limit", "2"],
+        ),
+    ],
+)
+def test_invalid_input_raises_the_clis_message(kwargs: dict, flags: list[str]) -> None:
+    ours = error_of(lambda: nobubble.plan(**kwargs))
+    theirs = cli("plan", *flags, ok=False).stderr.strip()
+    # The CLI names a setting by its flag (--mem-limit), Python by its keyword (mem_limit).
+    for keyword in ("stages", "microbatches", "mem_limit", "placement"):
+        ours = ours.replace(f"{keyword}: ", f"--{keyword.replace('_', '-')}: ")
+    assert ours in theirs, (ours, theirs)
+
+
+def test_check_names_the_rank_and_action_at_fault() -> None:
+    bad = "0F0,0B0\n1B0,1F0\n"
+    ours = error_of(lambda: nobubble.check(bad))
+    path = REPO / "target" / "py-bad.csv"
+    path.write_text(bad)
+    try:
+        theirs = cli("check", str(path), ok=False).stderr
+    finally:
+        path.unlink()
+    assert "rank" in ours and ours in theirs, (ours, theirs)
+    good = nobubble.plan("1f1b", 2, 2).to_csv()
+    assert nobubble.check(good).makespan == nobubble.plan("1f1b", 2, 2).makespan
+
+
+def test_bad_argument_types_say_what_to_give() -> None:
+    with pytest.raises(TypeError, match=r"\(F, I, W\)"):
+        nobubble.plan("zb-h1", 2, 4, cost=(1.0, 2.0))
+    with pytest.raises(ValueError, match="sizes with units"):
+        nobubble.plan("zb-auto", 2, 4, mem_limit=[1000, 2000])
+    with pytest.raises(ValueError, match="multiple of M_B"):
+        nobubble.plan("zb-auto", 2, 4, mem_limit=268435456)
+    with pytest.raises(ValueError, match="time `f` must be a positive number"):
+        nobubble.plan("zb-auto", 2, 4, cost=(-1.0, 1.0, 1.0))

@@ -281,8 +281,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         let plan = |counts: &[usize], r: &Request, check: &[f64]| -> Result<Candidate, Error> {
             let spec = layers.spec(counts)?;
             let s = generate(r, &spec)?;
-            let mut c = CostModel::for_schedule(&spec, &s)?;
-            c.objective = req.objective;
+            let c = CostModel::for_schedule(&spec, &s)?.with_objective(req.objective);
             if !check.is_empty() {
                 crate::validate::check_memory_budget(&s, &c, check)?;
             }

@@ -12,7 +12,8 @@ use super::search::{
     better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
     repair_drain, score, unlimited_floor, within_budgets, LadderRuns, Score,
 };
-use crate::cost::{CostModel, CostSpec, Objective};
+use super::Goal;
+use crate::cost::CostModel;
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::validate::check_memory;
@@ -32,24 +33,16 @@ const FIT_LEVELS: f64 = 6.0;
 /// weight-gradient positions. Each new best also gets the drain-phase repair
 /// ([`super::drain`]). Pipelines over [`LADDER_MAX_ACTIONS`] passes skip the ladder and plan
 /// at the limit only (the paper's greedy and the handcrafted schedules, repaired).
-pub fn zb_auto(
-    p: usize,
-    m: usize,
-    spec: &CostSpec,
-    x: f64,
-    name: &str,
-    objective: Objective,
-    budget: &[f64],
-) -> Result<Schedule, Error> {
+pub fn zb_auto(goal: &Goal) -> Result<Schedule, Error> {
+    let (p, m) = (goal.ranks, goal.microbatches);
     let placement: Vec<usize> = (0..p).collect();
-    let mut costs = CostModel::for_layout(spec, p, p)?;
-    costs.objective = objective;
-    let x = apply_budget(&mut costs, &placement, m, budget, x)?;
+    let mut costs = goal.resolve(p)?;
+    let x = apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
     within_budgets(
         &costs,
         x,
-        || zb_auto_within(p, m, &costs, x, name),
-        |tight| zb_auto(p, m, spec, tight, name, objective, &[]),
+        || zb_auto_within(p, m, &costs, x, goal.name),
+        |tight| zb_auto(&goal.at(tight)),
     )
 }
 

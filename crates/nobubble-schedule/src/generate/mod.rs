@@ -259,6 +259,42 @@ pub struct Request {
     pub placement: Option<Placement>,
 }
 
+/// What an automatic search plans for: the pipeline, its costs, and the memory it may use.
+/// One value instead of the same seven arguments through every search.
+#[derive(Clone, Copy, Debug)]
+pub struct Goal<'a> {
+    /// Pipeline ranks.
+    pub ranks: usize,
+    /// Microbatches per iteration.
+    pub microbatches: usize,
+    /// The costs as given (resolved per layout by each search).
+    pub costs: &'a CostSpec,
+    /// The limit in multiples of each rank's M_B (the top of the memory ladder).
+    pub limit: f64,
+    /// Amounts of memory per rank (one entry: every rank), or empty: planned rank by rank.
+    pub budget: &'a [f64],
+    /// What to minimize.
+    pub objective: Objective,
+    /// The schedule's name.
+    pub name: &'a str,
+}
+
+impl Goal<'_> {
+    /// The same goal under `limit` × M_B for every rank, without budgets.
+    pub fn at(&self, limit: f64) -> Self {
+        Goal {
+            limit,
+            budget: &[],
+            ..*self
+        }
+    }
+
+    /// The costs resolved for `stages` stages, with the objective.
+    pub(crate) fn resolve(&self, stages: usize) -> Result<CostModel, Error> {
+        Ok(CostModel::for_layout(self.costs, stages, self.ranks)?.with_objective(self.objective))
+    }
+}
+
 /// Where `zb-auto` puts the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -380,6 +416,18 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     // No rank can ever hold more than all m microbatches: a larger limit plans like m.
     let limit = limit.map(|x| x.min(m as f64));
     let name = req.kind.name();
+    let budget: &[f64] = if budgeted { &mem_budget } else { &[] };
+    // The automatic kinds' goal; each sets its limit.
+    let base = Goal {
+        ranks: p,
+        microbatches: m,
+        costs,
+        limit: f64::NAN,
+        budget,
+        objective: req.objective,
+        name,
+    };
+    let goal = |limit: f64| Goal { limit, ..base };
     let mut schedule = match req.kind {
         ScheduleKind::GPipe => gpipe(p, m),
         ScheduleKind::OneFOneB => one_f_one_b(p, m),
@@ -387,23 +435,20 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         ScheduleKind::ZbH1 => zb_h1(p, m),
         ScheduleKind::ZbH2 => zb_h2(p, m),
         ScheduleKind::ZbAuto => {
-            let x = limit.expect("auto kinds plan under a limit");
-            let objective = req.objective;
+            let goal = goal(limit.expect("auto kinds plan under a limit"));
             let try_v = match req.placement {
                 Some(p) => p == Placement::V,
                 None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
             };
-            let budget = &mem_budget;
-            let linear = (req.placement != Some(Placement::V))
-                .then(|| zb_auto(p, m, costs, x, name, objective, budget));
+            let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(&goal));
             // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the
             // linear layout's M_B (the V layout's M_B per rank differs when the model's
             // segments do).
             let v = try_v.then(|| {
-                if budget.is_empty() && req.placement.is_none() {
-                    v_shape::v_auto_at_linear_bytes(p, m, costs, x, name, objective)
+                if goal.budget.is_empty() && req.placement.is_none() {
+                    v_shape::v_auto_at_linear_bytes(&goal)
                 } else {
-                    v_auto(p, m, costs, x, name, objective, budget)
+                    v_auto(&goal)
                 }
             });
             // Either placement may fail where the other plans (a budget one cannot meet, a
@@ -414,37 +459,24 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
                     l.and_then(Result::ok),
                     v.and_then(Result::ok),
                     costs,
-                    objective,
+                    req.objective,
                 ),
             }
         }
-        ScheduleKind::Zb1p | ScheduleKind::Zb2p => zb_auto(
-            p,
-            m,
-            costs,
-            limit.expect("auto kinds plan under a limit"),
-            name,
-            req.objective,
-            &[],
-        ),
-        ScheduleKind::ZbPaper => CostModel::for_layout(costs, p, p).and_then(|mut c| {
-            c.objective = req.objective;
-            let x = limit.expect("auto kinds plan under a limit");
-            let budget = if budgeted { &mem_budget[..] } else { &[] };
-            let x = search::apply_budget(&mut c, &classic::linear_placement(p), m, budget, x)?;
-            paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
-        }),
+        ScheduleKind::Zb1p | ScheduleKind::Zb2p => {
+            zb_auto(&base.at(limit.expect("auto kinds plan under a limit")))
+        }
+        ScheduleKind::ZbPaper => {
+            let goal = goal(limit.expect("auto kinds plan under a limit"));
+            goal.resolve(p).and_then(|mut c| {
+                let placement = classic::linear_placement(p);
+                let x = search::apply_budget(&mut c, &placement, m, goal.budget, goal.limit)?;
+                paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
+            })
+        }
         ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
         ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
-            v_auto(
-                p,
-                m,
-                costs,
-                limit.expect("V kinds plan under a limit"),
-                name,
-                req.objective,
-                if budgeted { &mem_budget } else { &[] },
-            )
+            v_auto(&goal(limit.expect("V kinds plan under a limit")))
         }
         ScheduleKind::DualPipeV => dualpipe_v(p, m),
     }?;
@@ -506,9 +538,10 @@ fn pick_placement(
     objective: Objective,
 ) -> Result<Schedule, Error> {
     let ranked = |s: &Schedule| -> Result<search::Score, Error> {
-        let mut c = CostModel::for_schedule(spec, s)?;
-        c.objective = objective;
-        search::score(s, &c)
+        search::score(
+            s,
+            &CostModel::for_schedule(spec, s)?.with_objective(objective),
+        )
     };
     match (linear, v) {
         (Some(l), Some(v)) => Ok(if search::better(ranked(&v)?, ranked(&l)?) {

@@ -7,8 +7,9 @@ use super::search::{
     better, fits, improve, ladder, needed_limit, on_floor, pick_best, score, unlimited_floor,
     LadderRuns, Score,
 };
+use super::Goal;
 use crate::action::{Action, Kind};
-use crate::cost::{CostModel, CostSpec};
+use crate::cost::CostModel;
 use crate::error::Error;
 use crate::schedule::Schedule;
 
@@ -197,42 +198,27 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 /// a local search over weight-gradient positions. Pipelines over
 /// [`super::auto::LADDER_MAX_ACTIONS`] passes plan at the limit only: one policy, no ladder,
 /// no local search.
-pub fn v_auto(
-    p: usize,
-    m: usize,
-    spec: &CostSpec,
-    x: f64,
-    name: &str,
-    objective: crate::cost::Objective,
-    budget: &[f64],
-) -> Result<Schedule, Error> {
+pub fn v_auto(goal: &Goal) -> Result<Schedule, Error> {
+    let (p, m) = (goal.ranks, goal.microbatches);
     let placement = v_placement(p);
-    let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
-    costs.objective = objective;
-    let x = super::search::apply_budget(&mut costs, &placement, m, budget, x)?;
+    let mut costs = goal.resolve(2 * p)?;
+    let x = super::search::apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
     super::search::within_budgets(
         &costs,
         x,
-        || v_auto_within(p, m, &costs, x, name),
-        |tight| v_auto(p, m, spec, tight, name, objective, &[]),
+        || v_auto_within(p, m, &costs, x, goal.name),
+        |tight| v_auto(&goal.at(tight)),
     )
 }
 
 /// `v_auto` at `x` × the *linear* layout's M_B per rank: the same bytes a linear plan at `x`
 /// gets, for comparing the placements. The ladder climbs multiples of the linear M_B (each
 /// rank's share is its linear M_B over its V M_B), so more memory still never plans worse.
-pub(crate) fn v_auto_at_linear_bytes(
-    p: usize,
-    m: usize,
-    spec: &CostSpec,
-    x: f64,
-    name: &str,
-    objective: crate::cost::Objective,
-) -> Result<Schedule, Error> {
+pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
+    let (p, m, x) = (goal.ranks, goal.microbatches, goal.limit);
     let placement = v_placement(p);
-    let linear = CostModel::for_layout(spec, p, p)?;
-    let mut costs = CostModel::for_layout(spec, 2 * p, p)?;
-    costs.objective = objective;
+    let linear = goal.resolve(p)?;
+    let mut costs = goal.resolve(2 * p)?;
     costs.rank_share = (0..p)
         .map(|r| {
             let v: f64 = (0..2 * p)
@@ -248,7 +234,7 @@ pub(crate) fn v_auto_at_linear_bytes(
         .collect();
     // No extra plan under the tightest share here: its own ladder would not line up with
     // the multiples of `x`, and monotone in `x` is the promise.
-    v_auto_within(p, m, &costs, x, name)
+    v_auto_within(p, m, &costs, x, goal.name)
 }
 
 /// [`v_auto`] with the costs resolved (objective and rank shares set).

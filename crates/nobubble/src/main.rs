@@ -4,9 +4,6 @@
 //! planning logic lives in `nobubble-schedule`.
 
 mod bench;
-mod bench_engine;
-mod bench_official;
-mod bench_runtime;
 mod check;
 mod compare;
 mod costs;
@@ -18,8 +15,6 @@ mod report;
 mod sample;
 mod signals;
 mod train;
-mod train_report;
-mod train_watch;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -3,7 +3,10 @@
 //! (`mpirun -np N nobubble train …`) — runs [`nobubble_runtime::training::run`] on each, and
 //! prints rank 0's progress and report.
 
-use crate::train_watch::{Watch, WatchOptions};
+pub mod report;
+pub mod watch;
+
+use crate::train::watch::{Watch, WatchOptions};
 use clap::Args;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
@@ -513,7 +516,7 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
                 .flatten()
                 .next()
                 .ok_or("internal: rank 0 made no report")?;
-            crate::train_report::finish(a, &job, &report, watch)
+            crate::train::report::finish(a, &job, &report, watch)
         }
     }
 }
@@ -587,8 +590,8 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String
         let (mut watch, server) = watch(a, job, size).unwrap_or_else(|e| fail(e));
         match run(Some(&mut watch)) {
             Ok(Some(report)) => {
-                let code =
-                    crate::train_report::finish(a, job, &report, watch).unwrap_or_else(|e| fail(e));
+                let code = crate::train::report::finish(a, job, &report, watch)
+                    .unwrap_or_else(|e| fail(e));
                 drop(server);
                 Ok(code)
             }

@@ -1,5 +1,9 @@
 //! `nobubble bench …`: figures recorded in BENCHMARKS.md.
 
+pub mod engine;
+pub mod official;
+pub mod runtime;
+
 use crate::costs::CostArgs;
 use clap::{Args, Subcommand};
 use nobubble_schedule::paper::{
@@ -29,13 +33,13 @@ pub enum BenchCommand {
     /// zb-auto against the paper's own scheduler (zb-paper) on random pipelines.
     Baseline(BaselineBenchArgs),
     /// Ours against the four schedules the zero-bubble authors' scheduler produced.
-    Reference(crate::bench_official::ReferenceBenchArgs),
+    Reference(crate::bench::official::ReferenceBenchArgs),
     /// zb-v, v-half, v-min against the authors' V constructions on random pipelines.
-    VBaseline(crate::bench_official::VBaselineBenchArgs),
+    VBaseline(crate::bench::official::VBaselineBenchArgs),
     /// One transformer block's F, I and W passes on one thread, beside gemm's own speed.
-    Engine(crate::bench_engine::EngineBenchArgs),
+    Engine(crate::bench::engine::EngineBenchArgs),
     /// The runtime against the simulator: emulated 8–16 ranks, real 2 ranks.
-    Runtime(crate::bench_runtime::RuntimeBenchArgs),
+    Runtime(crate::bench::runtime::RuntimeBenchArgs),
 }
 
 /// Arguments of `bench plan`.
@@ -107,10 +111,10 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
         BenchCommand::Baseline(a) => baseline(a),
-        BenchCommand::Reference(a) => crate::bench_official::reference(a),
-        BenchCommand::VBaseline(a) => crate::bench_official::v_baseline(a),
-        BenchCommand::Engine(a) => crate::bench_engine::run(a),
-        BenchCommand::Runtime(a) => crate::bench_runtime::run(a),
+        BenchCommand::Reference(a) => crate::bench::official::reference(a),
+        BenchCommand::VBaseline(a) => crate::bench::official::v_baseline(a),
+        BenchCommand::Engine(a) => crate::bench::engine::run(a),
+        BenchCommand::Runtime(a) => crate::bench::runtime::run(a),
     }
 }
 

@@ -1,8 +1,8 @@
 //! The end of `train` on rank 0: the text report on stdout, and the files asked for —
 //! `--trace` (Chrome), `--report` (JSON), `--timeline-svg` (measured above planned).
 
+use crate::train::watch::Watch;
 use crate::train::TrainArgs;
-use crate::train_watch::Watch;
 use nobubble_runtime::training::{mib, Stop, TrainJob, TrainReport};
 use nobubble_runtime::StepRecord;
 use nobubble_schedule::export::svg;

@@ -245,14 +245,42 @@ impl Session {
         };
         let current = &self.plan.schedule;
         self.check_one_microbatch_fits(&spec)?;
-        let mut plan = plan_with(&self.options, &spec, Some(current), source)?;
+        let mut opts = self.options.clone();
+        let mut plan = plan_with(&opts, &spec, Some(current), source)?;
         // The planner's model has a microbatch hold no more after I than after F; a stage
         // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
         // planned on the clamped figure, but the prediction — and the limit check below —
-        // use what the stages really hold.
+        // use what the stages really hold. Where that puts a plan over the limit, the kinds
+        // that plan within a limit plan again within what is left after the overshoot.
         let mut real = plan.costs.clone();
         for (c, &(_, bw)) in real.stages.iter_mut().zip(&self.stage_bytes) {
             c.mem_w = bw as f64;
+        }
+        for _ in 0..4 {
+            if self.stage_bytes.iter().all(|&(b, bw)| bw <= b) {
+                break;
+            }
+            plan.predicted_peak = peak_memory(&plan.schedule, &real);
+            let Some(allowed) = self.allowed(&plan.schedule, &real) else {
+                break;
+            };
+            let over: Vec<f64> = (plan.predicted_peak.iter().zip(&allowed))
+                .map(|(p, a)| (p - a).max(0.0))
+                .collect();
+            if !opts.kind.takes_limit() || over.iter().all(|&o| o <= 0.0) {
+                break;
+            }
+            let planned_under = opts.mem_limit.per_rank(current.ranks).unwrap_or(allowed);
+            let tighter = planned_under
+                .iter()
+                .zip(&over)
+                .map(|(b, o)| b - o)
+                .collect();
+            opts.mem_limit = MemLimit::PerRank(tighter);
+            match plan_with(&opts, &spec, Some(current), source) {
+                Ok(p) => plan = p,
+                Err(_) => break,
+            }
         }
         if self.stage_bytes.iter().any(|&(b, bw)| bw > b) {
             plan.predicted_peak = peak_memory(&plan.schedule, &real);
@@ -264,6 +292,16 @@ impl Session {
             ));
         }
         Ok(plan)
+    }
+
+    /// What each rank may hold under the limit (a multiple is of its own M_B under `costs`);
+    /// `None` without a limit.
+    fn allowed(&self, s: &Schedule, costs: &CostModel) -> Option<Vec<f64>> {
+        let limit = &self.options.mem_limit;
+        match limit.as_multiple() {
+            Some(x) => Some((0..s.ranks).map(|r| x * costs.rank_mem_b(s, r)).collect()),
+            None => limit.per_rank(s.ranks),
+        }
     }
 
     /// Refuses a limit below one microbatch's measured activations on some rank.
@@ -294,22 +332,19 @@ impl Session {
 
     /// Refuses a plan whose predicted peak (on what the stages really hold) is over the limit.
     fn check_limit(&self, plan: &Plan, real: &CostModel) -> Result<(), RuntimeError> {
-        let limit = &self.options.mem_limit;
-        let s = &plan.schedule;
-        let allowed = |r: usize| match (limit.as_multiple(), limit.per_rank(s.ranks)) {
-            (Some(x), _) => Some(x * real.rank_mem_b(s, r)),
-            (None, Some(bytes)) => Some(bytes[r]),
-            (None, None) => None,
+        let Some(allowed) = self.allowed(&plan.schedule, real) else {
+            return Ok(());
         };
-        for (r, &peak) in plan.predicted_peak.iter().enumerate() {
-            if let Some(a) = allowed(r).filter(|a| peak > a * (1.0 + 1e-9)) {
+        for (r, (&peak, &a)) in plan.predicted_peak.iter().zip(&allowed).enumerate() {
+            if peak > a * (1.0 + 1e-9) {
                 return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
                     "mem_limit",
                     format!(
-                        "{} needs {} of activations on rank {r}, over the limit {limit} ({}); \
+                        "{} needs {} of activations on rank {r}, over the limit {} ({}); \
                          plan zb-auto (it plans within the limit) or 1f1b, or raise the limit",
                         self.options.schedule_name(),
                         human_bytes(peak),
+                        self.options.mem_limit,
                         human_bytes(a)
                     ),
                 )));

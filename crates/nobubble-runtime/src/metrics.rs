@@ -10,7 +10,7 @@
 //! Every value of one step is written under one lock, and a scrape encodes under the same
 //! lock, so a scrape never mixes two steps.
 
-use crate::pipeline::StepRecord;
+use crate::run::StepRecord;
 use nobubble_nn::GptConfig;
 use prometheus::{
     exponential_buckets, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts,

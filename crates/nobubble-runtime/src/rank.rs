@@ -7,7 +7,7 @@
 use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
-use crate::pipeline::{Compute, RunConfig};
+use crate::run::{Compute, RunConfig};
 use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;

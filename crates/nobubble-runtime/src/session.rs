@@ -6,8 +6,8 @@
 
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
-use crate::pipeline::{Compute, RunConfig, StepRecord};
 use crate::rank::Rank;
+use crate::run::{Compute, RunConfig, StepRecord};
 use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::config::StageLayout;
 use nobubble_nn::{ByteCorpus, GptConfig};

@@ -8,11 +8,10 @@
 //! waiting, and under post-validation a step's loss and clip factor are only known when the
 //! next step settles it — so consecutive iterations overlap.
 
-use crate::checkpoint::{corpus_fingerprint, Checkpoint};
-use crate::checkpoint_fs;
+use crate::checkpoint::{corpus_fingerprint, fs as checkpoint_fs, Checkpoint};
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
-use crate::pipeline::StepRecord;
+use crate::run::StepRecord;
 use crate::session::{median_pass_ms, Plan, Session, SessionOptions};
 use crate::worker::{CommStats, MeasuredSlot, RankStep, StepSummary};
 use nobubble_nn::config::StageLayout;

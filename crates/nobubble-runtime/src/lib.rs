@@ -12,13 +12,11 @@
 //! the simulator on more ranks than this machine has cores.
 
 pub mod checkpoint;
-pub mod collective;
 pub mod error;
 pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-pub mod optimizer_step;
 pub mod pipeline;
 pub mod rank;
 pub mod run;
@@ -26,6 +24,9 @@ pub mod session;
 pub mod training;
 pub mod transport;
 pub mod worker;
+
+/// The optimizer step, part of the worker since it reads the worker's state; at its old path.
+pub use worker::optimizer_step;
 
 /// Checkpoints on disk, at the path they had before `checkpoint/` was a folder.
 pub use checkpoint::fs as checkpoint_fs;

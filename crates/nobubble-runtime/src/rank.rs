@@ -8,12 +8,14 @@ use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
 use crate::run::{Compute, RunConfig};
-use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
+use crate::worker::{
+    CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker, WorkerSetup,
+};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
 use nobubble_nn::{build_stages_where, ByteCorpus};
 use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,11 +69,6 @@ impl Rank {
         corpus: Arc<ByteCorpus>,
         eval: Arc<ByteCorpus>,
     ) -> Result<Rank, RuntimeError> {
-        let RankContext {
-            transport,
-            origin,
-            abort,
-        } = ctx;
         check_runnable(schedule, config.train.microbatches)?;
         if config.train.microbatches >= 1 << 24 {
             return Err(RuntimeError::Config(format!(
@@ -80,9 +77,9 @@ impl Rank {
             )));
         }
         let replicas = config.data_parallel.max(1);
-        check_world(transport.size(), schedule.ranks, replicas)?;
-        let rank = transport.rank();
-        let (replica, prank) = (rank / schedule.ranks, rank % schedule.ranks);
+        check_world(ctx.transport.size(), schedule.ranks, replicas)?;
+        let rank = ctx.transport.rank();
+        let prank = rank % schedule.ranks;
         let n = schedule.stages;
         let m = config.train.microbatches;
         let mut latency = Latency::default();
@@ -128,34 +125,20 @@ impl Rank {
                 Engine::Emulated(costs.clone())
             }
         };
-        let worker = Worker {
-            rank,
-            replica,
+        let setup = WorkerSetup {
+            config,
             layout: Layout {
                 placement: schedule.placement.clone(),
                 pipeline_ranks: schedule.ranks,
                 replicas,
                 microbatches: m,
             },
-            engine,
-            transport,
-            mailbox: HashMap::new(),
-            abort,
-            recv_timeout: config.recv_timeout,
+            latency,
+            ctx,
             corpus,
             eval_corpus: eval,
-            model: config.model.clone(),
-            train: config.train.clone(),
-            fault: config.fault.clone(),
-            post_validate: config.post_validate,
-            optimistic: BTreeMap::new(),
-            pending: None,
-            settled: Vec::new(),
-            origin,
-            latency,
-            comm: CommStats::default(),
-            round: 0,
         };
+        let worker = Worker::new(setup, engine);
         Ok(Rank {
             worker,
             placement: schedule.placement.clone(),
@@ -165,22 +148,22 @@ impl Rank {
 
     /// This rank (global).
     pub fn rank(&self) -> usize {
-        self.worker.rank
+        self.worker.rank()
     }
 
     /// This rank's data-parallel replica.
     pub fn replica(&self) -> usize {
-        self.worker.replica
+        self.worker.replica()
     }
 
     /// Communication so far.
     pub fn comm(&self) -> CommStats {
-        self.worker.comm
+        self.worker.comm()
     }
 
     /// The transport's description.
     pub fn transport(&self) -> String {
-        self.worker.transport.describe()
+        self.worker.transport()
     }
 
     /// This rank's actions of `schedule` (same placement as at start).
@@ -193,8 +176,8 @@ impl Rank {
                 "a new schedule must keep the stage placement the pipeline was started with".into(),
             ));
         }
-        check_runnable(schedule, self.worker.layout.microbatches)?;
-        Ok(&schedule.orders[self.worker.rank % schedule.ranks])
+        check_runnable(schedule, self.worker.microbatches())?;
+        Ok(&schedule.orders[self.worker.rank() % schedule.ranks])
     }
 
     /// One training step (`eval`: on held-out data, weights unchanged).
@@ -224,13 +207,13 @@ impl Rank {
 
     /// Summaries of the post-validated steps settled since the last call.
     pub fn take_settled(&mut self) -> Vec<StepSummary> {
-        std::mem::take(&mut self.worker.settled)
+        self.worker.take_settled()
     }
 
     /// Measured (M_B, M_W) bytes of every stage, in stage order, on every rank (all-gathered
     /// from replica 0). Empty in emulated mode.
     pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize)>, RuntimeError> {
-        let mine = if self.worker.replica == 0 {
+        let mine = if self.worker.replica() == 0 {
             self.worker.measure_memory()?
         } else {
             Vec::new()
@@ -285,7 +268,7 @@ impl Rank {
     /// This rank's part of the training state (its stages' weights and AdamW state).
     pub(crate) fn export_local(&mut self) -> Result<Vec<StageState>, RuntimeError> {
         self.settle()?;
-        checkpoint::export_engine(&self.worker.engine)
+        self.worker.export_stages()
     }
 
     /// Loads this rank's stages from `state` by name; returns the names used.
@@ -294,7 +277,7 @@ impl Rank {
         state: &TrainingState,
     ) -> Result<BTreeSet<String>, RuntimeError> {
         self.settle()?;
-        let r = checkpoint::import_engine(&mut self.worker.engine, state);
+        let r = self.worker.import_stages(state);
         if r.is_err() {
             self.failed = true;
         }
@@ -308,7 +291,7 @@ impl Rank {
         root: usize,
         step: u64,
     ) -> Result<Option<TrainingState>, RuntimeError> {
-        let parts = if self.worker.replica == 0 {
+        let parts = if self.worker.replica() == 0 {
             self.export_local()?
         } else {
             self.settle()?;
@@ -334,7 +317,7 @@ impl Rank {
         root: usize,
         state: Option<&TrainingState>,
     ) -> Result<u64, RuntimeError> {
-        let bytes = match (self.worker.rank == root, state) {
+        let bytes = match (self.worker.rank() == root, state) {
             (true, Some(s)) => checkpoint::encode_state(s),
             _ => Vec::new(),
         };
@@ -366,9 +349,9 @@ impl Rank {
 
     /// Completes every send in flight (call before the process exits).
     pub fn flush(&mut self) -> Result<(), RuntimeError> {
+        let rank = self.worker.rank();
         self.worker
-            .transport
             .flush()
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.worker.rank)))
+            .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))
     }
 }

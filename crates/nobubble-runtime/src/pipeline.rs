@@ -144,7 +144,10 @@ impl Pipeline {
                         }
                     }
                 })
-                .map_err(|e| RuntimeError::Config(format!("cannot start worker thread: {e}")))?;
+                .map_err(|e| RuntimeError::Transport {
+                    rank: None,
+                    cause: format!("cannot start worker thread: {e}"),
+                })?;
             handles.push(handle);
         }
         Ok(Pipeline {
@@ -176,7 +179,7 @@ impl Pipeline {
         unpack: impl Fn(Reply) -> Option<Result<T, RuntimeError>>,
     ) -> Result<Vec<T>, RuntimeError> {
         if self.failed {
-            return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
+            return Err(RuntimeError::Fault("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
         }
         for (r, tx) in self.commands.iter().enumerate() {
             tx.send(cmd()).map_err(|_| RuntimeError::Panic {
@@ -194,7 +197,7 @@ impl Pipeline {
                 Ok(r) => got.push(r),
                 Err(_) => {
                     self.failed = true;
-                    return Err(RuntimeError::Config(format!(
+                    return Err(RuntimeError::Fault(format!(
                         "{} of {n} ranks did not answer within {:.0} s",
                         n - got.len(),
                         guard.as_secs_f64()
@@ -209,7 +212,7 @@ impl Pipeline {
             match unpack(reply) {
                 Some(Ok(v)) => out.push(v),
                 Some(Err(e)) => errors.push(e),
-                None => errors.push(RuntimeError::Config(
+                None => errors.push(RuntimeError::Fault(
                     "internal: unexpected worker reply".into(),
                 )),
             }
@@ -278,7 +281,7 @@ impl Pipeline {
         runs.into_iter()
             .map(|(step, reports, wall)| {
                 let s = summaries.get(&step).ok_or_else(|| {
-                    RuntimeError::Config(format!("internal: step {step} was never settled"))
+                    RuntimeError::Fault(format!("internal: step {step} was never settled"))
                 })?;
                 Ok(StepRecord::assemble(s, &reports, wall))
             })
@@ -327,7 +330,7 @@ impl Pipeline {
                     },
                 )?
                 .remove(0)
-                .ok_or_else(|| RuntimeError::Config("internal: nothing to settle".into()))?,
+                .ok_or_else(|| RuntimeError::Fault("internal: nothing to settle".into()))?,
         };
         Ok(StepRecord::assemble(
             &summary,
@@ -382,7 +385,7 @@ impl Pipeline {
             },
         )?
         .remove(0)
-        .ok_or_else(|| RuntimeError::Config("internal: rank 0 exported nothing".into()))
+        .ok_or_else(|| RuntimeError::Fault("internal: rank 0 exported nothing".into()))
     }
 
     /// Loads weights and AdamW state by parameter name into every stage (whatever split

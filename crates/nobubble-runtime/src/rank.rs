@@ -169,7 +169,7 @@ impl Rank {
     /// This rank's actions of `schedule` (same placement as at start).
     fn order<'a>(&self, schedule: &'a Schedule) -> Result<&'a [Action], RuntimeError> {
         if self.failed {
-            return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
+            return Err(RuntimeError::Fault("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
         }
         if schedule.placement != self.placement {
             return Err(RuntimeError::Config(
@@ -222,7 +222,7 @@ impl Rank {
         let mut all: Vec<(usize, usize, usize)> = Vec::new();
         for part in self.worker.all_gather(bytes)? {
             let v: Vec<(usize, usize, usize)> = serde_json::from_slice(&part)
-                .map_err(|e| RuntimeError::Config(format!("damaged memory report: {e}")))?;
+                .map_err(|e| RuntimeError::Fault(format!("damaged memory report: {e}")))?;
             all.extend(v);
         }
         all.sort_by_key(|(s, _, _)| *s);
@@ -326,17 +326,18 @@ impl Rank {
         let result = self.import_local(&state);
         // Every rank learns whether every rank succeeded, so none trains alone.
         let report = match &result {
-            Ok(names) => serde_json::to_vec(&(true, names, String::new())),
-            Err(e) => serde_json::to_vec(&(false, BTreeSet::<String>::new(), e.to_string())),
+            Ok(names) => serde_json::to_vec(&(names, None::<&RuntimeError>)),
+            Err(e) => serde_json::to_vec(&(BTreeSet::<String>::new(), Some(e))),
         }
         .expect("serializes");
         let mut loaded = BTreeSet::new();
         for part in self.worker.all_gather(report)? {
-            let (ok, names, err): (bool, BTreeSet<String>, String) = serde_json::from_slice(&part)
-                .map_err(|e| RuntimeError::Config(format!("damaged import report: {e}")))?;
-            if !ok {
+            let (names, err): (BTreeSet<String>, Option<RuntimeError>) =
+                serde_json::from_slice(&part)
+                    .map_err(|e| RuntimeError::Fault(format!("damaged import report: {e}")))?;
+            if let Some(err) = err {
                 self.failed = true;
-                return Err(RuntimeError::Config(err));
+                return Err(err);
             }
             loaded.extend(names);
         }
@@ -352,6 +353,9 @@ impl Rank {
         let rank = self.worker.rank();
         self.worker
             .flush()
-            .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))
+            .map_err(|cause| RuntimeError::Transport {
+                rank: Some(rank),
+                cause,
+            })
     }
 }

@@ -305,7 +305,7 @@ impl Session {
             }
         }
         if plan.schedule.placement != self.plan.schedule.placement {
-            return Err(RuntimeError::Config(
+            return Err(RuntimeError::Fault(
                 "internal: re-planning changed the placement".into(),
             ));
         }
@@ -339,7 +339,7 @@ impl Session {
             #[allow(clippy::type_complexity)]
             let (theirs, (s, c)): (Vec<(usize, [Option<f64>; 4])>, (f64, u64)) =
                 serde_json::from_slice(&part)
-                    .map_err(|e| RuntimeError::Config(format!("damaged pass times: {e}")))?;
+                    .map_err(|e| RuntimeError::Fault(format!("damaged pass times: {e}")))?;
             for (stage, m) in theirs {
                 if stage < n && medians[stage] == [None; 4] {
                     medians[stage] = m;

@@ -61,7 +61,7 @@ pub fn previous_dir(dir: &Path) -> PathBuf {
 }
 
 pub(super) fn io_err(what: &str, path: &Path, e: std::io::Error) -> RuntimeError {
-    RuntimeError::Config(format!("cannot {what} {}: {e}", path.display()))
+    RuntimeError::io(path, format!("cannot {what} {}: {e}", path.display()))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
@@ -88,9 +88,9 @@ fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, Run
             TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (n.clone(), v))
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| RuntimeError::Config(format!("internal: tensor view: {e}")))?;
+        .map_err(|e| RuntimeError::Fault(format!("internal: tensor view: {e}")))?;
     safetensors::serialize(views, None)
-        .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
+        .map_err(|e| RuntimeError::Fault(format!("cannot serialize tensors: {e}")))
 }
 
 /// `dir/checkpoint.json` as JSON, for the checks that need one field of it before (or
@@ -226,7 +226,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
                 .map(|(n, _)| format!("the AdamW moments of {n}"))
         });
     if let Some(name) = bad {
-        return Err(RuntimeError::Config(format!(
+        return Err(RuntimeError::Diverged(format!(
             "not saving step {}: `{name}` holds non-finite values (the run diverged; lower --lr \
              or keep --max-grad-norm); the checkpoints already saved are kept",
             s.step
@@ -294,10 +294,13 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
 }
 
 fn corrupt(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Config(format!(
-        "checkpoint file {} is damaged ({what}); use another checkpoint or save a new one",
-        path.display()
-    ))
+    RuntimeError::io(
+        path,
+        format!(
+            "checkpoint file {} is damaged ({what}); use another checkpoint or save a new one",
+            path.display()
+        ),
+    )
 }
 
 fn read_tensors(

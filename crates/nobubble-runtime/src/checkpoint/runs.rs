@@ -181,10 +181,13 @@ pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
         Ok(text) => {
             let name = text.trim();
             if step_of(name).is_none() || name.contains('/') {
-                return Err(RuntimeError::Config(format!(
-                    "{} names `{name}`, not a step directory; the run directory is damaged",
-                    latest.display()
-                )));
+                return Err(RuntimeError::io(
+                    &latest,
+                    format!(
+                        "{} names `{name}`, not a step directory; the run directory is damaged",
+                        latest.display()
+                    ),
+                ));
             }
             Ok(dir.join(name))
         }

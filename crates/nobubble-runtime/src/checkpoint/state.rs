@@ -66,7 +66,7 @@ pub(crate) fn export_engine(engine: &Engine) -> Result<Vec<StageState>, RuntimeE
             .iter()
             .map(|(&s, st)| {
                 let opt = optimizers.get(&s).ok_or_else(|| {
-                    RuntimeError::Config(format!("internal: stage {s} has no optimizer"))
+                    RuntimeError::Fault(format!("internal: stage {s} has no optimizer"))
                 })?;
                 Ok(StageState {
                     stage: s,
@@ -96,7 +96,7 @@ pub(crate) fn import_engine(
             let mut names = BTreeSet::new();
             for (s, st) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).ok_or_else(|| {
-                    RuntimeError::Config(format!("internal: stage {s} has no optimizer"))
+                    RuntimeError::Fault(format!("internal: stage {s} has no optimizer"))
                 })?;
                 // Check the weights first: the optimizer import is all-or-nothing, and
                 // after it succeeds the (checked) weight copy cannot fail.
@@ -134,7 +134,7 @@ pub(crate) fn assemble(
     parts.sort_by_key(|p| p.stage);
     let first = parts
         .first()
-        .ok_or_else(|| RuntimeError::Config("no stages to export".into()))?;
+        .ok_or_else(|| RuntimeError::Fault("no stages to export".into()))?;
     let mut optimizer = AdamWState {
         config: first.optimizer.config,
         steps: first.optimizer.steps,
@@ -147,7 +147,7 @@ pub(crate) fn assemble(
             optimizer.last = None;
         }
         if part.optimizer.steps != optimizer.steps {
-            return Err(RuntimeError::Config(format!(
+            return Err(RuntimeError::Fault(format!(
                 "internal: stage {}'s optimizer is at step {}, stage 0's at {}",
                 part.stage, part.optimizer.steps, optimizer.steps
             )));
@@ -155,7 +155,7 @@ pub(crate) fn assemble(
         optimizer.moments.extend(part.optimizer.moments);
         for (name, value) in part.params {
             if params.insert(name.clone(), value).is_some() {
-                return Err(RuntimeError::Config(format!(
+                return Err(RuntimeError::Fault(format!(
                     "internal: parameter `{name}` is held by two stages"
                 )));
             }

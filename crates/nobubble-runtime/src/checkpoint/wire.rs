@@ -63,7 +63,7 @@ fn encode_wire(step: u64, parts: &[WireInput<'_>]) -> Vec<u8> {
 #[allow(clippy::type_complexity)]
 fn decode_wire(b: &[u8]) -> Result<(u64, Vec<StageState>), RuntimeError> {
     let bad =
-        |why: &str| RuntimeError::Config(format!("damaged training state between ranks: {why}"));
+        |why: &str| RuntimeError::Fault(format!("damaged training state between ranks: {why}"));
     let n = u64::from_le_bytes(
         b.get(..8)
             .ok_or_else(|| bad("short"))?
@@ -155,7 +155,7 @@ pub(crate) fn decode_state(b: &[u8]) -> Result<TrainingState, RuntimeError> {
     let (step, mut parts) = decode_wire(b)?;
     let part = parts
         .pop()
-        .ok_or_else(|| RuntimeError::Config("damaged training state: no part".into()))?;
+        .ok_or_else(|| RuntimeError::Fault("damaged training state: no part".into()))?;
     Ok(TrainingState {
         step,
         params: part.params.into_iter().collect(),

@@ -2,7 +2,7 @@
 //! the planned steps and when interrupted (every rank exports, rank 0 writes). Each is a
 //! collective, and each tells every rank the outcome, so all go on or fail alike.
 
-use super::{TrainJob, TrainingRun};
+use super::{fail, TrainJob, TrainingRun};
 use crate::checkpoint::{corpus_fingerprint, fs as checkpoint_fs, Checkpoint};
 use crate::error::RuntimeError;
 use std::path::Path;
@@ -12,7 +12,7 @@ impl TrainingRun<'_, '_> {
     /// collective). Returns the step to continue from.
     pub(super) fn resume(&mut self, dir: &Path) -> Result<u64, RuntimeError> {
         let mut loaded = None;
-        let mut verdict = String::new();
+        let mut verdict = Ok(());
         if self.root {
             match check_resume(self.job, dir) {
                 Ok((ckpt, warnings)) => {
@@ -23,21 +23,16 @@ impl TrainingRun<'_, '_> {
                     }
                     loaded = Some(ckpt);
                 }
-                Err(e) => verdict = e,
+                Err(e) => verdict = Err(e),
             }
         }
         // Every rank learns whether the checkpoint is usable, so all fail alike.
-        let verdict = self.session.rank.broadcast(0, verdict.into_bytes())?;
-        if !verdict.is_empty() {
-            return Err(RuntimeError::Config(
-                String::from_utf8_lossy(&verdict).into(),
-            ));
-        }
+        self.agree(verdict)?;
         let step = self
             .session
             .rank
             .import_state(0, loaded.as_ref().map(|c| &c.state))
-            .map_err(|e| RuntimeError::Config(format!("--resume {}: {e}", dir.display())))?;
+            .map_err(|e| e.prefixed(&format!("--resume {}", dir.display())))?;
         if let Some(c) = &loaded {
             self.note(&format!(
                 "resumed from {} at step {step} (saved from {})",
@@ -63,7 +58,7 @@ impl TrainingRun<'_, '_> {
         }
         self.settle()?;
         if let Some(s) = self.summaries.get(&step).filter(|s| !s.loss.is_finite()) {
-            return Err(RuntimeError::Config(format!(
+            return Err(RuntimeError::Diverged(format!(
                 "not saving step {}: the training loss is {} (the run diverged; lower \
                  --lr or keep --max-grad-norm); the checkpoints already saved are kept",
                 step + 1,
@@ -118,7 +113,7 @@ impl TrainingRun<'_, '_> {
         let job = self.job;
         let step = self.session.step;
         let state = self.session.rank.export_state(0, step)?;
-        let mut outcome = String::new();
+        let mut outcome = Ok(());
         if let Some(state) = state {
             let s = &self.session.plan.schedule;
             let mut from = format!("{} on {} ranks, {} stages", s.name, s.ranks, s.stages);
@@ -133,35 +128,42 @@ impl TrainingRun<'_, '_> {
                     "saved checkpoint at step {step} to {}",
                     at.display()
                 )),
-                Err(e) => outcome = format!("--save: {e}"),
+                Err(e) => outcome = Err(e.prefixed("--save")),
             }
         }
         // Every rank learns whether the save worked, so none goes on alone.
-        let outcome = self.session.rank.broadcast(0, outcome.into_bytes())?;
-        if outcome.is_empty() {
-            Ok(())
-        } else {
-            Err(RuntimeError::Config(
-                String::from_utf8_lossy(&outcome).into(),
-            ))
+        self.agree(outcome)
+    }
+
+    /// Rank 0's `outcome` on every rank (a collective; the others' is ignored): `Ok`, or
+    /// rank 0's error, the same variant and message everywhere.
+    fn agree(&mut self, outcome: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+        let bytes = match &outcome {
+            Ok(()) => Vec::new(),
+            Err(e) => serde_json::to_vec(e).map_err(fail)?,
+        };
+        let bytes = self.session.rank.broadcast(0, bytes)?;
+        if bytes.is_empty() {
+            return Ok(());
         }
+        Err(serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| RuntimeError::Fault(format!("damaged outcome from rank 0: {e}"))))
     }
 }
 
 /// Rank 0: loads the checkpoint and checks it against the job; warnings for what differs but
 /// still resumes (another training text).
-#[allow(clippy::type_complexity)]
-fn check_resume(job: &TrainJob, dir: &Path) -> Result<(Checkpoint, Vec<String>), String> {
-    let (_, ckpt) = checkpoint_fs::load_resolved(dir).map_err(|e| format!("--resume: {e}"))?;
+fn check_resume(job: &TrainJob, dir: &Path) -> Result<(Checkpoint, Vec<String>), RuntimeError> {
+    let (_, ckpt) = checkpoint_fs::load_resolved(dir).map_err(|e| e.prefixed("--resume"))?;
     let model = &job.session.run.model;
     let train = global_train(job);
     let mut warnings = ckpt.check_resume(model, &train).map_err(|e| {
-        format!(
+        RuntimeError::Config(format!(
             "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
              without --resume",
             dir.display(),
             ckpt.meta.flags()
-        )
+        ))
     })?;
     let data = corpus_fingerprint(&job.corpus);
     if let Some(saved) = ckpt.meta.data.as_ref().filter(|d| **d != data) {
@@ -171,12 +173,12 @@ fn check_resume(job: &TrainJob, dir: &Path) -> Result<(Checkpoint, Vec<String>),
     }
     let step = ckpt.meta.step;
     if step >= job.steps {
-        return Err(format!(
+        return Err(RuntimeError::Config(format!(
             "--resume {}: the checkpoint is already at step {step}, and --steps is {}; raise \
              --steps to train further",
             dir.display(),
             job.steps
-        ));
+        )));
     }
     Ok((ckpt, warnings))
 }

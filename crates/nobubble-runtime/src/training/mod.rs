@@ -142,8 +142,9 @@ pub struct TrainReport {
     pub saved_at: Option<u64>,
 }
 
+/// A fault of this rank's own bookkeeping (data that does not encode or decode).
 fn fail(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Config(e.to_string())
+    RuntimeError::Fault(e.to_string())
 }
 
 /// Runs the job on this rank. Rank 0 returns the report; the others `None`.

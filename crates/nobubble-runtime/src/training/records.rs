@@ -49,7 +49,7 @@ impl Report {
             .into_iter()
             .map(|(stage, k, mb, start, end, waited)| {
                 let kind = Kind::from_letter(k).ok_or_else(|| {
-                    RuntimeError::Config(format!("damaged step report: pass kind {k}"))
+                    RuntimeError::Fault(format!("damaged step report: pass kind {k}"))
                 })?;
                 Ok(MeasuredSlot {
                     action: Action::new(stage, kind, mb),
@@ -117,7 +117,7 @@ impl TrainingRun<'_, '_> {
             self.remote_stop = remote_stop;
             let rec = StepRecord::assemble(summary, &reports?, wall);
             if let Some(o) = self.observer.as_deref_mut() {
-                o.step(&rec, &schedule).map_err(RuntimeError::Config)?;
+                o.step(&rec, &schedule).map_err(RuntimeError::Observer)?;
             }
             self.records.push(rec);
             self.unrecorded.remove(0);

@@ -27,8 +27,10 @@ impl Worker {
 
     /// [`Worker::post`] of collective traffic, whose failure names this rank.
     pub(crate) fn post_control(&mut self, to: usize, msg: Message) -> Result<(), RuntimeError> {
-        self.post(to, msg)
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.rank)))
+        self.post(to, msg).map_err(|cause| RuntimeError::Transport {
+            rank: Some(self.rank),
+            cause,
+        })
     }
 
     /// Sends `msg` (already addressed) to `to`, or into the own mailbox.
@@ -168,10 +170,10 @@ impl Worker {
                             action,
                             cause: format!("transport failed: {e}"),
                         },
-                        None => RuntimeError::Config(format!(
-                            "rank {}: transport failed: {e}",
-                            self.rank
-                        )),
+                        None => RuntimeError::Transport {
+                            rank: Some(self.rank),
+                            cause: format!("transport failed: {e}"),
+                        },
                     })
                 }
             }

@@ -361,7 +361,7 @@ impl Worker {
                 .map(|(&s, st)| {
                     let m = st
                         .measure_memory()
-                        .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
+                        .map_err(|e| RuntimeError::Fault(format!("stage {s}: {e}")))?;
                     Ok((s, m.total.after_forward, m.total.after_input_grad))
                 })
                 .collect(),

@@ -14,7 +14,7 @@ use crate::worker::{
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
 use nobubble_nn::{build_stages_where, ByteCorpus};
-use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
+use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::sync::Arc;
@@ -52,9 +52,62 @@ pub fn check_world(
     Ok(())
 }
 
+/// Pipeline rank `prank`'s stages of `schedule`, built from the seed (every split holds the
+/// same weights), each with its optimizer.
+fn real_engine(
+    config: &RunConfig,
+    schedule: &Schedule,
+    prank: usize,
+) -> Result<Engine, RuntimeError> {
+    let n = schedule.stages;
+    let m = config.train.microbatches;
+    let replicas = config.data_parallel.max(1);
+    let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
+        RuntimeError::Config(format!(
+            "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
+            config.model.layers
+        ))
+    })?;
+    let mine = build_stages_where(&config.model, config.train.seed, &counts, |s| {
+        schedule.placement[s] == prank
+    })
+    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+    let mut stages = BTreeMap::new();
+    for (s, mut st) in mine {
+        // Each microbatch's loss counts 1/(D·m) of the global batch's.
+        st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
+        st.set_microbatches(m);
+        stages.insert(s, st);
+    }
+    let optimizers = stages
+        .iter()
+        .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
+        .collect();
+    Ok(Engine::Real { stages, optimizers })
+}
+
+/// Passes that sleep for `costs` (ms per stage), and the emulated latencies of messages.
+fn emulated_engine(
+    costs: &CostModel,
+    collective_ms: f64,
+    stages: usize,
+) -> Result<(Engine, Latency), RuntimeError> {
+    if costs.stages.len() != stages {
+        return Err(RuntimeError::Config(format!(
+            "emulated costs cover {} stages, the schedule has {stages}",
+            costs.stages.len()
+        )));
+    }
+    let latency = Latency {
+        pipeline: Duration::from_secs_f64(costs.comm / 1000.0),
+        collective: Duration::from_secs_f64(collective_ms / 1000.0),
+    };
+    Ok((Engine::Emulated(costs.clone()), latency))
+}
+
 /// One rank of a pipelined (and data-parallel) run.
 pub struct Rank {
-    pub(crate) worker: Worker,
+    worker: Worker,
     placement: Vec<usize>,
     failed: bool,
 }
@@ -79,51 +132,15 @@ impl Rank {
         let replicas = config.data_parallel.max(1);
         check_world(ctx.transport.size(), schedule.ranks, replicas)?;
         let rank = ctx.transport.rank();
-        let prank = rank % schedule.ranks;
-        let n = schedule.stages;
-        let m = config.train.microbatches;
-        let mut latency = Latency::default();
-        let engine = match &config.compute {
-            Compute::Real => {
-                let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
-                    RuntimeError::Config(format!(
-                        "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
-                        config.model.layers
-                    ))
-                })?;
-                let mine = build_stages_where(&config.model, config.train.seed, &counts, |s| {
-                    schedule.placement[s] == prank
-                })
-                .map_err(|e| RuntimeError::Config(e.to_string()))?;
-                let mut stages = BTreeMap::new();
-                for (s, mut st) in mine {
-                    // Each microbatch's loss counts 1/(D·m) of the global batch's.
-                    st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
-                    st.set_microbatches(m);
-                    stages.insert(s, st);
-                }
-                let optimizers = stages
-                    .iter()
-                    .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
-                    .collect();
-                Engine::Real { stages, optimizers }
-            }
+        let (engine, latency) = match &config.compute {
+            Compute::Real => (
+                real_engine(config, schedule, rank % schedule.ranks)?,
+                Latency::default(),
+            ),
             Compute::Emulated {
                 costs,
                 collective_ms,
-            } => {
-                if costs.stages.len() != n {
-                    return Err(RuntimeError::Config(format!(
-                        "emulated costs cover {} stages, the schedule has {n}",
-                        costs.stages.len()
-                    )));
-                }
-                latency = Latency {
-                    pipeline: Duration::from_secs_f64(costs.comm / 1000.0),
-                    collective: Duration::from_secs_f64(collective_ms / 1000.0),
-                };
-                Engine::Emulated(costs.clone())
-            }
+            } => emulated_engine(costs, *collective_ms, schedule.stages)?,
         };
         let setup = WorkerSetup {
             config,
@@ -131,7 +148,7 @@ impl Rank {
                 placement: schedule.placement.clone(),
                 pipeline_ranks: schedule.ranks,
                 replicas,
-                microbatches: m,
+                microbatches: config.train.microbatches,
             },
             latency,
             ctx,

@@ -24,6 +24,35 @@ enum Ran {
     Again(Vec<(usize, usize)>),
 }
 
+/// A pass's output: (tag, destination stage, tensor).
+type Output = (Tag, usize, Tensor);
+
+/// What a step's passes have produced so far.
+#[derive(Default)]
+struct Tally {
+    /// Forwards run, (stage, microbatch): thrown away if the attempt is.
+    forwards: Vec<(usize, usize)>,
+    /// Losses by global microbatch.
+    losses: Vec<(usize, f32)>,
+    timeline: Vec<MeasuredSlot>,
+    /// Peak of the activation bytes held, over the step.
+    peak: usize,
+    /// Bytes held per (stage, microbatch) and their sum.
+    held: HashMap<(usize, usize), usize>,
+    total_held: usize,
+    /// Weight-gradient passes run per stage.
+    weight_passes: BTreeMap<usize, usize>,
+}
+
+impl Tally {
+    /// Records that (stage `s`, microbatch `j`) now holds `bytes`.
+    fn hold(&mut self, s: usize, j: usize, bytes: usize) {
+        let before = self.held.insert((s, j), bytes).unwrap_or(0);
+        self.total_held = self.total_held + bytes - before;
+        self.peak = self.peak.max(self.total_held);
+    }
+}
+
 impl Worker {
     /// Waits for the pipeline input of `action` (an activation or an output gradient).
     /// With `settle_first`, the wait gives way to the pending verdict as soon as every rank's
@@ -114,172 +143,35 @@ impl Worker {
         attempt: u64,
     ) -> Result<Ran, RuntimeError> {
         let round = pipe_round(step, eval, attempt);
-        let mut forwards: Vec<(usize, usize)> = Vec::new();
-        let mut losses = Vec::new();
-        let mut timeline = Vec::with_capacity(order.len());
-        let mut peak = 0usize;
-        let mut held: HashMap<(usize, usize), usize> = HashMap::new();
-        let mut total_held = 0usize;
-        let mut weight_passes: BTreeMap<usize, usize> = BTreeMap::new();
-        let last = self.stages_total() - 1;
-        let m = self.layout.microbatches;
+        let mut tally = Tally::default();
         for &a in order {
             if self.abort.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             RUNNING.with(|r| r.set(Some(a)));
-            if self.replica == 0 {
-                match &self.fault {
-                    Some(Fault::PanicAt(f)) if *f == a => panic!("injected fault at {a}"),
-                    Some(Fault::ExitAt(f)) if *f == a => {
-                        eprintln!(
-                            "rank {}: injected fault: the process exits at {a}",
-                            self.rank
-                        );
-                        std::process::exit(3);
-                    }
-                    _ => {}
-                }
-            }
-            let (s, j) = (a.stage, a.microbatch);
+            self.inject_fault(a);
             let t_ready = self.now();
-            if a.kind != Kind::F && self.pending.is_some() {
-                // Post-validation: forwards so far ran on the previous step's optimistic
-                // weights; a backward pass must not. The verdict is due (its statistics
-                // travelled during those forwards): keep, or throw this attempt away. Every
-                // rank reaches the same verdict and so starts the same attempt.
-                if !self.settle_kept()? {
-                    return Ok(Ran::Again(forwards));
-                }
-            }
             // Inputs first (waiting is idle time), then compute.
-            let input = match a.kind {
-                Kind::F if s > 0 => {
-                    match self.wait_input(Tag::Activation, a, round, self.pending)? {
-                        Some(x) => Some(x),
-                        None => {
-                            // The verdict came before the input: settle it now, since the
-                            // sender may have started the step again.
-                            if !self.settle_kept()? {
-                                return Ok(Ran::Again(forwards));
-                            }
-                            self.wait_input(Tag::Activation, a, round, None)?
-                        }
-                    }
-                }
-                Kind::I | Kind::B if s < last => self.wait_input(Tag::Gradient, a, round, None)?,
-                _ => None,
+            let Some(input) = self.input_of(a, round)? else {
+                return Ok(Ran::Again(tally.forwards));
             };
             if a.kind == Kind::F {
-                forwards.push((s, j));
+                tally.forwards.push((a.stage, a.microbatch));
             }
             let start = self.now();
-            let err = |cause: String| RuntimeError::Pass {
-                rank: self.rank,
-                action: a,
-                cause,
-            };
-            let mut send: Option<(Tag, usize, Tensor)> = None;
-            match &mut self.engine {
+            let send = match &self.engine {
                 Engine::Emulated(costs) => {
-                    let ms = costs.time(s, a.kind);
-                    if !spin_sleep(Duration::from_secs_f64(ms / 1000.0), &self.abort) {
-                        return Err(RuntimeError::Aborted { rank: self.rank });
-                    }
-                    match a.kind {
-                        Kind::F if s < last => {
-                            send = Some((Tag::Activation, s + 1, Tensor::zeros(&[0])))
-                        }
-                        Kind::I | Kind::B if s > 0 => {
-                            send = Some((Tag::Gradient, s - 1, Tensor::zeros(&[0])))
-                        }
-                        _ => {}
-                    }
+                    let ms = costs.time(a.stage, a.kind);
+                    self.emulate(a, ms)?
                 }
-                Engine::Real { stages, .. } => {
-                    let stage = stages
-                        .get_mut(&s)
-                        .ok_or_else(|| err(format!("stage {s} is not on this rank")))?;
-                    let global_j = self.replica * m + j;
-                    match a.kind {
-                        Kind::F => {
-                            let data = if s == 0 || s == last {
-                                let corpus = if eval {
-                                    &self.eval_corpus
-                                } else {
-                                    &self.corpus
-                                };
-                                Some(
-                                    corpus
-                                        .microbatch(
-                                            self.train.data_seed,
-                                            step,
-                                            global_j,
-                                            self.model.microbatch_size,
-                                            self.model.seq_len,
-                                        )
-                                        .map_err(|e| err(e.to_string()))?,
-                                )
-                            } else {
-                                None
-                            };
-                            let stage_in = match input {
-                                Some(x) => StageInput::Activations(x),
-                                None => StageInput::Tokens(
-                                    &data.as_ref().expect("first stage has data").tokens,
-                                ),
-                            };
-                            let targets = (s == last)
-                                .then(|| &data.as_ref().expect("last stage has data").targets[..]);
-                            match stage
-                                .forward(j, stage_in, targets)
-                                .map_err(|e| err(e.to_string()))?
-                            {
-                                StageOutput::Loss(l) => losses.push((global_j, l)),
-                                StageOutput::Activations(t) => {
-                                    send = Some((Tag::Activation, s + 1, t))
-                                }
-                            }
-                        }
-                        Kind::I | Kind::B => {
-                            let g = stage
-                                .backward_input(j, input)
-                                .map_err(|e| err(e.to_string()))?;
-                            if let Some(mut g) = g {
-                                if self.fault == Some(Fault::NanGradAt(step))
-                                    && s == 1
-                                    && global_j == 0
-                                {
-                                    g.data_mut()[0] = f32::NAN;
-                                }
-                                send = Some((Tag::Gradient, s - 1, g));
-                            }
-                            if a.kind == Kind::B {
-                                stage.backward_weight(j).map_err(|e| err(e.to_string()))?;
-                            }
-                        }
-                        Kind::W => stage.backward_weight(j).map_err(|e| err(e.to_string()))?,
-                    }
-                    let now_held = stage.held_bytes(j);
-                    let before = held.insert((s, j), now_held).unwrap_or(0);
-                    total_held = total_held + now_held - before;
-                    peak = peak.max(total_held);
-                }
-            }
+                Engine::Real { .. } => self.real_pass(a, step, eval, input, &mut tally)?,
+            };
             let end = self.now();
             if let Some((tag, to_stage, t)) = send {
-                self.deliver(tag, to_stage, j, round, t, a)?;
+                self.deliver(tag, to_stage, a.microbatch, round, t, a)?;
             }
-            if matches!(a.kind, Kind::W | Kind::B) {
-                let done = weight_passes.entry(s).or_insert(0);
-                *done += 1;
-                if *done == m && !eval {
-                    // The stage's gradient is complete: start its data-parallel reduction
-                    // now, overlapped with the rank's remaining passes.
-                    self.share_gradient(step, s)?;
-                }
-            }
-            timeline.push(MeasuredSlot {
+            self.count_weight_pass(a, step, eval, &mut tally.weight_passes)?;
+            tally.timeline.push(MeasuredSlot {
                 action: a,
                 start,
                 end,
@@ -287,7 +179,173 @@ impl Worker {
             });
         }
         RUNNING.with(|r| r.set(None));
-        Ok(Ran::Done(losses, timeline, peak))
+        Ok(Ran::Done(tally.losses, tally.timeline, tally.peak))
+    }
+
+    /// The faults tests inject when `a` is about to run (replica 0 only).
+    fn inject_fault(&self, a: Action) {
+        if self.replica != 0 {
+            return;
+        }
+        match &self.fault {
+            Some(Fault::PanicAt(f)) if *f == a => panic!("injected fault at {a}"),
+            Some(Fault::ExitAt(f)) if *f == a => {
+                eprintln!(
+                    "rank {}: injected fault: the process exits at {a}",
+                    self.rank
+                );
+                std::process::exit(3);
+            }
+            _ => {}
+        }
+    }
+
+    /// The input `a` waits for: an activation (forward past stage 0), an output gradient
+    /// (backward before the last stage), or none. `Ok(None)`: post-validation rolled the
+    /// previous step back first, and this attempt at the step is thrown away.
+    fn input_of(&mut self, a: Action, round: u64) -> Result<Option<Option<Tensor>>, RuntimeError> {
+        if a.kind != Kind::F && self.pending.is_some() {
+            // Post-validation: forwards so far ran on the previous step's optimistic
+            // weights; a backward pass must not. The verdict is due (its statistics
+            // travelled during those forwards): keep, or throw this attempt away. Every
+            // rank reaches the same verdict and so starts the same attempt.
+            if !self.settle_kept()? {
+                return Ok(None);
+            }
+        }
+        let last = self.stages_total() - 1;
+        Ok(Some(match a.kind {
+            Kind::F if a.stage > 0 => {
+                match self.wait_input(Tag::Activation, a, round, self.pending)? {
+                    Some(x) => Some(x),
+                    None => {
+                        // The verdict came before the input: settle it now, since the
+                        // sender may have started the step again.
+                        if !self.settle_kept()? {
+                            return Ok(None);
+                        }
+                        self.wait_input(Tag::Activation, a, round, None)?
+                    }
+                }
+            }
+            Kind::I | Kind::B if a.stage < last => {
+                self.wait_input(Tag::Gradient, a, round, None)?
+            }
+            _ => None,
+        }))
+    }
+
+    /// An emulated pass: sleeps `ms`; its output is an empty message to the next stage.
+    fn emulate(&self, a: Action, ms: f64) -> Result<Option<Output>, RuntimeError> {
+        if !spin_sleep(Duration::from_secs_f64(ms / 1000.0), &self.abort) {
+            return Err(RuntimeError::Aborted { rank: self.rank });
+        }
+        let last = self.stages_total() - 1;
+        Ok(match a.kind {
+            Kind::F if a.stage < last => Some((Tag::Activation, a.stage + 1, Tensor::zeros(&[0]))),
+            Kind::I | Kind::B if a.stage > 0 => {
+                Some((Tag::Gradient, a.stage - 1, Tensor::zeros(&[0])))
+            }
+            _ => None,
+        })
+    }
+
+    /// A pass on a real stage: its loss (the last stage's forward) and held bytes go into
+    /// `tally`; returns its output for the neighbouring stage.
+    fn real_pass(
+        &mut self,
+        a: Action,
+        step: u64,
+        eval: bool,
+        input: Option<Tensor>,
+        tally: &mut Tally,
+    ) -> Result<Option<Output>, RuntimeError> {
+        let (s, j) = (a.stage, a.microbatch);
+        let last = self.stages_total() - 1;
+        let global_j = self.replica * self.layout.microbatches + j;
+        let err = |cause: String| RuntimeError::Pass {
+            rank: self.rank,
+            action: a,
+            cause,
+        };
+        let Engine::Real { stages, .. } = &mut self.engine else {
+            unreachable!("real passes run on real stages")
+        };
+        let stage = stages
+            .get_mut(&s)
+            .ok_or_else(|| err(format!("stage {s} is not on this rank")))?;
+        let mut send = None;
+        match a.kind {
+            Kind::F => {
+                let data = if s == 0 || s == last {
+                    let corpus = if eval {
+                        &self.eval_corpus
+                    } else {
+                        &self.corpus
+                    };
+                    let (seed, model) = (self.train.data_seed, &self.model);
+                    let sequences = model.microbatch_size;
+                    Some(
+                        corpus
+                            .microbatch(seed, step, global_j, sequences, model.seq_len)
+                            .map_err(|e| err(e.to_string()))?,
+                    )
+                } else {
+                    None
+                };
+                let stage_in = match input {
+                    Some(x) => StageInput::Activations(x),
+                    None => {
+                        StageInput::Tokens(&data.as_ref().expect("first stage has data").tokens)
+                    }
+                };
+                let targets =
+                    (s == last).then(|| &data.as_ref().expect("last stage has data").targets[..]);
+                match stage
+                    .forward(j, stage_in, targets)
+                    .map_err(|e| err(e.to_string()))?
+                {
+                    StageOutput::Loss(l) => tally.losses.push((global_j, l)),
+                    StageOutput::Activations(t) => send = Some((Tag::Activation, s + 1, t)),
+                }
+            }
+            Kind::I | Kind::B => {
+                let g = stage
+                    .backward_input(j, input)
+                    .map_err(|e| err(e.to_string()))?;
+                if let Some(mut g) = g {
+                    if self.fault == Some(Fault::NanGradAt(step)) && s == 1 && global_j == 0 {
+                        g.data_mut()[0] = f32::NAN;
+                    }
+                    send = Some((Tag::Gradient, s - 1, g));
+                }
+                if a.kind == Kind::B {
+                    stage.backward_weight(j).map_err(|e| err(e.to_string()))?;
+                }
+            }
+            Kind::W => stage.backward_weight(j).map_err(|e| err(e.to_string()))?,
+        }
+        tally.hold(s, j, stage.held_bytes(j));
+        Ok(send)
+    }
+
+    /// Counts a pass that accumulates weight gradients; after a stage's last one its
+    /// data-parallel reduction starts, overlapped with the rank's remaining passes.
+    fn count_weight_pass(
+        &mut self,
+        a: Action,
+        step: u64,
+        eval: bool,
+        weight_passes: &mut BTreeMap<usize, usize>,
+    ) -> Result<(), RuntimeError> {
+        if matches!(a.kind, Kind::W | Kind::B) {
+            let done = weight_passes.entry(a.stage).or_insert(0);
+            *done += 1;
+            if *done == self.layout.microbatches && !eval {
+                self.share_gradient(step, a.stage)?;
+            }
+        }
+        Ok(())
     }
 
     /// Settles the pending verdict; true if the optimistic step was kept.

@@ -1,4 +1,4 @@
-//! [`Rank`]: one rank of the SPMD program, over any [`Transport`]. A thread of the
+//! [`Rank`]: one rank of the SPMD program, over any [`crate::Transport`]. A thread of the
 //! in-process runtime ([`crate::Pipeline`], [`crate::launch::threads`]) and a process of an MPI
 //! job run exactly this; there is no coordinator. Everything that needs the whole world —
 //! the step's loss and clip factor, measured memory, re-planning inputs, checkpoints — is a

@@ -8,11 +8,10 @@
 //! waiting, and under post-validation a step's loss and clip factor are only known when the
 //! next step settles it — so consecutive iterations overlap.
 //!
-//! A running job is a [`TrainingRun`] with one method per phase, so each phase reads on its
-//! own and the order of the collectives is the order of the calls in [`run`]: start and
-//! calibrate ([`TrainingRun::start`]), the steps ([`TrainingRun::train`]: step, checkpoint,
-//! re-plan, stop decision), stop ([`TrainingRun::stop`]), validate and report
-//! ([`TrainingRun::finish`]). Records are `records.rs`, checkpoints `checkpoints.rs`, the stop
+//! A running job is a `TrainingRun` (private) with one method per phase, so each phase reads
+//! on its own and the order of the collectives is the order of the calls in [`run`]: start
+//! and calibrate (`start`), the steps (`train`: step, checkpoint, re-plan, stop decision),
+//! stop (`stop`), validate and report (`finish`). Records are `records.rs`, checkpoints `checkpoints.rs`, the stop
 //! decision `stopping.rs`.
 
 mod checkpoints;

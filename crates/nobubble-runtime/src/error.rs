@@ -2,10 +2,14 @@
 //! what was waited for, so a failed run says where to look.
 
 use nobubble_schedule::{Action, Kind};
+use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::path::{Path, PathBuf};
 
-/// Why a pipelined run stopped.
-#[derive(Clone, Debug, PartialEq)]
+/// Why a pipelined run stopped. The variant says what kind of failure it was (what to fix,
+/// whether to retry); the message says where. Serializable, so that an outcome decided at
+/// rank 0 (a save, a resume check) reaches every rank as the same error.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum RuntimeError {
     /// A pass failed inside the engine.
     Pass {
@@ -44,11 +48,65 @@ pub enum RuntimeError {
         /// The rank that stopped.
         rank: usize,
     },
-    /// Bad configuration or input, found before training starts.
+    /// Bad configuration or input, found before training starts: flags, a schedule that
+    /// cannot run, a checkpoint that does not fit the model, an unusable `--save` or
+    /// `--resume` directory.
     Config(String),
     /// The planner refused the request (a setting it names, a schedule over the memory
-    /// limit): kept typed so that each front end names the setting its own way.
+    /// limit): kept typed so that each front end names the setting its own way. Found by
+    /// every rank alike (planning is deterministic), so it is never sent between ranks.
+    #[serde(skip)]
     Plan(nobubble_schedule::Error),
+    /// A message, link or launch failure: a send, receive or flush that failed, MPI that did
+    /// not start, a rank's thread that could not be spawned.
+    Transport {
+        /// The rank whose transport failed, when one did.
+        rank: Option<usize>,
+        /// What failed.
+        cause: String,
+    },
+    /// A rank's fault mid-run: damaged data from another rank, a protocol violation, an
+    /// engine or optimizer operation that failed, ranks that stopped answering, or the
+    /// runtime's own inconsistency (`internal: …`).
+    Fault(String),
+    /// A file that could not be read, written or trusted (checkpoint files, run directories).
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The whole message, naming the path.
+        message: String,
+    },
+    /// The training diverged: non-finite values that must not become the newest checkpoint.
+    Diverged(String),
+    /// Rank 0's observer failed (e.g. the `--log` file cannot be written).
+    Observer(String),
+}
+
+impl RuntimeError {
+    /// An [`RuntimeError::Io`] about `path`.
+    pub fn io(path: &Path, message: String) -> RuntimeError {
+        RuntimeError::Io {
+            path: path.to_path_buf(),
+            message,
+        }
+    }
+
+    /// The same failure with `prefix: ` before its message (e.g. the flag it concerns).
+    /// Errors with structured fields become a [`RuntimeError::Fault`] with the prefixed text.
+    pub fn prefixed(self, prefix: &str) -> RuntimeError {
+        let with = |m: String| format!("{prefix}: {m}");
+        match self {
+            RuntimeError::Config(m) => RuntimeError::Config(with(m)),
+            RuntimeError::Fault(m) => RuntimeError::Fault(with(m)),
+            RuntimeError::Diverged(m) => RuntimeError::Diverged(with(m)),
+            RuntimeError::Observer(m) => RuntimeError::Observer(with(m)),
+            RuntimeError::Io { path, message } => RuntimeError::Io {
+                path,
+                message: with(message),
+            },
+            other => RuntimeError::Fault(with(other.to_string())),
+        }
+    }
 }
 
 impl fmt::Display for RuntimeError {
@@ -98,16 +156,26 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Aborted { rank } => {
                 write!(f, "rank {rank} stopped because another rank failed")
             }
-            RuntimeError::Config(msg) => write!(f, "{msg}"),
             RuntimeError::Plan(e) => write!(f, "{e}"),
+            RuntimeError::Transport {
+                rank: Some(rank),
+                cause,
+            } => write!(f, "rank {rank}: {cause}"),
+            RuntimeError::Transport { rank: None, cause } => write!(f, "{cause}"),
+            RuntimeError::Config(msg)
+            | RuntimeError::Fault(msg)
+            | RuntimeError::Diverged(msg)
+            | RuntimeError::Observer(msg)
+            | RuntimeError::Io { message: msg, .. } => write!(f, "{msg}"),
         }
     }
 }
 
 impl std::error::Error for RuntimeError {}
 
-/// The error to report among several ranks' errors in one step. A failed pass or a panic
-/// is a cause; a timeout usually a consequence of one; an abort never the cause. Among
+/// The error to report among several ranks' errors in one step. A failed pass, a panic or
+/// any other failure found by a rank itself is a cause; a timeout usually a consequence of
+/// one; an abort never the cause. Among
 /// timeouts: for each microbatch, the wait earliest in its data flow (a forward's input before
 /// any gradient, forwards down the stages, gradients up), since the others on that
 /// microbatch follow from it; then, of those, the wait that began first. Ties go to the
@@ -115,12 +183,9 @@ impl std::error::Error for RuntimeError {}
 /// rank answered first.
 pub(crate) fn nearest_cause(errors: Vec<RuntimeError>) -> Option<RuntimeError> {
     if let Some(i) = errors.iter().position(|e| {
-        matches!(
+        !matches!(
             e,
-            RuntimeError::Pass { .. }
-                | RuntimeError::Panic { .. }
-                | RuntimeError::Config(_)
-                | RuntimeError::Plan(_)
+            RuntimeError::Timeout { .. } | RuntimeError::Aborted { .. }
         )
     }) {
         return errors.into_iter().nth(i);
@@ -238,5 +303,35 @@ mod blame_tests {
             let errors: Vec<_> = order.iter().map(|&k| all[k].clone()).collect();
             assert_eq!(chosen(&errors), other_mb, "{order:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod variant_tests {
+    use super::*;
+
+    /// The typed variants print the messages `Config` used to carry, and survive the trip
+    /// between ranks (a save's or resume's outcome is broadcast from rank 0).
+    #[test]
+    fn typed_errors_print_their_message_and_cross_the_wire() {
+        let io = RuntimeError::io(Path::new("/x/ckpt"), "cannot read /x/ckpt: gone".into());
+        let transport = RuntimeError::Transport {
+            rank: Some(3),
+            cause: "transport failed: closed".into(),
+        };
+        assert_eq!(transport.to_string(), "rank 3: transport failed: closed");
+        assert_eq!(io.to_string(), "cannot read /x/ckpt: gone");
+        let saved = io.clone().prefixed("--save");
+        assert_eq!(saved.to_string(), "--save: cannot read /x/ckpt: gone");
+        assert!(matches!(&saved, RuntimeError::Io { path, .. } if path == Path::new("/x/ckpt")));
+        for e in [saved, transport, RuntimeError::Diverged("d".into())] {
+            let back: RuntimeError =
+                serde_json::from_slice(&serde_json::to_vec(&e).unwrap()).unwrap();
+            assert_eq!(back, e);
+        }
+        // Any failure a rank found itself is a cause, before any timeout.
+        let fault = RuntimeError::Fault("damaged stop decision".into());
+        let errors = vec![RuntimeError::Aborted { rank: 0 }, fault.clone()];
+        assert_eq!(nearest_cause(errors), Some(fault));
     }
 }

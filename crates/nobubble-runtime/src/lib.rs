@@ -12,25 +12,29 @@
 //! the simulator on more ranks than this machine has cores.
 
 pub mod checkpoint;
-pub mod checkpoint_fs;
-pub mod collective;
 pub mod error;
 pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-pub mod optimizer_step;
 pub mod pipeline;
 pub mod rank;
+pub mod run;
 pub mod session;
 pub mod training;
 pub mod transport;
 pub mod worker;
 
+/// The optimizer step, part of the worker since it reads the worker's state; at its old path.
+pub use worker::optimizer_step;
+
+/// Checkpoints on disk, at the path they had before `checkpoint/` was a folder.
+pub use checkpoint::fs as checkpoint_fs;
 pub use checkpoint::{Checkpoint, CheckpointMeta, TrainingState};
 pub use error::RuntimeError;
-pub use pipeline::{Compute, Pipeline, RunConfig, StepRecord};
+pub use pipeline::Pipeline;
 pub use rank::{check_world, Rank};
+pub use run::{Compute, RunConfig, StepRecord};
 pub use session::{median_pass_ms, Plan, Session, SessionOptions};
 pub use transport::{InProcess, Message, Tag, Transport};
 pub use worker::{CommStats, Fault, MeasuredSlot, RankStep, StepSummary};

@@ -211,7 +211,8 @@ impl Drop for MpiTransport {
 /// clocks are system-wide), so send times and emulated latencies compare exactly; across
 /// machines the skew is the wall clocks' (NTP), which only shifts timelines.
 pub fn rank_context() -> Result<(RankContext, MpiEnvironment), RuntimeError> {
-    let (t, env) = MpiTransport::init().map_err(RuntimeError::Config)?;
+    let (t, env) =
+        MpiTransport::init().map_err(|cause| RuntimeError::Transport { rank: None, cause })?;
     t.barrier();
     let wall_ns = || {
         std::time::SystemTime::now()

@@ -1,4 +1,4 @@
-//! [`Rank`]: one rank of the SPMD program, over any [`Transport`]. A thread of the
+//! [`Rank`]: one rank of the SPMD program, over any [`crate::Transport`]. A thread of the
 //! in-process runtime ([`crate::Pipeline`], [`crate::launch::threads`]) and a process of an MPI
 //! job run exactly this; there is no coordinator. Everything that needs the whole world —
 //! the step's loss and clip factor, measured memory, re-planning inputs, checkpoints — is a
@@ -7,13 +7,15 @@
 use crate::checkpoint::{self, StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
-use crate::pipeline::{Compute, RunConfig};
-use crate::worker::{CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker};
+use crate::run::{Compute, RunConfig};
+use crate::worker::{
+    CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker, WorkerSetup,
+};
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
 use nobubble_nn::{build_stages_where, ByteCorpus};
-use nobubble_schedule::{check_structure, check_weight_order, Action, Schedule};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,9 +52,62 @@ pub fn check_world(
     Ok(())
 }
 
+/// Pipeline rank `prank`'s stages of `schedule`, built from the seed (every split holds the
+/// same weights), each with its optimizer.
+fn real_engine(
+    config: &RunConfig,
+    schedule: &Schedule,
+    prank: usize,
+) -> Result<Engine, RuntimeError> {
+    let n = schedule.stages;
+    let m = config.train.microbatches;
+    let replicas = config.data_parallel.max(1);
+    let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
+        RuntimeError::Config(format!(
+            "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
+            config.model.layers
+        ))
+    })?;
+    let mine = build_stages_where(&config.model, config.train.seed, &counts, |s| {
+        schedule.placement[s] == prank
+    })
+    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+    let mut stages = BTreeMap::new();
+    for (s, mut st) in mine {
+        // Each microbatch's loss counts 1/(D·m) of the global batch's.
+        st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
+        st.set_microbatches(m);
+        stages.insert(s, st);
+    }
+    let optimizers = stages
+        .iter()
+        .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
+        .collect();
+    Ok(Engine::Real { stages, optimizers })
+}
+
+/// Passes that sleep for `costs` (ms per stage), and the emulated latencies of messages.
+fn emulated_engine(
+    costs: &CostModel,
+    collective_ms: f64,
+    stages: usize,
+) -> Result<(Engine, Latency), RuntimeError> {
+    if costs.stages.len() != stages {
+        return Err(RuntimeError::Config(format!(
+            "emulated costs cover {} stages, the schedule has {stages}",
+            costs.stages.len()
+        )));
+    }
+    let latency = Latency {
+        pipeline: Duration::from_secs_f64(costs.comm / 1000.0),
+        collective: Duration::from_secs_f64(collective_ms / 1000.0),
+    };
+    Ok((Engine::Emulated(costs.clone()), latency))
+}
+
 /// One rank of a pipelined (and data-parallel) run.
 pub struct Rank {
-    pub(crate) worker: Worker,
+    worker: Worker,
     placement: Vec<usize>,
     failed: bool,
 }
@@ -67,11 +122,6 @@ impl Rank {
         corpus: Arc<ByteCorpus>,
         eval: Arc<ByteCorpus>,
     ) -> Result<Rank, RuntimeError> {
-        let RankContext {
-            transport,
-            origin,
-            abort,
-        } = ctx;
         check_runnable(schedule, config.train.microbatches)?;
         if config.train.microbatches >= 1 << 24 {
             return Err(RuntimeError::Config(format!(
@@ -80,82 +130,32 @@ impl Rank {
             )));
         }
         let replicas = config.data_parallel.max(1);
-        check_world(transport.size(), schedule.ranks, replicas)?;
-        let rank = transport.rank();
-        let (replica, prank) = (rank / schedule.ranks, rank % schedule.ranks);
-        let n = schedule.stages;
-        let m = config.train.microbatches;
-        let mut latency = Latency::default();
-        let engine = match &config.compute {
-            Compute::Real => {
-                let counts = block_counts(config.model.layers, n, &config.layout).map_err(|e| {
-                    RuntimeError::Config(format!(
-                        "cannot split {} layers into {n} stages: {e} (use more --layers or fewer stages)",
-                        config.model.layers
-                    ))
-                })?;
-                let mine = build_stages_where(&config.model, config.train.seed, &counts, |s| {
-                    schedule.placement[s] == prank
-                })
-                .map_err(|e| RuntimeError::Config(e.to_string()))?;
-                let mut stages = BTreeMap::new();
-                for (s, mut st) in mine {
-                    // Each microbatch's loss counts 1/(D·m) of the global batch's.
-                    st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
-                    st.set_microbatches(m);
-                    stages.insert(s, st);
-                }
-                let optimizers = stages
-                    .iter()
-                    .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
-                    .collect();
-                Engine::Real { stages, optimizers }
-            }
+        check_world(ctx.transport.size(), schedule.ranks, replicas)?;
+        let rank = ctx.transport.rank();
+        let (engine, latency) = match &config.compute {
+            Compute::Real => (
+                real_engine(config, schedule, rank % schedule.ranks)?,
+                Latency::default(),
+            ),
             Compute::Emulated {
                 costs,
                 collective_ms,
-            } => {
-                if costs.stages.len() != n {
-                    return Err(RuntimeError::Config(format!(
-                        "emulated costs cover {} stages, the schedule has {n}",
-                        costs.stages.len()
-                    )));
-                }
-                latency = Latency {
-                    pipeline: Duration::from_secs_f64(costs.comm / 1000.0),
-                    collective: Duration::from_secs_f64(collective_ms / 1000.0),
-                };
-                Engine::Emulated(costs.clone())
-            }
+            } => emulated_engine(costs, *collective_ms, schedule.stages)?,
         };
-        let worker = Worker {
-            rank,
-            replica,
+        let setup = WorkerSetup {
+            config,
             layout: Layout {
                 placement: schedule.placement.clone(),
                 pipeline_ranks: schedule.ranks,
                 replicas,
-                microbatches: m,
+                microbatches: config.train.microbatches,
             },
-            engine,
-            transport,
-            mailbox: HashMap::new(),
-            abort,
-            recv_timeout: config.recv_timeout,
+            latency,
+            ctx,
             corpus,
             eval_corpus: eval,
-            model: config.model.clone(),
-            train: config.train.clone(),
-            fault: config.fault.clone(),
-            post_validate: config.post_validate,
-            optimistic: BTreeMap::new(),
-            pending: None,
-            settled: Vec::new(),
-            origin,
-            latency,
-            comm: CommStats::default(),
-            round: 0,
         };
+        let worker = Worker::new(setup, engine);
         Ok(Rank {
             worker,
             placement: schedule.placement.clone(),
@@ -165,36 +165,36 @@ impl Rank {
 
     /// This rank (global).
     pub fn rank(&self) -> usize {
-        self.worker.rank
+        self.worker.rank()
     }
 
     /// This rank's data-parallel replica.
     pub fn replica(&self) -> usize {
-        self.worker.replica
+        self.worker.replica()
     }
 
     /// Communication so far.
     pub fn comm(&self) -> CommStats {
-        self.worker.comm
+        self.worker.comm()
     }
 
     /// The transport's description.
     pub fn transport(&self) -> String {
-        self.worker.transport.describe()
+        self.worker.transport()
     }
 
     /// This rank's actions of `schedule` (same placement as at start).
     fn order<'a>(&self, schedule: &'a Schedule) -> Result<&'a [Action], RuntimeError> {
         if self.failed {
-            return Err(RuntimeError::Config("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
+            return Err(RuntimeError::Fault("this pipeline stopped after an earlier error; start a new run (a checkpoint saved before the error can be resumed)".into()));
         }
         if schedule.placement != self.placement {
             return Err(RuntimeError::Config(
                 "a new schedule must keep the stage placement the pipeline was started with".into(),
             ));
         }
-        check_runnable(schedule, self.worker.layout.microbatches)?;
-        Ok(&schedule.orders[self.worker.rank % schedule.ranks])
+        check_runnable(schedule, self.worker.microbatches())?;
+        Ok(&schedule.orders[self.worker.rank() % schedule.ranks])
     }
 
     /// One training step (`eval`: on held-out data, weights unchanged).
@@ -224,13 +224,13 @@ impl Rank {
 
     /// Summaries of the post-validated steps settled since the last call.
     pub fn take_settled(&mut self) -> Vec<StepSummary> {
-        std::mem::take(&mut self.worker.settled)
+        self.worker.take_settled()
     }
 
     /// Measured (M_B, M_W) bytes of every stage, in stage order, on every rank (all-gathered
     /// from replica 0). Empty in emulated mode.
     pub fn measure_memory(&mut self) -> Result<Vec<(usize, usize)>, RuntimeError> {
-        let mine = if self.worker.replica == 0 {
+        let mine = if self.worker.replica() == 0 {
             self.worker.measure_memory()?
         } else {
             Vec::new()
@@ -239,7 +239,7 @@ impl Rank {
         let mut all: Vec<(usize, usize, usize)> = Vec::new();
         for part in self.worker.all_gather(bytes)? {
             let v: Vec<(usize, usize, usize)> = serde_json::from_slice(&part)
-                .map_err(|e| RuntimeError::Config(format!("damaged memory report: {e}")))?;
+                .map_err(|e| RuntimeError::Fault(format!("damaged memory report: {e}")))?;
             all.extend(v);
         }
         all.sort_by_key(|(s, _, _)| *s);
@@ -285,7 +285,7 @@ impl Rank {
     /// This rank's part of the training state (its stages' weights and AdamW state).
     pub(crate) fn export_local(&mut self) -> Result<Vec<StageState>, RuntimeError> {
         self.settle()?;
-        checkpoint::export_engine(&self.worker.engine)
+        self.worker.export_stages()
     }
 
     /// Loads this rank's stages from `state` by name; returns the names used.
@@ -294,7 +294,7 @@ impl Rank {
         state: &TrainingState,
     ) -> Result<BTreeSet<String>, RuntimeError> {
         self.settle()?;
-        let r = checkpoint::import_engine(&mut self.worker.engine, state);
+        let r = self.worker.import_stages(state);
         if r.is_err() {
             self.failed = true;
         }
@@ -308,7 +308,7 @@ impl Rank {
         root: usize,
         step: u64,
     ) -> Result<Option<TrainingState>, RuntimeError> {
-        let parts = if self.worker.replica == 0 {
+        let parts = if self.worker.replica() == 0 {
             self.export_local()?
         } else {
             self.settle()?;
@@ -334,7 +334,7 @@ impl Rank {
         root: usize,
         state: Option<&TrainingState>,
     ) -> Result<u64, RuntimeError> {
-        let bytes = match (self.worker.rank == root, state) {
+        let bytes = match (self.worker.rank() == root, state) {
             (true, Some(s)) => checkpoint::encode_state(s),
             _ => Vec::new(),
         };
@@ -343,17 +343,18 @@ impl Rank {
         let result = self.import_local(&state);
         // Every rank learns whether every rank succeeded, so none trains alone.
         let report = match &result {
-            Ok(names) => serde_json::to_vec(&(true, names, String::new())),
-            Err(e) => serde_json::to_vec(&(false, BTreeSet::<String>::new(), e.to_string())),
+            Ok(names) => serde_json::to_vec(&(names, None::<&RuntimeError>)),
+            Err(e) => serde_json::to_vec(&(BTreeSet::<String>::new(), Some(e))),
         }
         .expect("serializes");
         let mut loaded = BTreeSet::new();
         for part in self.worker.all_gather(report)? {
-            let (ok, names, err): (bool, BTreeSet<String>, String) = serde_json::from_slice(&part)
-                .map_err(|e| RuntimeError::Config(format!("damaged import report: {e}")))?;
-            if !ok {
+            let (names, err): (BTreeSet<String>, Option<RuntimeError>) =
+                serde_json::from_slice(&part)
+                    .map_err(|e| RuntimeError::Fault(format!("damaged import report: {e}")))?;
+            if let Some(err) = err {
                 self.failed = true;
-                return Err(RuntimeError::Config(err));
+                return Err(err);
             }
             loaded.extend(names);
         }
@@ -366,9 +367,12 @@ impl Rank {
 
     /// Completes every send in flight (call before the process exits).
     pub fn flush(&mut self) -> Result<(), RuntimeError> {
+        let rank = self.worker.rank();
         self.worker
-            .transport
             .flush()
-            .map_err(|e| RuntimeError::Config(format!("rank {}: {e}", self.worker.rank)))
+            .map_err(|cause| RuntimeError::Transport {
+                rank: Some(rank),
+                cause,
+            })
     }
 }

@@ -6,8 +6,8 @@
 
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
-use crate::pipeline::{Compute, RunConfig, StepRecord};
 use crate::rank::Rank;
+use crate::run::{Compute, RunConfig, StepRecord};
 use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::config::StageLayout;
 use nobubble_nn::{ByteCorpus, GptConfig};
@@ -287,7 +287,7 @@ impl Session {
         }
         self.check_limit(&plan, &real)?;
         if plan.schedule.placement != self.plan.schedule.placement {
-            return Err(RuntimeError::Config(
+            return Err(RuntimeError::Fault(
                 "internal: re-planning changed the placement".into(),
             ));
         }
@@ -380,7 +380,7 @@ impl Session {
             #[allow(clippy::type_complexity)]
             let (theirs, (s, c)): (Vec<(usize, [Option<f64>; 4])>, (f64, u64)) =
                 serde_json::from_slice(&part)
-                    .map_err(|e| RuntimeError::Config(format!("damaged pass times: {e}")))?;
+                    .map_err(|e| RuntimeError::Fault(format!("damaged pass times: {e}")))?;
             for (stage, m) in theirs {
                 if stage < n && medians[stage] == [None; 4] {
                     medians[stage] = m;

@@ -503,7 +503,7 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
                         .lock()
                         .ok()
                         .and_then(|mut w| w.take())
-                        .ok_or_else(|| RuntimeError::Config("internal: two ranks 0".into()))?;
+                        .ok_or_else(|| RuntimeError::Fault("internal: two ranks 0".into()))?;
                     let report = training::run(&job, ctx, Some(&mut watch))?;
                     Ok(report.map(|r| (r, watch)))
                 } else {

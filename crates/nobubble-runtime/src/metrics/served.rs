@@ -1,54 +1,15 @@
-//! Live metrics of a training run, served in the Prometheus text format (`train
-//! --metrics-addr HOST:PORT`, path `/metrics`), and the figures they are made of.
-//!
-//! Rank 0 serves every rank's figures: it already assembles each step's record from all
-//! ranks' reports. Names follow the deployment checklist dashboards are built on
-//! (`pipeline_bubble_fraction`, `gpu_flop_utilization_mfu`, `active_microbatch_memory_mb`),
-//! and everything else is prefixed `nobubble_`. `gpu_flop_utilization_mfu` keeps its name on
-//! CPU too: it is model FLOPs per second over the peak of whatever the ranks compute on.
+//! The Prometheus side of the metrics (feature `metrics`): the registry and the HTTP server.
 //!
 //! Every value of one step is written under one lock, and a scrape encodes under the same
 //! lock, so a scrape never mixes two steps.
 
-use crate::pipeline::StepRecord;
-use nobubble_nn::GptConfig;
+use super::StepRates;
+use crate::run::StepRecord;
 use prometheus::{
     exponential_buckets, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts,
     IntCounter, IntGauge, Opts, Registry, TextEncoder,
 };
 use std::sync::{Arc, Mutex};
-
-/// Model FLOPs of one optimizer step (forward and both backward halves, every microbatch of
-/// every replica): the paper's per-block counts plus the LM head's three matrix products.
-/// Recomputation-free, as this engine is, so model FLOPs and hardware FLOPs agree.
-pub fn model_flops_per_step(model: &GptConfig, microbatches: usize) -> f64 {
-    let [f, i, w] =
-        nobubble_nn::bench::block_flops(model.hidden, model.seq_len, model.microbatch_size);
-    let tokens = (model.seq_len * model.microbatch_size) as f64;
-    let head = 3.0 * 2.0 * tokens * model.hidden as f64 * model.vocab as f64;
-    microbatches as f64 * (model.layers as f64 * (f + i + w) + head)
-}
-
-/// What one step's record means for the dashboard; computed once so that the log, the
-/// report and `/metrics` show the same numbers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StepRates {
-    /// Tokens per second of wall time (all replicas).
-    pub tokens_per_second: f64,
-    /// Model FLOPs per second over the peak of all ranks.
-    pub mfu: f64,
-}
-
-impl StepRates {
-    /// Rates of `rec` for `tokens` and `flops` per step on hardware with `peak` FLOP/s.
-    pub fn of(rec: &StepRecord, tokens: f64, flops: f64, peak: f64) -> StepRates {
-        let wall = rec.wall.max(f64::MIN_POSITIVE);
-        StepRates {
-            tokens_per_second: tokens / wall,
-            mfu: flops / wall / peak.max(f64::MIN_POSITIVE),
-        }
-    }
-}
 
 struct Handles {
     bubble: Gauge,
@@ -332,21 +293,5 @@ mod tests {
         assert!((value(&t, "nobubble_rank_idle_seconds_total{rank=\"1\"}") - 0.4).abs() < 1e-12);
         assert_eq!(value(&t, "nobubble_step_seconds_count"), 2.0);
         assert_eq!(value(&t, "nobubble_step"), 4.0);
-    }
-
-    #[test]
-    fn model_flops_are_six_per_parameter_and_token_for_wide_blocks() {
-        // Attention terms are small against 24h when s ≪ h: F + I + W ≈ 72·s·b·h² per block
-        // = 6 × (12h² weights) per token, the usual 6·N·T.
-        let mut m = GptConfig::preset("tiny").unwrap();
-        m.hidden = 4096;
-        m.seq_len = 8;
-        m.microbatch_size = 1;
-        m.vocab = 256;
-        m.layers = 2;
-        let tokens = 8.0;
-        let weights = m.layers as f64 * 12.0 * 4096.0 * 4096.0 + 4096.0 * 256.0;
-        let ratio = model_flops_per_step(&m, 1) / (6.0 * weights * tokens);
-        assert!((ratio - 1.0).abs() < 0.01, "{ratio}");
     }
 }

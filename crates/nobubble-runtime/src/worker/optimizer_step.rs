@@ -205,7 +205,7 @@ impl Worker {
             };
             let m = self.wait_for((Tag::Stats, 0, index, from), None, &what)?;
             let (l, n) = decode_stats(&m.bytes).ok_or_else(|| {
-                RuntimeError::Config(format!(
+                RuntimeError::Fault(format!(
                     "rank {}: damaged statistics from rank {from}",
                     self.rank
                 ))
@@ -288,7 +288,7 @@ impl Worker {
                 if finite {
                     opt.config.lr = lr;
                     opt.step(&mut stage.params_mut(), 1.0)
-                        .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
+                        .map_err(|e| RuntimeError::Fault(format!("stage {s}: {e}")))?;
                 }
                 self.optimistic.insert(*s, (snapshot, finite));
             }
@@ -305,7 +305,7 @@ impl Worker {
                 let opt = optimizers.get_mut(s).expect("one optimizer per stage");
                 let (snapshot, stepped) = self.optimistic.remove(s).unwrap_or((None, false));
                 let fail = |e: nobubble_nn::NnError| {
-                    RuntimeError::Config(format!("stage {s}: rollback failed: {e}"))
+                    RuntimeError::Fault(format!("stage {s}: rollback failed: {e}"))
                 };
                 if verdict != Verdict::Keep && stepped {
                     match (mode, &snapshot) {
@@ -334,7 +334,7 @@ impl Worker {
                     let opt = optimizers.get_mut(s).expect("one optimizer per stage");
                     opt.config.lr = lr;
                     opt.step(&mut stage.params_mut(), scale)
-                        .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                        .map_err(|e| RuntimeError::Fault(e.to_string()))?;
                 }
                 stage.zero_grads();
             }

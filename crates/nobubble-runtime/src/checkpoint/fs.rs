@@ -22,7 +22,7 @@
 //! records the size and SHA-256 of the two tensor files, checked on load, and a load refuses
 //! non-finite weights or moments.
 
-use crate::checkpoint::{Checkpoint, CheckpointMeta, FileSum, TrainingState, FORMAT, VERSION};
+use super::{Checkpoint, CheckpointMeta, FileSum, TrainingState, FORMAT, VERSION};
 use crate::error::RuntimeError;
 use nobubble_nn::{AdamWState, ParamMoments, Tensor};
 use safetensors::tensor::TensorView;
@@ -33,7 +33,10 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const META: &str = "checkpoint.json";
+/// Run directories lived here; their functions keep this path.
+pub use super::runs::*;
+
+pub(super) const META: &str = "checkpoint.json";
 const MODEL: &str = "model.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 
@@ -57,8 +60,8 @@ pub fn previous_dir(dir: &Path) -> PathBuf {
     sibling(dir, "old")
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> RuntimeError {
-    RuntimeError::Config(format!("cannot {what} {}: {e}", path.display()))
+pub(super) fn io_err(what: &str, path: &Path, e: std::io::Error) -> RuntimeError {
+    RuntimeError::io(path, format!("cannot {what} {}: {e}", path.display()))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
@@ -68,7 +71,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
         .map_err(|e| io_err("write", path, e))
 }
 
-fn sync_dir(path: &Path) -> Result<(), RuntimeError> {
+pub(super) fn sync_dir(path: &Path) -> Result<(), RuntimeError> {
     File::open(path)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err("sync directory", path, e))
@@ -85,14 +88,14 @@ fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, Run
             TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (n.clone(), v))
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| RuntimeError::Config(format!("internal: tensor view: {e}")))?;
+        .map_err(|e| RuntimeError::Fault(format!("internal: tensor view: {e}")))?;
     safetensors::serialize(views, None)
-        .map_err(|e| RuntimeError::Config(format!("cannot serialize tensors: {e}")))
+        .map_err(|e| RuntimeError::Fault(format!("cannot serialize tensors: {e}")))
 }
 
 /// `dir/checkpoint.json` as JSON, for the checks that need one field of it before (or
 /// without) a full [`load`]; `None` if it is missing or not JSON.
-fn meta_json(dir: &Path) -> Option<serde_json::Value> {
+pub(super) fn meta_json(dir: &Path) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(dir.join(META)).ok()?).ok()
 }
 
@@ -223,7 +226,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
                 .map(|(n, _)| format!("the AdamW moments of {n}"))
         });
     if let Some(name) = bad {
-        return Err(RuntimeError::Config(format!(
+        return Err(RuntimeError::Diverged(format!(
             "not saving step {}: `{name}` holds non-finite values (the run diverged; lower --lr \
              or keep --max-grad-norm); the checkpoints already saved are kept",
             s.step
@@ -291,10 +294,13 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
 }
 
 fn corrupt(path: &Path, what: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Config(format!(
-        "checkpoint file {} is damaged ({what}); use another checkpoint or save a new one",
-        path.display()
-    ))
+    RuntimeError::io(
+        path,
+        format!(
+            "checkpoint file {} is damaged ({what}); use another checkpoint or save a new one",
+            path.display()
+        ),
+    )
 }
 
 fn read_tensors(
@@ -457,213 +463,4 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         },
         meta,
     })
-}
-
-/// The file in a run directory naming its newest checkpoint.
-const LATEST: &str = "latest";
-
-/// The directory name of the checkpoint at `step` in a run directory.
-pub fn step_dir_name(step: u64) -> String {
-    format!("step-{step:06}")
-}
-
-/// The step a name written by [`step_dir_name`] stands for — that exact spelling only.
-fn step_of(name: &str) -> Option<u64> {
-    let step: u64 = name.strip_prefix("step-")?.parse().ok()?;
-    (step_dir_name(step) == name).then_some(step)
-}
-
-/// A run directory (`--save DIR`) holds one checkpoint per saved step, `step-000150/`, and
-/// `latest`, naming the newest. Refuses a target that is a file, or a checkpoint in the
-/// single-directory layout of earlier nobubble versions (saving there would mix layouts).
-/// Anything else in DIR is the user's and is never touched.
-pub fn check_run_target(run: &Path) -> Result<(), RuntimeError> {
-    if run.exists() && !run.is_dir() {
-        return Err(RuntimeError::Config(format!(
-            "{} exists and is not a directory; --save takes a run directory",
-            run.display()
-        )));
-    }
-    if run.join(META).is_file() {
-        return Err(RuntimeError::Config(format!(
-            "{} is a single checkpoint (the layout before run directories), not a run \
-             directory; save to a new directory (this one still resumes: --resume {})",
-            run.display(),
-            run.display()
-        )));
-    }
-    latest_step(run).map(|_| ())
-}
-
-/// The step `run/latest` names, if it exists; an error if `latest` is not nobubble's (a
-/// symlink, a directory, or a file that does not name a step directory), which a save would
-/// otherwise replace.
-pub fn latest_step(run: &Path) -> Result<Option<u64>, RuntimeError> {
-    let latest = run.join(LATEST);
-    let meta = match std::fs::symlink_metadata(&latest) {
-        Err(_) => return Ok(None),
-        Ok(m) => m,
-    };
-    let foreign = |why: &str| {
-        Err(RuntimeError::Config(format!(
-            "{} is {why}, not the pointer nobubble writes; saving would replace it: move it out \
-             of the way or choose another --save directory",
-            latest.display()
-        )))
-    };
-    if !meta.is_file() {
-        return foreign("a symlink or a directory");
-    }
-    let text = std::fs::read_to_string(&latest).unwrap_or_default();
-    match step_of(text.trim()) {
-        Some(step) if text.len() < 64 => Ok(Some(step)),
-        _ => foreign("a file that does not name a step-NNNNNN directory"),
-    }
-}
-
-/// Refuses, before training, a run directory in which a save for a step `will_save` accepts
-/// would replace something: a step directory holding anything but a checkpoint's own files
-/// (always), or an existing checkpoint (unless `overwrite`: it belongs to a run that went
-/// further, e.g. one resumed from an earlier step).
-pub fn check_run_steps(
-    run: &Path,
-    will_save: impl Fn(u64) -> bool,
-    overwrite: bool,
-) -> Result<(), RuntimeError> {
-    check_run_target(run)?;
-    let Ok(entries) = std::fs::read_dir(run) else {
-        return Ok(());
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let bare = name
-            .strip_prefix('.')
-            .and_then(|n| n.strip_suffix(".tmp").or_else(|| n.strip_suffix(".old")))
-            .unwrap_or(&name);
-        let Some(step) = step_of(bare).filter(|s| will_save(*s)) else {
-            continue;
-        };
-        let dir = run.join(step_dir_name(step));
-        check_save_target(&dir)?;
-        if dir.join(META).is_file() && !overwrite {
-            return Err(RuntimeError::Config(format!(
-                "{} already holds a checkpoint that this run would replace (a run that went \
-                 further saved it); resume from the latest, save elsewhere, or pass --overwrite",
-                dir.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Writes `ckpt` into the run directory `run` as `step-NNNNNN/` (atomically, see [`save`]),
-/// then points `latest` at it (a file replaced atomically), then, with `keep_last` > 0,
-/// removes older step directories beyond the newest `keep_last` — only those holding nothing
-/// but a checkpoint's own files. Returns the step directory.
-pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathBuf, RuntimeError> {
-    check_run_target(run)?;
-    std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
-    let name = step_dir_name(ckpt.meta.step);
-    let dir = run.join(&name);
-    save(&dir, ckpt)?;
-    replace_latest(run, &name)?;
-    if keep_last > 0 {
-        let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(run)
-            .map_err(|e| io_err("list", run, e))?
-            .flatten()
-            .filter_map(|e| {
-                let n = e.file_name().to_string_lossy().into_owned();
-                Some((step_of(&n)?, e.path()))
-            })
-            .collect();
-        // Only checkpoints older than this one count: newer ones are another run's.
-        steps.retain(|(s, _)| *s < ckpt.meta.step);
-        steps.sort();
-        let excess = (steps.len() + 1).saturating_sub(keep_last);
-        for (_, old) in steps.into_iter().take(excess) {
-            if is_ours(&old, false).is_ok() && old.join(META).is_file() {
-                // Best effort: the new checkpoint is safe either way.
-                let _ = std::fs::remove_dir_all(&old);
-            }
-        }
-    }
-    Ok(dir)
-}
-
-/// Points `run/latest` at `name`: a new file of this process's own (never an existing one,
-/// never through a symlink) renamed over the old pointer, which [`latest_step`] checked is
-/// nobubble's.
-fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
-    let mut attempt = 0u32;
-    let (tmp, mut f) = loop {
-        let tmp = run.join(format!(".{LATEST}.{}.{attempt}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
-                attempt += 1
-            }
-            Err(e) => return Err(io_err("create", &tmp, e)),
-        }
-    };
-    let r = f
-        .write_all(format!("{name}\n").as_bytes())
-        .and_then(|_| f.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, run.join(LATEST)));
-    if let Err(e) = r {
-        let _ = std::fs::remove_file(&tmp); // created above by this process
-        return Err(io_err("update", &run.join(LATEST), e));
-    }
-    sync_dir(run)
-}
-
-/// The checkpoint directory `dir` names: `dir` itself when it is one (a step directory, or
-/// the single-directory layout), else the step `dir/latest` points to.
-pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
-    if dir.join(META).is_file() || (!dir.exists() && previous_dir(dir).join(META).is_file()) {
-        return Ok(dir.to_path_buf());
-    }
-    let latest = dir.join(LATEST);
-    match std::fs::read_to_string(&latest) {
-        Ok(text) => {
-            let name = text.trim();
-            if step_of(name).is_none() || name.contains('/') {
-                return Err(RuntimeError::Config(format!(
-                    "{} names `{name}`, not a step directory; the run directory is damaged",
-                    latest.display()
-                )));
-            }
-            Ok(dir.join(name))
-        }
-        Err(_) if dir.is_dir() => Err(RuntimeError::Config(format!(
-            "{} holds no checkpoint: no {META} and no `{LATEST}` (pass a run directory given to \
-             --save, or one of its step-NNNNNN directories)",
-            dir.display()
-        ))),
-        Err(_) => Err(RuntimeError::Config(format!(
-            "no checkpoint at {}: the directory does not exist (pass the directory given to \
-             --save)",
-            dir.display()
-        ))),
-    }
-}
-
-/// The step of the checkpoint `dir` names ([`resolve`]), from its metadata alone.
-pub fn peek_step(dir: &Path) -> Option<u64> {
-    let at = resolve(dir).ok()?;
-    let src = if at.join(META).is_file() {
-        at
-    } else {
-        previous_dir(&at)
-    };
-    meta_json(&src)?.get("step")?.as_u64()
-}
-
-/// [`load`] of [`resolve`]`(dir)`.
-pub fn load_resolved(dir: &Path) -> Result<(PathBuf, Checkpoint), RuntimeError> {
-    let at = resolve(dir)?;
-    load(&at).map(|c| (at, c))
 }

@@ -51,7 +51,7 @@ impl Worker {
             let params = stages.get_mut(&s).expect("a stage here").params_mut();
             let need: usize = params.iter().map(|p| p.grad.len()).sum();
             if need != flat.len() {
-                return Err(RuntimeError::Config(format!(
+                return Err(RuntimeError::Fault(format!(
                     "rank {}: the reduced gradient of stage {s} has {} values, the stage {need}",
                     self.rank,
                     flat.len()
@@ -103,7 +103,7 @@ impl Worker {
                     };
                     let m = self.wait_for((Tag::GradShare, s, step, from), None, &what)?;
                     parts.push(vec![Tensor::from_vec(&[m.data.len()], m.data)
-                        .map_err(|e| RuntimeError::Config(e.to_string()))?]);
+                        .map_err(|e| RuntimeError::Fault(e.to_string()))?]);
                 }
                 let total = combine(parts)
                     .expect("at least one replica")

@@ -1,0 +1,222 @@
+//! Run directories: one checkpoint directory per save (`step-NNNNNN/`), the `latest` file
+//! naming the newest, `--keep-last`, and resolving a run or step directory to a checkpoint.
+//! Re-exported from [`super::fs`], its old home, so `checkpoint_fs::save_run` still works.
+
+use super::fs::{
+    check_save_target, io_err, is_ours, load, meta_json, previous_dir, save, sync_dir, META,
+};
+use super::Checkpoint;
+use crate::error::RuntimeError;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+/// The file in a run directory naming its newest checkpoint.
+const LATEST: &str = "latest";
+
+/// The directory name of the checkpoint at `step` in a run directory.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:06}")
+}
+
+/// The step a name written by [`step_dir_name`] stands for — that exact spelling only.
+fn step_of(name: &str) -> Option<u64> {
+    let step: u64 = name.strip_prefix("step-")?.parse().ok()?;
+    (step_dir_name(step) == name).then_some(step)
+}
+
+/// A run directory (`--save DIR`) holds one checkpoint per saved step, `step-000150/`, and
+/// `latest`, naming the newest. Refuses a target that is a file, or a checkpoint in the
+/// single-directory layout of earlier nobubble versions (saving there would mix layouts).
+/// Anything else in DIR is the user's and is never touched.
+pub fn check_run_target(run: &Path) -> Result<(), RuntimeError> {
+    if run.exists() && !run.is_dir() {
+        return Err(RuntimeError::Config(format!(
+            "{} exists and is not a directory; --save takes a run directory",
+            run.display()
+        )));
+    }
+    if run.join(META).is_file() {
+        return Err(RuntimeError::Config(format!(
+            "{} is a single checkpoint (the layout before run directories), not a run \
+             directory; save to a new directory (this one still resumes: --resume {})",
+            run.display(),
+            run.display()
+        )));
+    }
+    latest_step(run).map(|_| ())
+}
+
+/// The step `run/latest` names, if it exists; an error if `latest` is not nobubble's (a
+/// symlink, a directory, or a file that does not name a step directory), which a save would
+/// otherwise replace.
+pub fn latest_step(run: &Path) -> Result<Option<u64>, RuntimeError> {
+    let latest = run.join(LATEST);
+    let meta = match std::fs::symlink_metadata(&latest) {
+        Err(_) => return Ok(None),
+        Ok(m) => m,
+    };
+    let foreign = |why: &str| {
+        Err(RuntimeError::Config(format!(
+            "{} is {why}, not the pointer nobubble writes; saving would replace it: move it out \
+             of the way or choose another --save directory",
+            latest.display()
+        )))
+    };
+    if !meta.is_file() {
+        return foreign("a symlink or a directory");
+    }
+    let text = std::fs::read_to_string(&latest).unwrap_or_default();
+    match step_of(text.trim()) {
+        Some(step) if text.len() < 64 => Ok(Some(step)),
+        _ => foreign("a file that does not name a step-NNNNNN directory"),
+    }
+}
+
+/// Refuses, before training, a run directory in which a save for a step `will_save` accepts
+/// would replace something: a step directory holding anything but a checkpoint's own files
+/// (always), or an existing checkpoint (unless `overwrite`: it belongs to a run that went
+/// further, e.g. one resumed from an earlier step).
+pub fn check_run_steps(
+    run: &Path,
+    will_save: impl Fn(u64) -> bool,
+    overwrite: bool,
+) -> Result<(), RuntimeError> {
+    check_run_target(run)?;
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let bare = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp").or_else(|| n.strip_suffix(".old")))
+            .unwrap_or(&name);
+        let Some(step) = step_of(bare).filter(|s| will_save(*s)) else {
+            continue;
+        };
+        let dir = run.join(step_dir_name(step));
+        check_save_target(&dir)?;
+        if dir.join(META).is_file() && !overwrite {
+            return Err(RuntimeError::Config(format!(
+                "{} already holds a checkpoint that this run would replace (a run that went \
+                 further saved it); resume from the latest, save elsewhere, or pass --overwrite",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `ckpt` into the run directory `run` as `step-NNNNNN/` (atomically, see [`save`]),
+/// then points `latest` at it (a file replaced atomically), then, with `keep_last` > 0,
+/// removes older step directories beyond the newest `keep_last` — only those holding nothing
+/// but a checkpoint's own files. Returns the step directory.
+pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathBuf, RuntimeError> {
+    check_run_target(run)?;
+    std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
+    let name = step_dir_name(ckpt.meta.step);
+    let dir = run.join(&name);
+    save(&dir, ckpt)?;
+    replace_latest(run, &name)?;
+    if keep_last > 0 {
+        let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(run)
+            .map_err(|e| io_err("list", run, e))?
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                Some((step_of(&n)?, e.path()))
+            })
+            .collect();
+        // Only checkpoints older than this one count: newer ones are another run's.
+        steps.retain(|(s, _)| *s < ckpt.meta.step);
+        steps.sort();
+        let excess = (steps.len() + 1).saturating_sub(keep_last);
+        for (_, old) in steps.into_iter().take(excess) {
+            if is_ours(&old, false).is_ok() && old.join(META).is_file() {
+                // Best effort: the new checkpoint is safe either way.
+                let _ = std::fs::remove_dir_all(&old);
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// Points `run/latest` at `name`: a new file of this process's own (never an existing one,
+/// never through a symlink) renamed over the old pointer, which [`latest_step`] checked is
+/// nobubble's.
+fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let tmp = run.join(format!(".{LATEST}.{}.{attempt}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1
+            }
+            Err(e) => return Err(io_err("create", &tmp, e)),
+        }
+    };
+    let r = f
+        .write_all(format!("{name}\n").as_bytes())
+        .and_then(|_| f.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, run.join(LATEST)));
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp); // created above by this process
+        return Err(io_err("update", &run.join(LATEST), e));
+    }
+    sync_dir(run)
+}
+
+/// The checkpoint directory `dir` names: `dir` itself when it is one (a step directory, or
+/// the single-directory layout), else the step `dir/latest` points to.
+pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
+    if dir.join(META).is_file() || (!dir.exists() && previous_dir(dir).join(META).is_file()) {
+        return Ok(dir.to_path_buf());
+    }
+    let latest = dir.join(LATEST);
+    match std::fs::read_to_string(&latest) {
+        Ok(text) => {
+            let name = text.trim();
+            if step_of(name).is_none() || name.contains('/') {
+                return Err(RuntimeError::io(
+                    &latest,
+                    format!(
+                        "{} names `{name}`, not a step directory; the run directory is damaged",
+                        latest.display()
+                    ),
+                ));
+            }
+            Ok(dir.join(name))
+        }
+        Err(_) if dir.is_dir() => Err(RuntimeError::Config(format!(
+            "{} holds no checkpoint: no {META} and no `{LATEST}` (pass a run directory given to \
+             --save, or one of its step-NNNNNN directories)",
+            dir.display()
+        ))),
+        Err(_) => Err(RuntimeError::Config(format!(
+            "no checkpoint at {}: the directory does not exist (pass the directory given to \
+             --save)",
+            dir.display()
+        ))),
+    }
+}
+
+/// The step of the checkpoint `dir` names ([`resolve`]), from its metadata alone.
+pub fn peek_step(dir: &Path) -> Option<u64> {
+    let at = resolve(dir).ok()?;
+    let src = if at.join(META).is_file() {
+        at
+    } else {
+        previous_dir(&at)
+    };
+    meta_json(&src)?.get("step")?.as_u64()
+}
+
+/// [`load`] of [`resolve`]`(dir)`.
+pub fn load_resolved(dir: &Path) -> Result<(PathBuf, Checkpoint), RuntimeError> {
+    let at = resolve(dir)?;
+    load(&at).map(|c| (at, c))
+}

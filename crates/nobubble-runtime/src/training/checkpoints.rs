@@ -1,0 +1,193 @@
+//! The job's checkpoints: resuming (rank 0 loads and checks, every rank imports), saving at
+//! the planned steps and when interrupted (every rank exports, rank 0 writes). Each is a
+//! collective, and each tells every rank the outcome, so all go on or fail alike.
+
+use super::{fail, TrainJob, TrainingRun};
+use crate::checkpoint::{corpus_fingerprint, fs as checkpoint_fs, Checkpoint};
+use crate::error::RuntimeError;
+use std::path::Path;
+
+impl TrainingRun<'_, '_> {
+    /// Loads `dir` at rank 0, checks it against the job, and imports it on every rank (a
+    /// collective). Returns the step to continue from.
+    pub(super) fn resume(&mut self, dir: &Path) -> Result<u64, RuntimeError> {
+        let mut loaded = None;
+        let mut verdict = Ok(());
+        if self.root {
+            match check_resume(self.job, dir) {
+                Ok((ckpt, warnings)) => {
+                    for w in warnings {
+                        self.note(&format!(
+                            "warning: --resume: {w}; the continuation will not match an uninterrupted run"
+                        ));
+                    }
+                    loaded = Some(ckpt);
+                }
+                Err(e) => verdict = Err(e),
+            }
+        }
+        // Every rank learns whether the checkpoint is usable, so all fail alike.
+        self.agree(verdict)?;
+        let step = self
+            .session
+            .rank
+            .import_state(0, loaded.as_ref().map(|c| &c.state))
+            .map_err(|e| e.prefixed(&format!("--resume {}", dir.display())))?;
+        if let Some(c) = &loaded {
+            self.note(&format!(
+                "resumed from {} at step {step} (saved from {})",
+                dir.display(),
+                c.meta.saved_from
+            ));
+        }
+        Ok(step)
+    }
+
+    /// Checkpoint: saves at the last step and every `save_every` steps. Every rank knows the
+    /// step's loss (post-validation: once settled), so all refuse alike to save a diverged
+    /// state as the newest checkpoint.
+    pub(super) fn checkpoint(&mut self, step: u64) -> Result<(), RuntimeError> {
+        let job = self.job;
+        let Some(dir) = &job.save else {
+            return Ok(());
+        };
+        let last = step + 1 == job.steps;
+        let every = job.save_every > 0 && (step + 1).is_multiple_of(job.save_every);
+        if !last && !every {
+            return Ok(());
+        }
+        self.settle()?;
+        if let Some(s) = self.summaries.get(&step).filter(|s| !s.loss.is_finite()) {
+            return Err(RuntimeError::Diverged(format!(
+                "not saving step {}: the training loss is {} (the run diverged; lower \
+                 --lr or keep --max-grad-norm); the checkpoints already saved are kept",
+                step + 1,
+                s.loss
+            )));
+        }
+        self.save(dir)?;
+        self.saved_at = Some(step + 1);
+        Ok(())
+    }
+
+    /// An interrupted run keeps what it trained: saved like a last step (a diverged one is
+    /// not saved; the checkpoints already there are kept). The step was not known when the
+    /// flags were checked: rank 0 checks it now and tells every rank.
+    pub(super) fn save_interrupted(&mut self) -> Result<(), RuntimeError> {
+        let job = self.job;
+        let Some(dir) = &job.save else {
+            return Ok(());
+        };
+        let done = self.session.step;
+        if done <= self.first_step || self.saved_at == Some(done) {
+            return Ok(());
+        }
+        let diverged = self
+            .summaries
+            .get(&done.wrapping_sub(1))
+            .is_some_and(|s| !s.loss.is_finite());
+        let mut refusal = String::new();
+        if self.root {
+            if diverged {
+                refusal = format!(
+                    "not saving step {done}: its training loss is not finite (the \
+                     checkpoints already saved are kept)"
+                );
+            } else if let Err(e) = checkpoint_fs::check_run_steps(dir, |k| k == done, job.overwrite)
+            {
+                refusal = format!("not saving step {done}: --save: {e}");
+            }
+        }
+        let refusal = self.session.rank.broadcast(0, refusal.into_bytes())?;
+        if refusal.is_empty() {
+            self.save(dir)?;
+            self.saved_at = Some(done);
+        } else {
+            self.note(&String::from_utf8_lossy(&refusal));
+        }
+        Ok(())
+    }
+
+    /// Gathers the training state at rank 0 and writes it to `dir` (a collective).
+    fn save(&mut self, dir: &Path) -> Result<(), RuntimeError> {
+        let job = self.job;
+        let step = self.session.step;
+        let state = self.session.rank.export_state(0, step)?;
+        let mut outcome = Ok(());
+        if let Some(state) = state {
+            let s = &self.session.plan.schedule;
+            let mut from = format!("{} on {} ranks, {} stages", s.name, s.ranks, s.stages);
+            let d = job.session.run.data_parallel.max(1);
+            if d > 1 {
+                from.push_str(&format!(", {d} data-parallel replicas"));
+            }
+            let ckpt = Checkpoint::new(state, &job.session.run.model, &global_train(job), &from)
+                .with_data(&job.corpus);
+            match checkpoint_fs::save_run(dir, &ckpt, job.keep_last) {
+                Ok(at) => self.note(&format!(
+                    "saved checkpoint at step {step} to {}",
+                    at.display()
+                )),
+                Err(e) => outcome = Err(e.prefixed("--save")),
+            }
+        }
+        // Every rank learns whether the save worked, so none goes on alone.
+        self.agree(outcome)
+    }
+
+    /// Rank 0's `outcome` on every rank (a collective; the others' is ignored): `Ok`, or
+    /// rank 0's error, the same variant and message everywhere.
+    fn agree(&mut self, outcome: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+        let bytes = match &outcome {
+            Ok(()) => Vec::new(),
+            Err(e) => serde_json::to_vec(e).map_err(fail)?,
+        };
+        let bytes = self.session.rank.broadcast(0, bytes)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        Err(serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| RuntimeError::Fault(format!("damaged outcome from rank 0: {e}"))))
+    }
+}
+
+/// Rank 0: loads the checkpoint and checks it against the job; warnings for what differs but
+/// still resumes (another training text).
+fn check_resume(job: &TrainJob, dir: &Path) -> Result<(Checkpoint, Vec<String>), RuntimeError> {
+    let (_, ckpt) = checkpoint_fs::load_resolved(dir).map_err(|e| e.prefixed("--resume"))?;
+    let model = &job.session.run.model;
+    let train = global_train(job);
+    let mut warnings = ckpt.check_resume(model, &train).map_err(|e| {
+        RuntimeError::Config(format!(
+            "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
+             without --resume",
+            dir.display(),
+            ckpt.meta.flags()
+        ))
+    })?;
+    let data = corpus_fingerprint(&job.corpus);
+    if let Some(saved) = ckpt.meta.data.as_ref().filter(|d| **d != data) {
+        warnings.push(format!(
+            "the training text ({data}) is not the checkpoint's ({saved})"
+        ));
+    }
+    let step = ckpt.meta.step;
+    if step >= job.steps {
+        return Err(RuntimeError::Config(format!(
+            "--resume {}: the checkpoint is already at step {step}, and --steps is {}; raise \
+             --steps to train further",
+            dir.display(),
+            job.steps
+        )));
+    }
+    Ok((ckpt, warnings))
+}
+
+/// The training settings as a checkpoint records them: microbatches of the *global* step
+/// (all replicas), so that a checkpoint resumes under any pipeline × data-parallel shape with
+/// the same global batch.
+fn global_train(job: &TrainJob) -> nobubble_nn::TrainConfig {
+    let mut t = job.session.run.train.clone();
+    t.microbatches *= job.session.run.data_parallel.max(1);
+    t
+}

@@ -159,6 +159,16 @@ fn objective(text: &str) -> PyResult<Objective> {
     }
 }
 
+/// An `IndexError` unless `index < count`.
+fn in_range(what: &str, index: usize, count: usize) -> PyResult<()> {
+    if index < count {
+        return Ok(());
+    }
+    Err(PyIndexError::new_err(format!(
+        "{what} {index} is out of range: the plan has {what}s 0..{count}"
+    )))
+}
+
 /// A planned schedule: its actions per rank in PyTorch's notation, the stages each rank
 /// builds, and what the simulator predicts.
 #[pyclass(module = "nobubble", frozen)]
@@ -218,24 +228,14 @@ impl Plan {
     /// The stage indices `rank` must build, in increasing order.
     fn stages_of(&self, rank: usize) -> PyResult<Vec<usize>> {
         let s = &self.inner.schedule;
-        if rank >= s.ranks {
-            return Err(PyIndexError::new_err(format!(
-                "rank {rank} is out of range: the plan has ranks 0..{}",
-                s.ranks
-            )));
-        }
+        in_range("rank", rank, s.ranks)?;
         Ok(s.stages_of(rank))
     }
 
     /// The rank that runs `stage`.
     fn rank_of(&self, stage: usize) -> PyResult<usize> {
         let s = &self.inner.schedule;
-        if stage >= s.stages {
-            return Err(PyIndexError::new_err(format!(
-                "stage {stage} is out of range: the plan has stages 0..{}",
-                s.stages
-            )));
-        }
+        in_range("stage", stage, s.stages)?;
         Ok(s.rank_of(stage))
     }
 

@@ -214,15 +214,7 @@ fn zb_auto_within(
             break;
         }
     }
-    let (mut best, _) = best.ok_or_else(|| {
-        Error::setting(
-            "mem_limit",
-            format!(
-                "no schedule fits {x} × M_B; raise the limit (every rank must hold at least one \
-                 microbatch's activations)"
-            ),
-        )
-    })?;
+    let (mut best, _) = best.ok_or_else(|| no_fit(x))?;
     best.name = name.to_string();
     Ok(best)
 }
@@ -264,17 +256,22 @@ fn at_the_limit(
             x,
         )?,
     };
-    let (mut best, _) = found.map(|b| repair_drain(b, costs, x)).ok_or_else(|| {
-        Error::setting(
-            "mem_limit",
-            format!(
-                "no schedule fits {x} × M_B; raise the limit (every rank must hold at least one \
-                 microbatch's activations)"
-            ),
-        )
-    })?;
+    let (mut best, _) = found
+        .map(|b| repair_drain(b, costs, x))
+        .ok_or_else(|| no_fit(x))?;
     best.name = name.to_string();
     Ok(best)
+}
+
+/// Why nothing was planned: no schedule fits `x` × M_B.
+fn no_fit(x: f64) -> Error {
+    Error::setting(
+        "mem_limit",
+        format!(
+            "no schedule fits {x} × M_B; raise the limit (every rank must hold at least one \
+             microbatch's activations)"
+        ),
+    )
 }
 
 /// A point of the ZB-H family (see [`super::zb_template`]).

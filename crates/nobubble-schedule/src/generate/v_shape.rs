@@ -237,6 +237,14 @@ pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
     v_auto_within(p, m, &costs, x, goal.name)
 }
 
+/// Why nothing was planned: no V schedule fits `x` × M_B.
+fn no_v_fit(x: f64) -> Error {
+    Error::setting(
+        "mem_limit",
+        format!("no V schedule fits {x} × M_B; the minimum is 1, use a limit of 1 or more"),
+    )
+}
+
 /// [`v_auto`] with the costs resolved (objective and rank shares set).
 fn v_auto_within(
     p: usize,
@@ -280,12 +288,7 @@ fn v_auto_within(
         all.extend(periodic.into_iter().map(|f| f.0));
         all.extend(greedy.at(p, m, costs, x));
         all.extend(blocks.at(x, name));
-        let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| {
-            Error::setting(
-                "mem_limit",
-                format!("no V schedule fits {x} × M_B; the minimum is 1, use a limit of 1 or more"),
-            )
-        })?;
+        let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| no_v_fit(x))?;
         best.name = name.to_string();
         return Ok(best);
     }
@@ -335,12 +338,7 @@ fn v_auto_within(
             break;
         }
     }
-    let (mut best, _) = best.ok_or_else(|| {
-        Error::setting(
-            "mem_limit",
-            format!("no V schedule fits {x} × M_B; the minimum is 1, use a limit of 1 or more"),
-        )
-    })?;
+    let (mut best, _) = best.ok_or_else(|| no_v_fit(x))?;
     best.name = name.to_string();
     Ok(best)
 }

@@ -11,13 +11,12 @@
 //! real pipelines. Data parallelism multiplies the tokens per step; its gradient all-reduce is
 //! taken as overlapped (not modelled).
 
-use crate::cost::{CostModel, CostSpec, RankCost};
+use crate::cost::{CostSpec, RankCost};
 use crate::error::Error;
 use crate::flops;
-use crate::generate::{generate, Request, ScheduleKind};
+use crate::generate::ScheduleKind;
 pub use crate::limit::MemLimit;
-use crate::sim::simulate;
-use crate::validate::peak_memory;
+use crate::planner::{PlanRequest, Planned};
 use serde::Serialize;
 
 /// The model whose training is forecast.
@@ -319,10 +318,6 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
     let mut rows = Vec::new();
     let mut omitted = Vec::new();
     for kind in SCHEDULES {
-        let req = Request {
-            mem_limit: limit_x.map_or(MemLimit::None, MemLimit::Multiple),
-            ..Request::new(kind, x.stages, x.microbatches)
-        };
         let spec = match kind {
             ScheduleKind::ZbV => {
                 if let ModelShape::Layers { layers, .. } = x.model {
@@ -344,19 +339,19 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
         };
         // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out,
         // and says why.
-        let schedule = match generate(&req, &spec) {
-            Ok(s) => s,
+        let req = PlanRequest {
+            mem_limit: limit_x.map_or(MemLimit::None, MemLimit::Multiple),
+            ..PlanRequest::new(kind, x.stages, x.microbatches, spec)
+        };
+        let Planned { schedule, sim, .. } = match crate::planner::plan(&req) {
+            Ok(p) => p,
             Err(e) if kind == ScheduleKind::OneFOneB => return Err(e),
             Err(e) => {
                 omitted.push((kind.name().to_string(), e.to_string()));
                 continue;
             }
         };
-        let costs = CostModel::for_schedule(&spec, &schedule)?;
-        let sim = simulate(&schedule, &costs)?;
-        let peak = peak_memory(&schedule, &costs)
-            .into_iter()
-            .fold(0.0, f64::max);
+        let peak = sim.metrics.peak_memory.iter().copied().fold(0.0, f64::max);
         let fits = limit_x.is_none_or(|l| peak <= l * mem_b * (1.0 + 1e-9));
         let step_seconds = match x.step_time {
             StepTime::Makespan => sim.metrics.makespan,

@@ -189,5 +189,8 @@ def test_bad_argument_types_say_what_to_give() -> None:
         nobubble.plan("zb-auto", 2, 4, mem_limit=[1000, 2000])
     with pytest.raises(ValueError, match="multiple of M_B"):
         nobubble.plan("zb-auto", 2, 4, mem_limit=268435456)
+    # A size against the unitless default memory would be no limit at all.
+    with pytest.raises(ValueError, match="needs mem= in bytes"):
+        nobubble.plan("zb-auto", 2, 4, mem_limit="20MiB")
     with pytest.raises(ValueError, match="time `f` must be a positive number"):
         nobubble.plan("zb-auto", 2, 4, cost=(-1.0, 1.0, 1.0))

@@ -138,6 +138,18 @@ fn mem_limit(obj: Option<&Bound<'_, PyAny>>) -> PyResult<MemLimit> {
     MemLimit::multiple(x).map_err(py_error)
 }
 
+/// An amount of memory as the limit needs `mem=` in the same unit: against the unitless
+/// default (M_B = 1) it would mean millions of microbatches, that is no limit at all.
+fn sized_memory(limit: &MemLimit, mem: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    if limit.budgets().is_empty() || mem.is_some() {
+        return Ok(());
+    }
+    Err(value_error(
+        "mem_limit as a size needs mem= in bytes, e.g. mem=(201216, 73728); or give a multiple \
+         of M_B, e.g. mem_limit=8",
+    ))
+}
+
 fn placement(text: &str) -> PyResult<Option<Placement>> {
     match text.to_ascii_lowercase().as_str() {
         "auto" => Ok(None),
@@ -366,9 +378,13 @@ fn plan(
     layer_costs: Option<&str>,
 ) -> PyResult<Plan> {
     let kind = ScheduleKind::from_name(schedule).map_err(py_error)?;
+    let limit = self::mem_limit(mem_limit)?;
     let costs = match layer_costs {
         Some(json) => PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?),
-        None => PlanCosts::Stages(cost_spec(cost, mem, comm)?),
+        None => {
+            sized_memory(&limit, mem)?;
+            PlanCosts::Stages(cost_spec(cost, mem, comm)?)
+        }
     };
     let req = PlanRequest {
         schedule: kind,
@@ -376,7 +392,7 @@ fn plan(
         microbatches,
         chunks,
         costs,
-        mem_limit: self::mem_limit(mem_limit)?,
+        mem_limit: limit,
         placement: self::placement(placement)?,
         objective: self::objective(objective)?,
     };
@@ -398,9 +414,11 @@ fn evaluate(
     limit: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
     let schedule = csv::read(text, name).map_err(py_error)?;
+    let limit = mem_limit(limit)?;
+    sized_memory(&limit, mem)?;
     let spec = cost_spec(cost, mem, comm)?;
-    let planned = planner::evaluate(schedule, &spec, &mem_limit(limit)?, Objective::default())
-        .map_err(py_error)?;
+    let planned =
+        planner::evaluate(schedule, &spec, &limit, Objective::default()).map_err(py_error)?;
     planned.check_limit().map_err(py_error)?;
     Ok(Plan { inner: planned })
 }

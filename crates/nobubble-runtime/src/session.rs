@@ -160,6 +160,16 @@ impl Session {
         corpus: Arc<ByteCorpus>,
         eval: Arc<ByteCorpus>,
     ) -> Result<Session, RuntimeError> {
+        opts.mem_limit
+            .check(opts.ranks)
+            .map_err(RuntimeError::Plan)?;
+        if opts.emulated.is_some() && !opts.mem_limit.budgets().is_empty() {
+            return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
+                "mem_limit",
+                "emulated passes hold no tensors, so their memory is counted in M_B: give a \
+                 multiple of it (e.g. 8), not an amount of memory",
+            )));
+        }
         let provisional = opts
             .emulated
             .clone()

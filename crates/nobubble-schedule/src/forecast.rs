@@ -234,7 +234,7 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
     if !(x.comm_seconds.is_finite() && x.comm_seconds >= 0.0) {
         return Err(Error::setting(
             "comm_seconds",
-            format!("must be zero or positive, got {}", x.comm_seconds),
+            format!("must be zero or positive, got {} ms", x.comm_seconds * 1e3),
         ));
     }
     match x.model {
@@ -340,7 +340,10 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
         // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out,
         // and says why.
         let req = PlanRequest {
-            mem_limit: limit_x.map_or(MemLimit::None, MemLimit::Multiple),
+            // No rank holds more than all its microbatches: a larger limit plans like m.
+            mem_limit: limit_x.map_or(MemLimit::None, |l| {
+                MemLimit::Multiple(l.min(x.microbatches as f64))
+            }),
             ..PlanRequest::new(kind, x.stages, x.microbatches, spec)
         };
         let Planned { schedule, sim, .. } = match crate::planner::plan(&req) {

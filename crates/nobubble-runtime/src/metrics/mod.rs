@@ -30,10 +30,9 @@ pub use served::{Metrics, MetricsServer};
 /// every replica): the paper's per-block counts plus the LM head's three matrix products.
 /// Recomputation-free, as this engine is, so model FLOPs and hardware FLOPs agree.
 pub fn model_flops_per_step(model: &GptConfig, microbatches: usize) -> f64 {
-    let [f, i, w] =
-        nobubble_nn::bench::block_flops(model.hidden, model.seq_len, model.microbatch_size);
-    let tokens = (model.seq_len * model.microbatch_size) as f64;
-    let head = 3.0 * 2.0 * tokens * model.hidden as f64 * model.vocab as f64;
+    let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
+    let [f, i, w] = nobubble_schedule::flops::block_pass_flops(h, s, b);
+    let head = 3.0 * nobubble_schedule::flops::head_pass_flops(h, model.vocab, s, b);
     microbatches as f64 * (model.layers as f64 * (f + i + w) + head)
 }
 

@@ -140,6 +140,10 @@ impl TrainingRun<'_, '_> {
     fn agree(&mut self, outcome: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
         let bytes = match &outcome {
             Ok(()) => Vec::new(),
+            // The planner's errors are not sent as such (every rank finds them alike).
+            Err(RuntimeError::Plan(e)) => {
+                serde_json::to_vec(&RuntimeError::Config(e.to_string())).map_err(fail)?
+            }
             Err(e) => serde_json::to_vec(e).map_err(fail)?,
         };
         let bytes = self.session.rank.broadcast(0, bytes)?;

@@ -312,7 +312,7 @@ fn plan(a: &PlanBenchArgs) -> Result<(), String> {
         "schedule", "p", "m", "median ms", "bubble rate"
     );
     for name in a.schedules.split(',') {
-        let kind = ScheduleKind::from_name(name).map_err(|e| e.to_string())?;
+        let kind = ScheduleKind::from_name(name).map_err(crate::costs::cli_error)?;
         for &(p, m) in &sizes {
             let req = Request {
                 mem_limit: a.costs.limit(),
@@ -326,7 +326,7 @@ fn plan(a: &PlanBenchArgs) -> Result<(), String> {
             let mut rate = 0.0;
             for _ in 0..a.repeat.max(1) {
                 let t0 = Instant::now();
-                let s = generate(&req, &spec).map_err(|e| e.to_string())?;
+                let s = generate(&req, &spec).map_err(crate::costs::cli_error)?;
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
                 let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
                 rate = simulate(&s, &c)

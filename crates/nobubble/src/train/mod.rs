@@ -360,7 +360,8 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     // Emulated passes hold no tensors: their memory is counted in M_B, so the limit is a
     // multiple of it, as for `plan`.
     let mem_limit = a.mem_limit.clone().unwrap_or_default();
-    if emulated.is_some() && !mem_limit.budgets().is_empty() {
+    let below_one = mem_limit.as_multiple().is_some_and(|x| x < 1.0);
+    if emulated.is_some() && (!mem_limit.budgets().is_empty() || below_one) {
         return Err(format!(
             "with --compute emulated, --mem-limit is a multiple of a rank's M_B (a bare number \
              ≥ 1, e.g. 8), got `{mem_limit}`"

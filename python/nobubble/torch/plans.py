@@ -1,0 +1,440 @@
+"""Plans as nobubble.torch sees them, and how all ranks come to hold the same one.
+
+A plan is anything with the interface of ``nobubble.plan(...)``'s result (``actions``,
+``stages_of``, ``num_ranks``, ...). PyTorch runs a schedule SPMD: every rank computes its
+communication from every other rank's action list, so every rank must hold *the same*
+plan. Planning is deterministic, but measured costs differ from rank to rank, so
+:func:`agreed_plan` gathers the measurements, lets rank 0 plan, and broadcasts a
+:class:`PlanSnapshot` (plain data, picklable) that every rank then uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Union, runtime_checkable
+
+import torch.distributed as dist
+
+from nobubble.torch._compat import parse_action
+from nobubble.torch.profiling import Profile
+
+#: ``nobubble.plan``'s ``mem_limit``: a number is a multiple of each rank's M_B; a size with
+#: a unit (``"20GiB"``, ``"1609728B"``) or a list of sizes (one per rank) is a byte budget
+#: when the costs' memory is in bytes, as a :class:`Profile`'s is. (``Union``: the alias is
+#: evaluated at import.)
+MemLimit = Union[float, int, str, Sequence[Union[float, int, str]], None]
+
+
+@runtime_checkable
+class PlanLike(Protocol):
+    """The part of ``nobubble.plan``'s result that nobubble.torch uses."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def num_ranks(self) -> int: ...
+    @property
+    def num_stages(self) -> int: ...
+    @property
+    def num_microbatches(self) -> int: ...
+    @property
+    def actions(self) -> list[list[str]]: ...
+    def stages_of(self, rank: int) -> list[int]: ...
+    def rank_of(self, stage: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class PlanSnapshot:
+    """A plan reduced to plain data: what every rank needs, picklable for a broadcast.
+
+    ``makespan``, ``bubble_rate``, ``peak_memory`` and ``lower_bound`` are the planner's
+    predictions, in the units of the costs it was given (ms and bytes when planned from a
+    :class:`~nobubble.torch.Profile`); ``None`` when unknown (a plan read from a CSV file).
+    ``inputs`` records how it was planned, so a schedule can re-plan it on measured times.
+    ``layer_split``: blocks per stage when the planner chose the cut (``layers=`` profile).
+    """
+
+    schedule: str
+    actions: tuple[tuple[str, ...], ...]
+    stage_ranks: tuple[int, ...]
+    num_microbatches: int
+    makespan: float | None = None
+    bubble_rate: float | None = None
+    peak_memory: tuple[float, ...] | None = None
+    lower_bound: float | None = None
+    csv: str | None = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    layer_split: tuple[int, ...] | None = None
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actions)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ranks)
+
+    def stages_of(self, rank: int) -> list[int]:
+        """The stage indices that ``rank`` runs, in increasing order."""
+        return [s for s, r in enumerate(self.stage_ranks) if r == rank]
+
+    def rank_of(self, stage: int) -> int:
+        return self.stage_ranks[stage]
+
+    def to_csv(self) -> str:
+        """PyTorch's compute-only schedule CSV (row r = rank r)."""
+        return "".join(",".join(row) + "\n" for row in self.actions)
+
+    def digest(self) -> str:
+        """A short hash of the action lists: equal on every rank iff the plans agree."""
+        return _digest(self.actions)
+
+    @classmethod
+    def of(cls, plan: Any, inputs: Mapping[str, Any] | None = None) -> PlanSnapshot:
+        """Copies what nobubble.torch needs out of a ``nobubble.plan`` result."""
+        if isinstance(plan, PlanSnapshot):
+            return plan
+        _check_plan_like(plan)
+        actions = tuple(tuple(str(a) for a in row) for row in plan.actions)
+        stage_ranks = tuple(int(plan.rank_of(s)) for s in range(int(plan.num_stages)))
+        peak = getattr(plan, "peak_memory", None)
+        split = getattr(plan, "layer_split", None)
+        snapshot = cls(
+            schedule=str(plan.schedule),
+            actions=actions,
+            stage_ranks=stage_ranks,
+            num_microbatches=int(plan.num_microbatches),
+            makespan=_float_or_none(getattr(plan, "makespan", None)),
+            bubble_rate=_float_or_none(getattr(plan, "bubble_rate", None)),
+            peak_memory=None if peak is None else tuple(float(x) for x in peak),
+            lower_bound=_float_or_none(getattr(plan, "lower_bound", None)),
+            inputs=dict(inputs or {}),
+            layer_split=None if split is None else tuple(int(b) for b in split),
+        )
+        snapshot.validate()
+        return snapshot
+
+    def validate(self) -> None:
+        """Checks that the actions parse and agree with the stage→rank map (ValueError)."""
+        if len(self.actions) != (max(self.stage_ranks) + 1 if self.stage_ranks else 0):
+            raise ValueError(
+                f"the plan has {len(self.actions)} action rows but its stages are placed on "
+                f"{max(self.stage_ranks, default=-1) + 1} ranks; every rank needs a row"
+            )
+        for rank, row in enumerate(self.actions):
+            for text in row:
+                action = parse_action(text)
+                stage = action.stage_index
+                if stage >= self.num_stages:
+                    raise ValueError(
+                        f"plan action {text!r} names stage {stage}, but the plan has "
+                        f"{self.num_stages} stages"
+                    )
+                if self.stage_ranks[stage] != rank:
+                    raise ValueError(
+                        f"plan action {text!r} is in rank {rank}'s row, but stage {stage} is "
+                        f"placed on rank {self.stage_ranks[stage]}"
+                    )
+                if action.microbatch_index >= self.num_microbatches:
+                    raise ValueError(
+                        f"plan action {text!r} names microbatch {action.microbatch_index}, "
+                        f"but the plan has {self.num_microbatches} microbatches"
+                    )
+
+
+def plan_from_csv(text: str, schedule: str = "csv") -> PlanSnapshot:
+    """Reads PyTorch's compute-only schedule CSV (e.g. ``nobubble plan -f csv``) as a plan.
+
+    Row r is rank r; a stage belongs to the row that holds it; the microbatch count is the
+    largest microbatch number plus one. Empty cells (idle slots) are dropped: the runtime
+    orders by dependencies, not by columns.
+    """
+    rows: list[tuple[str, ...]] = []
+    for line in text.lstrip("\ufeff").splitlines():
+        rows.append(tuple(c.strip().strip('"') for c in line.split(",") if c.strip()))
+    while rows and not rows[-1]:
+        rows.pop()
+    if not rows:
+        raise ValueError("the schedule CSV has no actions; expected rows like 0F0,0F1,0I0,0W0")
+    placement: dict[int, int] = {}
+    microbatches = 0
+    for rank, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"row {rank + 1} (rank {rank}) of the schedule CSV has no actions")
+        for text in row:
+            action = parse_action(text)
+            owner = placement.setdefault(action.stage_index, rank)
+            if owner != rank:
+                raise ValueError(
+                    f"stage {action.stage_index} appears in rows {owner} and {rank}; "
+                    "a stage runs on one rank"
+                )
+            microbatches = max(microbatches, action.microbatch_index + 1)
+    num_stages = max(placement) + 1
+    missing = [s for s in range(num_stages) if s not in placement]
+    if missing:
+        raise ValueError(f"the schedule CSV never runs stages {missing}")
+    snapshot = PlanSnapshot(
+        schedule=schedule,
+        actions=tuple(rows),
+        stage_ranks=tuple(placement[s] for s in range(num_stages)),
+        num_microbatches=microbatches,
+        csv=text,
+    )
+    snapshot.validate()
+    return snapshot
+
+
+def make_plan(
+    schedule: str,
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    costs: Profile | None = None,
+    mem_limit: MemLimit = None,
+    comm: float | None = None,
+    placement: str = "auto",
+    chunks: int | None = None,
+    objective: str | None = None,
+    layers: Profile | None = None,
+    **plan_kwargs: Any,
+) -> PlanSnapshot:
+    """Calls ``nobubble.plan`` in this process (no communication) and snapshots the result.
+
+    ``layers`` (instead of ``costs``): a profile of ``[embedding, *blocks, head]``; the planner
+    then also chooses the blocks per stage (``layer_split``), see
+    :meth:`Profile.layer_costs_json`.
+
+    With ``costs`` (a :class:`Profile`) the plan's times are in ms and memory in bytes. A
+    profile whose chunk count is not the plan's stage count is regrouped when the counts
+    divide (see :meth:`Profile.regroup`). With ``placement="auto"`` and a profile of 2p
+    chunks, both layouts are planned from the measured chunks (linear: neighbouring pairs
+    summed; V: one chunk per stage) and the one with the shorter makespan is kept; build
+    the stages with :func:`~nobubble.torch.build_stages` from the same 2p chunks.
+    """
+    import nobubble
+
+    planner = getattr(nobubble, "plan", None)
+    if planner is None:
+        raise ImportError(
+            "nobubble.plan is not available: the Rust extension of the nobubble package is "
+            "not built or not installed (build it with `maturin develop` in the repository)"
+        )
+    kwargs: dict[str, Any] = dict(plan_kwargs)
+    kwargs.update(stages=num_ranks, microbatches=num_microbatches, placement=placement)
+    if chunks is not None:
+        kwargs["chunks"] = chunks
+    if objective is not None:
+        kwargs["objective"] = objective
+    if comm is not None:
+        kwargs["comm"] = comm
+    if mem_limit is not None:
+        kwargs["mem_limit"] = mem_limit
+    if layers is not None:
+        if costs is not None:
+            raise ValueError("pass costs= (per stage) or layers= (per layer), not both")
+        return _plan_layers(planner, schedule, kwargs, layers)
+    if costs is not None and placement == "auto" and costs.num_chunks == 2 * num_ranks > 2:
+        # Measured chunks fix both layouts: pairs of chunks per rank (linear) or one chunk
+        # per V stage. Plan each with its own costs and keep the shorter.
+        linear = _plan_with(planner, schedule, kwargs, costs, "linear", num_ranks, None)
+        v = _plan_with(planner, schedule, kwargs, costs, "v", num_ranks, chunks or 2)
+        best = min((linear, v), key=lambda p: float("inf") if p.makespan is None else p.makespan)
+        return best
+    if costs is not None:
+        return _plan_with(planner, schedule, kwargs, costs, placement, num_ranks, chunks)
+    plan = planner(schedule, **kwargs)
+    return PlanSnapshot.of(plan, inputs=dict(kwargs, schedule=schedule))
+
+
+def _plan_layers(
+    planner: Any, schedule: str, kwargs: dict[str, Any], layers: Profile
+) -> PlanSnapshot:
+    """Plans the cut and the order from per-layer costs.
+
+    The recorded inputs are per *stage* (the plan's stage costs, the layers' memory summed
+    per stage) with the placement fixed, so a re-plan changes the order, not the cut.
+    """
+    request = dict(kwargs, layer_costs=layers.layer_costs_json(float(kwargs.get("comm", 0.0))))
+    plan = planner(schedule, **request)
+    split = getattr(plan, "layer_split", None)
+    stage_costs = getattr(plan, "stage_costs", None)
+    inputs = {k: v for k, v in kwargs.items() if k != "layer_costs"}
+    if split is not None and stage_costs is not None:
+        mem = []
+        start = 1
+        for s, blocks in enumerate(split):
+            group = list(layers.stages[start : start + blocks])
+            start += blocks
+            if s == 0:
+                group.insert(0, layers.stages[0])
+            if s == len(split) - 1:
+                group.append(layers.stages[-1])
+            mem.append((float(sum(g.mem_b for g in group)), float(sum(g.mem_w for g in group))))
+        inputs.update(
+            cost=[tuple(float(x) for x in c) for c in stage_costs],
+            mem=mem,
+            placement="v" if len(split) == 2 * int(plan.num_ranks) else "linear",
+        )
+    return PlanSnapshot.of(plan, inputs=dict(inputs, schedule=schedule))
+
+
+def _plan_with(
+    planner: Any,
+    schedule: str,
+    kwargs: dict[str, Any],
+    costs: Profile,
+    placement: str,
+    num_ranks: int,
+    chunks: int | None,
+) -> PlanSnapshot:
+    """Plans with ``costs`` regrouped to the stage count of ``placement``."""
+    request = dict(kwargs, placement=placement)
+    stages = _stage_count(placement, num_ranks, chunks)
+    if stages is None or (costs.num_chunks == num_ranks and stages % num_ranks == 0):
+        # One entry per rank: nobubble splits each evenly over that rank's chunks.
+        fitted = costs
+    else:
+        fitted = costs.regroup(stages)
+    request["cost"] = fitted.cost
+    request["mem"] = fitted.mem
+    plan = planner(schedule, **request)
+    return PlanSnapshot.of(plan, inputs=dict(request, schedule=schedule))
+
+
+def agreed_plan(
+    schedule: str,
+    *,
+    microbatches: int,
+    costs: Profile | None = None,
+    group: dist.ProcessGroup | None = None,
+    layers: Profile | None = None,
+    **plan_kwargs: Any,
+) -> PlanSnapshot:
+    """One plan for every rank of ``group``; call it on every rank (it is a collective).
+
+    Every rank's ``costs`` (or ``layers``, a per-layer profile that lets the planner choose
+    the cut too) are all-gathered and averaged per chunk (each rank measured on its own
+    device; averaging also damps timing noise), rank 0 plans with :func:`make_plan`, and
+    broadcasts the snapshot. The pipeline has as many ranks as ``group`` (default: the world).
+    Without an initialised process group it plans locally, for ``num_ranks=`` ranks (a
+    keyword of ``plan_kwargs``, default 1).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        num_ranks = int(plan_kwargs.pop("num_ranks", 1))
+        return make_plan(
+            schedule,
+            num_ranks=num_ranks,
+            num_microbatches=microbatches,
+            costs=costs,
+            layers=layers,
+            **plan_kwargs,
+        )
+    num_ranks = int(plan_kwargs.pop("num_ranks", dist.get_world_size(group)))
+    if num_ranks != dist.get_world_size(group):
+        raise ValueError(
+            f"num_ranks={num_ranks} but the process group has {dist.get_world_size(group)} "
+            "ranks; a pipeline plan has one row per rank of its group"
+        )
+    gathered: list[Any] = [None] * num_ranks
+    dist.all_gather_object(gathered, (costs, layers), group=group)
+    merged = _average([g[0] for g in gathered])
+    merged_layers = _average([g[1] for g in gathered])
+    payload: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            payload[0] = make_plan(
+                schedule,
+                num_ranks=num_ranks,
+                num_microbatches=microbatches,
+                costs=merged,
+                layers=merged_layers,
+                **plan_kwargs,
+            )
+        except Exception as exc:  # every rank must leave the broadcast with the error
+            payload[0] = exc
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(payload, src=src, group=group)
+    if isinstance(payload[0], Exception):
+        raise payload[0]
+    return payload[0]
+
+
+def _average(profiles: Sequence[Profile | None]) -> Profile | None:
+    present = [p for p in profiles if p is not None]
+    return Profile.average(present) if present else None
+
+
+def check_same_plan(plan: PlanSnapshot, group: dist.ProcessGroup | None = None) -> None:
+    """Raises ValueError on every rank unless all ranks of ``group`` hold the same plan."""
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    size = dist.get_world_size(group)
+    if size == 1:
+        return
+    digests: list[str | None] = [None] * size
+    dist.all_gather_object(digests, plan.digest(), group=group)
+    if len(set(digests)) != 1:
+        groups: dict[str | None, list[int]] = {}
+        for rank, d in enumerate(digests):
+            groups.setdefault(d, []).append(rank)
+        raise ValueError(
+            "the ranks hold different plans (ranks grouped by plan: "
+            f"{sorted(groups.values())}); PyTorch runs one plan SPMD. Plan from identical "
+            "inputs on every rank, or use nobubble.torch.agreed_plan(...) / "
+            "PlannedSchedule(schedule=..., costs=...) to plan on rank 0 and broadcast"
+        )
+
+
+def _digest(actions: Sequence[Sequence[str]]) -> str:
+    text = "\n".join(",".join(row) for row in actions)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stage_count(placement: str, num_ranks: int, chunks: int | None) -> int | None:
+    if placement == "linear":
+        return num_ranks
+    if placement == "v":
+        return num_ranks * (chunks or 2)
+    return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _check_plan_like(plan: Any) -> None:
+    missing = [
+        name
+        for name in ("schedule", "num_stages", "num_microbatches", "actions", "rank_of")
+        if not hasattr(plan, name)
+    ]
+    if missing:
+        raise TypeError(
+            f"plan must be a nobubble plan (from nobubble.plan(...)) or a PlanSnapshot; "
+            f"{type(plan).__name__} has no {', '.join(missing)}"
+        )
+
+
+def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> PlanSnapshot:
+    """The same planning request as ``plan``'s, with ``cost`` (per stage F, I, W) instead.
+
+    Only for plans that record their inputs (made by :func:`make_plan`/:func:`agreed_plan`).
+    """
+    if not plan.inputs:
+        raise ValueError(
+            "this plan does not record how it was planned (it was given, not made here); "
+            "plan with nobubble.torch.agreed_plan(...) to be able to re-plan"
+        )
+    import nobubble
+
+    kwargs = dict(plan.inputs)
+    schedule = kwargs.pop("schedule")
+    kwargs["cost"] = [tuple(float(x) for x in c) for c in cost]
+    # The stages are built: keep their placement (and, with a layer split, their cut).
+    kwargs["placement"] = "v" if plan.num_stages == 2 * plan.num_ranks else "linear"
+    kwargs.pop("layer_costs", None)
+    new = nobubble.plan(schedule, **kwargs)
+    return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule))

@@ -1,0 +1,427 @@
+"""``PlannedSchedule``: a nobubble plan executed by PyTorch's own pipeline runtime.
+
+PyTorch's zero-bubble schedules (``ScheduleZBVZeroBubble``, ``ScheduleInterleavedZeroBubble``)
+are subclasses of ``_PipelineScheduleRuntime`` that compute a fixed per-rank action list
+and hand it to the runtime, which adds the sends and receives and executes it. A nobubble
+plan is such an action list, computed for the measured costs and the memory limit. So
+``PlannedSchedule`` is the same kind of subclass: it sets ``pipeline_order`` from the plan
+and lets the runtime lower and run it. Communication (gloo on CPU, NCCL on GPUs), the I/W
+split, gradient scaling and FSDP/DDP handling are PyTorch's, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nobubble.torch._compat import (
+    TESTED_TORCH,
+    _PipelineScheduleRuntime,
+    _PipelineStageBase,
+    parse_action,
+)
+from nobubble.torch.plans import (
+    MemLimit,
+    PlanSnapshot,
+    agreed_plan,
+    check_same_plan,
+    make_plan,
+    replan,
+)
+from nobubble.torch.profiling import MIN_MS, Profile, StageProfile
+from nobubble.torch.timing import ActionRecorder, StepMeasurement, pass_times, summarize
+
+
+class PlannedSchedule(_PipelineScheduleRuntime):
+    """Runs a nobubble plan's per-rank F/I/W action lists with PyTorch's pipeline runtime.
+
+    Built like ``ScheduleZBVZeroBubble(stages, n_microbatches, loss_fn)``, with ``stages``
+    this rank's ``PipelineStage`` objects, plus either
+
+    - ``plan=``: a ``nobubble.plan(...)`` result (or :class:`PlanSnapshot`); every rank must
+      pass the same plan (checked: construction all-gathers a hash of it), or
+    - ``schedule=`` (default ``"zb-auto"``), ``costs=`` (a :class:`Profile`), ``mem_limit=``,
+      ``comm=``, ``objective=``: plan here. Construction is then a collective: the ranks'
+      profiles are all-gathered and averaged, rank 0 plans, and the plan is broadcast. The
+      placement follows the stages given: one per rank plans a linear pipeline, two per
+      rank a V (rank r holds stages r and 2p−1−r).
+
+    ``measure=True`` times every action on every rank (``step`` then ends with a small
+    all-gather) and appends a :class:`StepMeasurement` to ``self.measurements``;
+    ``replan_after=k`` re-plans once after k measured steps on the measured pass times (for
+    plans that record their inputs: made here, or by :func:`agreed_plan`); the new plan is
+    ``self.plan`` (and ``self.replanned``) from the next step on. Other keywords go to
+    ``_PipelineScheduleRuntime`` (``defer_pp_recv``, ``max_active_stages``, ...).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[_PipelineStageBase],
+        n_microbatches: int,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        args_chunk_spec: Any = None,
+        kwargs_chunk_spec: Any = None,
+        output_merge_spec: Any = None,
+        scale_grads: bool = True,
+        *,
+        plan: Any = None,
+        schedule: str | None = None,
+        costs: Profile | None = None,
+        mem_limit: MemLimit = None,
+        comm: float | None = None,
+        objective: str | None = None,
+        plan_kwargs: dict[str, Any] | None = None,
+        measure: bool = False,
+        replan_after: int | None = None,
+        **runtime_kwargs: Any,
+    ) -> None:
+        stage_list = _check_stages(stages)
+        _check_microbatches(n_microbatches)
+        first = stage_list[0]
+        group = first.group
+        rank, size = first.group_rank, first.group_size
+        collective = _is_collective(group, size)
+
+        if plan is not None and (schedule is not None or costs is not None):
+            raise ValueError(
+                "pass either plan= (a ready plan) or schedule=/costs= (plan here), not both"
+            )
+        if plan is not None:
+            snapshot = PlanSnapshot.of(plan)
+            _agree(
+                collective,
+                group,
+                size,
+                _plan_error(snapshot, stage_list, rank, size, n_microbatches),
+            )
+            if collective:
+                check_same_plan(snapshot, group)
+        else:
+            placement, chunks = _placement_of(stage_list, size)
+            kwargs = dict(plan_kwargs or {})
+            if chunks is not None:
+                kwargs["chunks"] = chunks
+            request: dict[str, Any] = dict(
+                kwargs,
+                mem_limit=mem_limit,
+                comm=comm,
+                objective=objective,
+                placement=placement,
+                num_ranks=size,
+            )
+            if collective:
+                snapshot = agreed_plan(
+                    schedule or "zb-auto",
+                    microbatches=n_microbatches,
+                    costs=costs,
+                    group=group,
+                    **request,
+                )
+            else:
+                size_ = request.pop("num_ranks")
+                snapshot = make_plan(
+                    schedule or "zb-auto",
+                    num_ranks=size_,
+                    num_microbatches=n_microbatches,
+                    costs=costs,
+                    **request,
+                )
+            _agree(
+                collective,
+                group,
+                size,
+                _plan_error(snapshot, stage_list, rank, size, n_microbatches),
+            )
+        if replan_after is not None:
+            if replan_after < 1:
+                raise ValueError("replan_after must be a positive number of measured steps")
+            if not snapshot.inputs:
+                raise ValueError(
+                    "replan_after needs a plan that records how it was planned: pass "
+                    "schedule=/costs= instead of plan=, or a plan from "
+                    "nobubble.torch.agreed_plan(...); a nobubble.plan(...) result or a CSV "
+                    "plan does not record the costs and memory it was planned with"
+                )
+            measure = True
+
+        super().__init__(
+            stages=stage_list,
+            n_microbatches=n_microbatches,
+            loss_fn=loss_fn,
+            args_chunk_spec=args_chunk_spec,
+            kwargs_chunk_spec=kwargs_chunk_spec,
+            output_merge_spec=output_merge_spec,
+            scale_grads=scale_grads,
+            **runtime_kwargs,
+        )
+        self._group = group
+        self._collective = collective
+        self.plan: PlanSnapshot = snapshot
+        self.measurements: list[StepMeasurement] = []
+        self.replanned: PlanSnapshot | None = None
+        self._replan_after = replan_after
+        self._costs = costs
+        self._recorder: ActionRecorder | None = None
+        self._measuring = False
+        self._load_plan(snapshot)
+        self.measure = measure
+
+    @property
+    def measure(self) -> bool:
+        """Whether ``step`` times every action (switch it on for a few steps, e.g. to compare
+        with the plan, and off again to train without the end-of-step all-gather)."""
+        return self._measuring
+
+    @measure.setter
+    def measure(self, enabled: bool) -> None:
+        if enabled and self._recorder is None:
+            self._install_recorder(self._stages[0].device)
+        self._measuring = bool(enabled)
+
+    # -- plan ----------------------------------------------------------------------------
+
+    def _load_plan(self, snapshot: PlanSnapshot) -> None:
+        """Hands the plan's compute-only action lists to PyTorch's lowering (adds comms)."""
+        order = {r: [parse_action(a) for a in row] for r, row in enumerate(snapshot.actions)}
+        self.pipeline_order = order
+        try:
+            self._prepare_schedule_with_comms(self.pipeline_order)
+        except AssertionError as exc:
+            raise ValueError(
+                f"PyTorch {torch.__version__} refused the plan {snapshot.schedule!r}: {exc}"
+            ) from exc
+
+    # -- measuring -----------------------------------------------------------------------
+
+    def _install_recorder(self, device: torch.device) -> None:
+        recorder = ActionRecorder(self.rank, device)
+        for stage in self._stages:
+            recorder.wrap(stage, "forward_one_chunk", lambda *a, **k: "F")
+            recorder.wrap(
+                stage,
+                "backward_one_chunk",
+                lambda *a, full_backward=True, **k: "B" if full_backward else "I",
+            )
+            recorder.wrap(stage, "backward_weight_one_chunk", lambda *a, **k: "W")
+        self._recorder = recorder
+
+    def _maybe_compute_loss(
+        self,
+        stage: _PipelineStageBase,
+        output: Any,
+        target_mbs: list[Any] | None,
+        mb_index: int,
+        loss_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """PyTorch computes the loss right after the last stage's F; we count it in that F."""
+        super()._maybe_compute_loss(stage, output, target_mbs, mb_index, loss_kwargs)
+        if self._recorder is not None and self._recorder.active and stage.is_last:
+            self._recorder.extend_last(stage.stage_index, mb_index, self._recorder.now())
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """One training iteration, like PyTorch's schedules' ``step``.
+
+        ``step(x, target=y, losses=losses)`` splits the batch into ``n_microbatches``
+        microbatches (or pass pre-split ``arg_mbs=``/``target_mbs=``). With ``measure=True``
+        every rank must call it (it ends with an all-gather of the action timings).
+        """
+        _check_batch(args, kwargs.get("target"), self._n_microbatches)
+        if self._recorder is None or not self._measuring:
+            return super().step(*args, **kwargs)
+        if self._collective:
+            dist.barrier(group=self._group)
+        self._recorder.begin()
+        try:
+            result = super().step(*args, **kwargs)
+        finally:
+            wall = self._recorder.end()
+        self._finish_measurement(wall)
+        return result
+
+    def _finish_measurement(self, wall_ms: float) -> None:
+        local = (wall_ms, self._recorder.actions if self._recorder else [])
+        if self._collective:
+            gathered: list[Any] = [None] * self.pp_group_size
+            dist.all_gather_object(gathered, local, group=self._group)
+        else:
+            gathered = [local]
+        walls = [g[0] for g in gathered]
+        actions = [a for g in gathered for a in g[1]]
+        measurement = summarize(
+            walls, actions, self.pp_group_size, self.plan.makespan, self.plan.bubble_rate
+        )
+        self.measurements.append(measurement)
+        if (
+            self._replan_after is not None
+            and self.replanned is None
+            and len(self.measurements) >= self._replan_after
+        ):
+            self._replan()
+
+    def measured_profile(self) -> Profile:
+        """The measured pass times of all steps so far as a :class:`Profile`.
+
+        Memory comes from the profile the plan was made with (zeros if none).
+        """
+        if not self.measurements:
+            raise ValueError("no measured steps yet: construct with measure=True and call step()")
+        times = pass_times(self.measurements)
+        base = self._costs.regroup(self.plan.num_stages) if self._costs is not None else None
+        stages = []
+        for s in range(self.plan.num_stages):
+            f, i, w = times.get(s, (0.0, 0.0, 0.0))
+            mem = base.stages[s] if base is not None else StageProfile(0, 0, 0, 0, 0)
+            stages.append(
+                StageProfile(
+                    f=max(MIN_MS, f),
+                    i=max(MIN_MS, i),
+                    w=max(MIN_MS, w),
+                    mem_b=mem.mem_b,
+                    mem_w=mem.mem_w,
+                    param_bytes=mem.param_bytes,
+                )
+            )
+        return Profile(stages=tuple(stages), device=str(self._stages[0].device))
+
+    def _replan(self) -> None:
+        """Re-plans once on the measured times; every rank switches to rank 0's new plan."""
+        cost = self.measured_profile().cost
+        payload: list[Any] = [None]
+        if not self._collective or dist.get_rank(self._group) == 0:
+            try:
+                payload[0] = replan(self.plan, cost)
+            except Exception as exc:  # every rank must leave the broadcast
+                payload[0] = exc
+        if self._collective:
+            src = dist.get_global_rank(self._group, 0) if self._group is not None else 0
+            dist.broadcast_object_list(payload, src=src, group=self._group)
+        if isinstance(payload[0], Exception):
+            raise payload[0]
+        new: PlanSnapshot = payload[0]
+        if new.stage_ranks != self.plan.stage_ranks:
+            raise ValueError(
+                "re-planning moved stages between ranks; this cannot happen with a fixed "
+                "placement, please report it"
+            )
+        self._load_plan(new)
+        self.replanned = new
+        self.plan = new
+
+
+# -- checks ------------------------------------------------------------------------------
+
+
+def _check_stages(stages: Any) -> list[_PipelineStageBase]:
+    if isinstance(stages, _PipelineStageBase):
+        return [stages]
+    if not isinstance(stages, (list, tuple)) or not stages:
+        raise TypeError(
+            "stages must be a non-empty list of this rank's PipelineStage objects, built "
+            "for plan.stages_of(rank) (see nobubble.torch.build_stages)"
+        )
+    for s in stages:
+        if not isinstance(s, _PipelineStageBase):
+            raise TypeError(
+                f"stages must hold torch.distributed.pipelining.PipelineStage objects; got a "
+                f"{type(s).__name__}. Wrap each module: PipelineStage(module, stage_index, "
+                "num_stages, device), or use nobubble.torch.build_stages"
+            )
+    counts = {s.num_stages for s in stages}
+    if len(counts) != 1:
+        raise ValueError(f"the stages disagree on num_stages ({sorted(counts)})")
+    indices = [s.stage_index for s in stages]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"stage indices {indices} repeat; build each stage once")
+    return list(stages)
+
+
+def _check_microbatches(n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n_microbatches must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n_microbatches must be at least 1, got {n}")
+
+
+def _check_batch(args: tuple[Any, ...], target: Any, n: int) -> None:
+    for name, value in [("input", a) for a in args] + [("target", target)]:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] % n != 0:
+            raise ValueError(
+                f"the {name} batch has {value.shape[0]} rows, which does not split into "
+                f"{n} equal microbatches; pass a batch of a multiple of {n} rows (or "
+                "pre-split arg_mbs=/target_mbs= lists)"
+            )
+
+
+def _plan_error(
+    plan: PlanSnapshot,
+    stages: list[_PipelineStageBase],
+    rank: int,
+    size: int,
+    n_microbatches: int,
+) -> str | None:
+    """What is wrong with running ``plan`` on this rank with these stages (None: nothing)."""
+    if plan.num_ranks != size:
+        return (
+            f"the plan {plan.schedule!r} is for {plan.num_ranks} ranks but the pipeline group "
+            f"has {size}; plan with stages={size} (nobubble.plan's pipeline rank count)"
+        )
+    if plan.num_microbatches != n_microbatches:
+        return (
+            f"the plan {plan.schedule!r} has {plan.num_microbatches} microbatches but the "
+            f"schedule was given n_microbatches={n_microbatches}; pass the same count to both"
+        )
+    if stages[0].num_stages != plan.num_stages:
+        return (
+            f"the stages were built with num_stages={stages[0].num_stages} but the plan has "
+            f"{plan.num_stages} stages; build PipelineStage(..., num_stages={plan.num_stages})"
+        )
+    want = plan.stages_of(rank)
+    have = sorted(s.stage_index for s in stages)
+    if have != want:
+        return (
+            f"rank {rank} must build stages {want} for the plan {plan.schedule!r} (its "
+            f"placement: stage→rank {list(plan.stage_ranks)}), but was given stages {have}; "
+            f"build PipelineStage objects for plan.stages_of({rank}) = {want}"
+        )
+    return None
+
+
+def _agree(collective: bool, group: Any, size: int, error: str | None) -> None:
+    """Raises on every rank if any rank found a problem, so no rank hangs in a collective."""
+    errors = [error]
+    if collective:
+        errors = [None] * size
+        dist.all_gather_object(errors, error, group=group)
+    found = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not found:
+        return
+    if error is not None:
+        raise ValueError(error)
+    ranks = ", ".join(str(r) for r, _ in found)
+    raise ValueError(f"rank(s) {ranks} cannot run the plan: {found[0][1]}")
+
+
+def _is_collective(group: Any, size: int) -> bool:
+    """Whether construction may use collectives (not on one rank or a fake process group)."""
+    if size == 1 or not dist.is_initialized():
+        return False
+    return dist.get_backend(group) != "fake"
+
+
+def _placement_of(stages: list[_PipelineStageBase], size: int) -> tuple[str, int | None]:
+    num_stages = stages[0].num_stages
+    if num_stages == size:
+        return "linear", None
+    if num_stages == 2 * size:
+        return "v", 2
+    raise ValueError(
+        f"nobubble plans a linear pipeline (one stage per rank) or a V (two per rank), but the "
+        f"stages have num_stages={num_stages} on {size} ranks; build {size} or {2 * size} "
+        "stages, or pass plan= a plan of your own"
+    )
+
+
+__all__ = ["PlannedSchedule", "TESTED_TORCH"]

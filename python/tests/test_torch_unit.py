@@ -1,0 +1,315 @@
+"""Single-process tests of nobubble.torch: profiling, plans, stage building, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import nobubble.torch as nbt  # noqa: E402
+from nobubble.torch.models import (  # noqa: E402
+    SAMPLE_TEXT,
+    GPTConfig,
+    byte_batches,
+    gpt_chunks,
+    gpt_layers,
+    lm_loss,
+)
+from nobubble.torch.timing import ActionTiming, summarize  # noqa: E402
+
+CFG = GPTConfig(vocab=256, hidden=32, heads=2, blocks=4, seq_len=16)
+
+
+def _example(batch: int) -> tuple[Any, Any]:
+    ((x, y),) = byte_batches(SAMPLE_TEXT, batch, CFG.seq_len, 1, seed=3)
+    return x, y
+
+
+# -- profiling ---------------------------------------------------------------------------
+
+
+def test_profile_times_are_positive_and_split_like_pytorch() -> None:
+    """Every pass takes time; the first chunk's I is PyTorch's no-op (its W is the whole B)."""
+    chunks = gpt_chunks(CFG, 2)
+    prof = nbt.profile(chunks, _example(2), lm_loss, warmup=1, iterations=3)
+    assert prof.num_chunks == 2
+    assert prof.microbatch_size == 2
+    for s in prof.stages:
+        assert s.f > 0 and s.i > 0 and s.w > 0
+        assert s.mem_b > 0 and 0 < s.mem_w <= s.mem_b
+        assert s.param_bytes > 0
+    first, last = prof.stages
+    assert first.i == nbt.profiling.MIN_MS
+    assert first.mem_w == first.mem_b
+    assert last.i > 10 * nbt.profiling.MIN_MS
+    assert len(prof.cost) == 2 and len(prof.mem) == 2
+    assert prof.cost[1] == (last.f, last.i, last.w)
+
+
+def test_profile_memory_grows_with_microbatch_size() -> None:
+    """Activation memory is per microbatch: 4 samples hold about twice what 2 do."""
+    chunks = gpt_chunks(CFG, 2)
+    small = nbt.profile(chunks, _example(2), lm_loss, warmup=0, iterations=1)
+    large = nbt.profile(chunks, _example(4), lm_loss, warmup=0, iterations=1)
+    for a, b in zip(small.stages, large.stages):
+        assert b.mem_b > 1.8 * a.mem_b
+        assert b.mem_w > 1.8 * a.mem_w
+
+
+def test_profile_leaves_gradients_and_rng_untouched() -> None:
+    """Profiling must not change the training that follows."""
+    chunks = gpt_chunks(CFG, 2)
+    for p in chunks[0].parameters():
+        p.grad = torch.full_like(p, 0.5)
+    state = torch.random.get_rng_state()
+    nbt.profile(chunks, _example(2), lm_loss, warmup=0, iterations=1)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert all(torch.all(p.grad == 0.5) for p in chunks[0].parameters())
+    assert all(p.grad is None for p in chunks[1].parameters())
+
+
+def test_profile_regroup_sums_neighbouring_chunks() -> None:
+    """Profile 2p chunks, plan p stages: pairs add up (times and memory)."""
+    prof = nbt.profile(gpt_chunks(CFG, 4), _example(2), lm_loss, warmup=0, iterations=1)
+    two = prof.regroup(2)
+    assert two.num_chunks == 2
+    assert two.stages[0].f == pytest.approx(prof.stages[0].f + prof.stages[1].f)
+    assert two.stages[1].mem_b == prof.stages[2].mem_b + prof.stages[3].mem_b
+    with pytest.raises(ValueError, match="multiple of the stage count"):
+        prof.regroup(3)
+
+
+def test_profile_average_across_ranks() -> None:
+    a = nbt.Profile(stages=(nbt.StageProfile(1.0, 2.0, 3.0, 10, 4),))
+    b = nbt.Profile(stages=(nbt.StageProfile(3.0, 4.0, 5.0, 20, 6),))
+    mean = nbt.Profile.average([a, b])
+    assert mean.stages[0].cost == (2.0, 3.0, 4.0)
+    assert mean.stages[0].mem == (15.0, 5.0)
+    with pytest.raises(ValueError, match="different numbers of chunks"):
+        nbt.Profile.average([a, nbt.Profile(stages=a.stages * 2)])
+
+
+def test_profile_rejects_bad_arguments() -> None:
+    chunks = gpt_chunks(CFG, 2)
+    with pytest.raises(TypeError, match="list of nn.Module"):
+        nbt.profile(["not a module"], _example(2), lm_loss)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"\(inputs, target\)"):
+        nbt.profile(chunks, _example(2)[0], lm_loss)
+
+
+def test_activation_tracker_counts_unique_storages_and_frees() -> None:
+    """Views share a storage (counted once); parameters are excluded; backward frees."""
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    tracker = nbt.ActivationMemoryTracker(exclude=lin.parameters())
+    with tracker:
+        y = lin(x)
+        z = (y.view(-1) * y.view(-1)).sum()
+    assert tracker.live_bytes == x.numel() * 4 + y.numel() * 4
+    z.backward()
+    del y, z
+    assert tracker.live_bytes == 0
+    assert tracker.peak_bytes == x.numel() * 4 + y_size_bytes(lin, x)
+
+
+def y_size_bytes(lin: nn.Linear, x: torch.Tensor) -> int:
+    return x.shape[0] * lin.out_features * 4
+
+
+# -- plans -------------------------------------------------------------------------------
+
+ZB_H1 = (
+    "0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3\n"
+    "1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n"
+)
+V_CSV = (
+    "0F0,0F1,3F0,3I0,3W0,3F1,3I1,3W1,0I0,0W0,0I1,0W1\n"
+    "1F0,2F0,1F1,2F1,2I0,2W0,1I0,1W0,2I1,2W1,1I1,1W1\n"
+)
+
+
+def test_plan_from_csv_reads_placement_and_counts() -> None:
+    plan = nbt.plan_from_csv(ZB_H1)
+    assert (plan.num_ranks, plan.num_stages, plan.num_microbatches) == (2, 2, 4)
+    assert plan.stages_of(1) == [1] and plan.rank_of(0) == 0
+    assert plan.to_csv() == ZB_H1
+    v = nbt.plan_from_csv(V_CSV)
+    assert v.stages_of(0) == [0, 3] and v.stages_of(1) == [1, 2]
+    assert v.digest() != plan.digest()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0F0,0X1\n", "not a PyTorch action"),
+        ("0F0,0B0\n1F0,0B0\n", "appears in rows"),
+        ("", "no actions"),
+        ("0F0,0SEND_F0\n", "not a compute action"),
+    ],
+)
+def test_plan_from_csv_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        nbt.plan_from_csv(text)
+
+
+def test_snapshot_of_the_planner_result() -> None:
+    """PlanSnapshot keeps what every rank needs and the planner's predictions."""
+    nobubble = pytest.importorskip("nobubble")
+    plan = nobubble.plan("zb-v", stages=2, microbatches=4)
+    snap = nbt.PlanSnapshot.of(plan)
+    assert snap.num_stages == 4 and snap.stages_of(0) == [0, 3]
+    assert snap.actions == tuple(tuple(r) for r in plan.actions)
+    assert snap.makespan == pytest.approx(plan.makespan)
+    assert nbt.PlanSnapshot.of(snap) is snap
+    with pytest.raises(TypeError, match="nobubble plan"):
+        nbt.PlanSnapshot.of(object())
+
+
+# -- stages ------------------------------------------------------------------------------
+
+
+def test_split_layers_contiguous_and_balanced() -> None:
+    layers = gpt_layers(CFG)
+    chunks = nbt.split_layers(layers, 4)
+    assert [len(c) for c in chunks] == [2, 2, 1, 1]  # type: ignore[arg-type]
+    assert nbt.split_layers(layers, len(layers)) == layers
+    with pytest.raises(ValueError, match="at least one layer per stage"):
+        nbt.split_layers(layers[:2], 3)
+
+
+def test_stage_modules_follow_the_plan() -> None:
+    v = nbt.plan_from_csv(V_CSV)
+    chunks = gpt_chunks(CFG, 4)
+    mods = nbt.stage_modules(chunks, v, rank=1)
+    assert sorted(mods) == [1, 2] and mods[2] is chunks[2]
+
+
+def test_layer_profile_lets_the_planner_cut() -> None:
+    """Per-layer costs: the planner chooses blocks per stage; build_stages cuts the same way."""
+    nobubble = pytest.importorskip("nobubble")
+    layers = gpt_layers(CFG)
+    prof = nbt.profile(layers, _example(2), lm_loss, warmup=0, iterations=1)
+    doc = json.loads(prof.layer_costs_json())
+    assert len(doc["blocks"]) == CFG.blocks and doc["head"]["f"] == prof.stages[-1].f
+    heavy = nbt.Profile(
+        stages=(
+            nbt.StageProfile(0.1, 0.001, 0.5, 10, 10),
+            *[nbt.StageProfile(1.0, 1.0, 1.0, 100, 50)] * CFG.blocks,
+            nbt.StageProfile(3.0, 3.0, 3.0, 400, 40),
+        )
+    )
+    plan = nbt.make_plan(
+        "zb-auto", num_ranks=2, num_microbatches=4, layers=heavy, placement="linear"
+    )
+    assert plan.layer_split is not None and sum(plan.layer_split) == CFG.blocks
+    assert plan.layer_split[0] > plan.layer_split[1]  # the head's stage gets fewer blocks
+    assert plan.inputs["placement"] == "linear" and len(plan.inputs["cost"]) == 2
+    mods = nbt.stage_modules(layers, plan, rank=1)
+    assert list(mods[1])[-1] is layers[-1]  # type: ignore[call-overload]
+    assert len(list(mods[1])) == plan.layer_split[1] + 1  # type: ignore[call-overload]
+    half = 1 + CFG.blocks // 2  # the even cut: embedding + half the blocks | rest + head
+    stage0, stage1 = heavy.stages[:half], heavy.stages[half:]
+    even_cost = [tuple(sum(x.cost[j] for x in st) for j in range(3)) for st in (stage0, stage1)]
+    even = nobubble.plan("zb-auto", 2, 4, cost=even_cost, placement="linear")
+    assert plan.makespan is not None and plan.makespan < even.makespan
+    with pytest.raises(ValueError, match="layer split"):
+        nbt.cut_by_layer_split(layers[:-1], plan.layer_split)
+
+
+# -- errors of PlannedSchedule (single process, PyTorch's fake process group) --------------
+
+
+@pytest.fixture
+def fake_rank1_of_2() -> Any:
+    """A fake two-rank process group in which this process is rank 1 (no peers needed)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    yield
+    dist.destroy_process_group()
+
+
+def test_wrong_stages_for_rank_names_the_right_ones(fake_rank1_of_2: None) -> None:
+    from torch.distributed.pipelining import PipelineStage
+
+    plan = nbt.plan_from_csv(V_CSV)
+    chunks = gpt_chunks(CFG, 4)
+    stages = [PipelineStage(chunks[s], s, 4, torch.device("cpu")) for s in (1, 3)]
+    with pytest.raises(ValueError, match=r"rank 1 must build stages \[1, 2\]"):
+        nbt.PlannedSchedule(stages, 2, lm_loss, plan=plan)
+
+
+def test_wrong_counts_and_types(fake_rank1_of_2: None) -> None:
+    from torch.distributed.pipelining import PipelineStage
+
+    plan = nbt.plan_from_csv(V_CSV)
+    stages = nbt.build_stages(gpt_chunks(CFG, 4), plan)
+    with pytest.raises(ValueError, match="n_microbatches=3"):
+        nbt.PlannedSchedule(stages, 3, lm_loss, plan=plan)
+    with pytest.raises(TypeError, match="PipelineStage"):
+        nbt.PlannedSchedule([nn.Linear(2, 2)], 2, lm_loss, plan=plan)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="n_microbatches must be an int"):
+        nbt.PlannedSchedule(stages, 2.0, lm_loss, plan=plan)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not both"):
+        nbt.PlannedSchedule(stages, 2, lm_loss, plan=plan, schedule="zb-auto")
+    linear = nbt.plan_from_csv(ZB_H1)
+    two = [PipelineStage(gpt_chunks(CFG, 2)[1], 1, 2, torch.device("cpu"))]
+    with pytest.raises(ValueError, match="num_stages=2 but the plan has 4"):
+        nbt.PlannedSchedule(two, 2, lm_loss, plan=plan)
+    with pytest.raises(
+        ValueError, match="replan_after needs a plan that records how it was planned"
+    ):
+        nbt.PlannedSchedule(two, 4, lm_loss, plan=linear, replan_after=1)
+    three = nbt.plan_from_csv("0F0,0B0\n1F0,1B0\n2F0,2B0\n")
+    with pytest.raises(ValueError, match="for 3 ranks but the pipeline group has 2"):
+        nbt.PlannedSchedule(two, 1, lm_loss, plan=three)
+
+
+def test_schedule_builds_on_fake_group(fake_rank1_of_2: None) -> None:
+    """A valid plan is accepted and lowered by PyTorch (sends/receives added)."""
+    plan = nbt.plan_from_csv(V_CSV)
+    stages = nbt.build_stages(gpt_chunks(CFG, 4), plan)
+    schedule = nbt.PlannedSchedule(stages, 2, lm_loss, plan=plan)
+    lowered = [str(a) for a in schedule.pipeline_order_with_comms[1]]
+    assert any("SEND_F" in a for a in lowered) and any("RECV_B" in a for a in lowered)
+    assert schedule.plan.digest() == plan.digest()
+
+
+# -- measurement summaries ----------------------------------------------------------------
+
+
+def test_summary_and_trace_format(tmp_path: Path) -> None:
+    acts = [
+        ActionTiming(0, 0, "F", 0, 0.0, 1.0),
+        ActionTiming(0, 0, "I", 0, 3.0, 4.0),
+        ActionTiming(1, 1, "F", 0, 1.0, 2.0),
+        ActionTiming(1, 1, "I", 0, 2.0, 3.0),
+    ]
+    m = summarize([4.5, 4.0], acts, 2, predicted_ms=4.0, predicted_bubble_rate=0.25)
+    assert m.step_ms == 4.5 and m.makespan_ms == 4.0
+    assert m.busy_ms == (2.0, 2.0) and m.span_ms == (4.0, 2.0)
+    assert m.bubble_rate == pytest.approx(0.5)
+    assert m.bubble_fraction == pytest.approx(0.5)
+    assert m.pass_times()[0] == (1.0, 1.0, 0.0)
+    nbt.write_trace(tmp_path / "t.json", [m])
+    trace = json.loads((tmp_path / "t.json").read_text())
+    first = trace["traceEvents"][0]
+    assert first == {
+        "name": "F0",
+        "cat": "F",
+        "ph": "X",
+        "pid": 0,
+        "tid": 0,
+        "ts": 0.0,
+        "dur": 1000.0,
+        "args": {"stage": 0, "microbatch": 0, "step": 0},
+    }
+    assert "planned 4.00 ms" in m.summary()

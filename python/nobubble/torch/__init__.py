@@ -30,6 +30,14 @@ merging every microbatch's logits is a large copy a training loop does not need.
 
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _error:  # nobubble itself needs no torch; this subpackage does
+    raise ImportError(
+        "nobubble.torch drives PyTorch's pipeline runtime and needs PyTorch: "
+        "pip install torch (or pip install './python[torch]')"
+    ) from _error
+
 from nobubble.torch._compat import TESTED_TORCH
 from nobubble.torch.memory import ActivationMemoryTracker, format_bytes
 from nobubble.torch.plans import (

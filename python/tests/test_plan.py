@@ -194,3 +194,19 @@ def test_bad_argument_types_say_what_to_give() -> None:
         nobubble.plan("zb-auto", 2, 4, mem_limit="20MiB")
     with pytest.raises(ValueError, match="time `f` must be a positive number"):
         nobubble.plan("zb-auto", 2, 4, cost=(-1.0, 1.0, 1.0))
+
+
+def test_model_chunks_price_every_layout() -> None:
+    """Costs of 2p model chunks: a linear plan sums neighbouring chunks, a V plan takes them
+    one per stage, and zb-auto compares the two layouts on the same model."""
+    chunks = [(1.0, 1.0, 1.0), (2.0, 2.0, 2.0), (3.0, 3.0, 3.0), (4.0, 4.0, 4.0)]
+    linear = nobubble.plan("1f1b", 2, 4, cost=chunks)
+    assert linear.stage_costs == [(3.0, 3.0, 3.0), (7.0, 7.0, 7.0)]
+    v = nobubble.plan("zb-v", 2, 4, cost=chunks)
+    assert v.stage_costs == chunks
+    best = nobubble.plan("zb-auto", 2, 8, cost=chunks)
+    for placement in ("linear", "v"):
+        other = nobubble.plan("zb-auto", 2, 8, cost=chunks, placement=placement)
+        assert max(best.span) <= max(other.span) + 1e-9
+    with pytest.raises(ValueError, match="a multiple of 2"):
+        nobubble.plan("1f1b", 2, 4, cost=chunks[:3])

@@ -74,6 +74,17 @@ impl RankCost {
         }
     }
 
+    /// Two consecutive pieces of the model as one: times and memory add.
+    fn plus(self, other: RankCost) -> RankCost {
+        RankCost {
+            f: self.f + other.f,
+            i: self.i + other.i,
+            w: self.w + other.w,
+            mem_b: self.mem_b + other.mem_b,
+            mem_w: self.mem_w + other.mem_w,
+        }
+    }
+
     fn check(&self, what: &str) -> Result<(), Error> {
         for (name, v) in [("f", self.f), ("i", self.i), ("w", self.w)] {
             if !(v.is_finite() && v > 0.0 && v <= MAX_VALUE) {
@@ -201,7 +212,10 @@ pub struct CostModel {
 impl CostModel {
     /// Resolves a [`CostSpec`] for `schedule`, applying the one-rank's-share rule:
     /// with `v = stages / ranks`, stage `s` gets `1/v` of entry `⌊s / v⌋` when the spec has
-    /// one entry per rank, or its own entry, unscaled, when the spec lists every stage.
+    /// one entry per rank, or its own entry, unscaled, when the spec lists every stage; a
+    /// spec that lists `k` model chunks, a multiple of the stages, gives each stage the sum of
+    /// its `k / stages` consecutive chunks (so one profile of 2p chunks prices both the
+    /// linear and the V layout).
     pub fn for_schedule(spec: &CostSpec, schedule: &Schedule) -> Result<CostModel, Error> {
         CostModel::for_layout(spec, schedule.stages, schedule.ranks)
     }
@@ -217,11 +231,19 @@ impl CostModel {
             k if k == p => (0..n)
                 .map(|s| spec.stages[s * p / n].scaled(1.0 / v))
                 .collect(),
+            // Finer than the layout (e.g. 2p model chunks for a linear pipeline): each stage
+            // is `k / n` consecutive chunks, their times and memory summed.
+            k if k % n == 0 => spec
+                .stages
+                .chunks(k / n)
+                .map(|group| group.iter().copied().reduce(RankCost::plus).expect("k > 0"))
+                .collect(),
             k => {
                 return Err(Error::Input(format!(
-                "costs list {k} stages; this schedule has {p} ranks and {n} stages: give 1, {p} \
-                     (one per rank, split evenly over its chunks) or {n} entries"
-            )))
+                    "costs list {k} stages; this schedule has {p} ranks and {n} stages: give 1, \
+                     {p} (one per rank, split evenly over its chunks), {n}, or a multiple of {n} \
+                     (consecutive model chunks summed into each stage)"
+                )))
             }
         };
         Ok(CostModel {
@@ -288,5 +310,42 @@ impl CostModel {
             .iter()
             .map(|&s| self.stages[s].f + self.stages[s].i + self.stages[s].w)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(k: f64) -> RankCost {
+        RankCost {
+            f: k,
+            i: 2.0 * k,
+            w: 3.0 * k,
+            mem_b: 4.0 * k,
+            mem_w: k,
+        }
+    }
+
+    /// A profile of 2p model chunks prices the V layout chunk by chunk and the linear one
+    /// with neighbouring chunks summed: the same model either way.
+    #[test]
+    fn model_chunks_sum_into_coarser_stages() {
+        let spec = CostSpec {
+            comm: 0.5,
+            stages: (1..=4).map(|k| entry(k as f64)).collect(),
+        };
+        let v = CostModel::for_layout(&spec, 4, 2).unwrap();
+        assert_eq!(v.stages, spec.stages);
+        let linear = CostModel::for_layout(&spec, 2, 2).unwrap();
+        assert_eq!(linear.stages, vec![entry(3.0), entry(7.0)]);
+        let total = |c: &CostModel| c.stages.iter().map(|s| s.f + s.i + s.w).sum::<f64>();
+        assert_eq!(total(&v), total(&linear));
+        // Not a multiple of the stages, not one per rank: refused, saying what fits.
+        let e = CostModel::for_layout(&spec, 3, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("costs list 4 stages") && e.contains("a multiple of 3"),
+            "{e}"
+        );
     }
 }

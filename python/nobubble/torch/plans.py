@@ -210,9 +210,9 @@ def make_plan(
     With ``costs`` (a :class:`Profile`) the plan's times are in ms and memory in bytes. A
     profile whose chunk count is not the plan's stage count is regrouped when the counts
     divide (see :meth:`Profile.regroup`). With ``placement="auto"`` and a profile of 2p
-    chunks, both layouts are planned from the measured chunks (linear: neighbouring pairs
-    summed; V: one chunk per stage) and the one with the shorter makespan is kept; build
-    the stages with :func:`~nobubble.torch.build_stages` from the same 2p chunks.
+    chunks, the planner prices both layouts from the measured chunks (linear: neighbouring
+    pairs summed; V: one chunk per stage) and zb-auto keeps the better under the objective;
+    build the stages with :func:`~nobubble.torch.build_stages` from the same 2p chunks.
     """
     import nobubble
 
@@ -236,13 +236,6 @@ def make_plan(
         if costs is not None:
             raise ValueError("pass costs= (per stage) or layers= (per layer), not both")
         return _plan_layers(planner, schedule, kwargs, layers)
-    if costs is not None and placement == "auto" and costs.num_chunks == 2 * num_ranks > 2:
-        # Measured chunks fix both layouts: pairs of chunks per rank (linear) or one chunk
-        # per V stage. Plan each with its own costs and keep the shorter.
-        linear = _plan_with(planner, schedule, kwargs, costs, "linear", num_ranks, None)
-        v = _plan_with(planner, schedule, kwargs, costs, "v", num_ranks, chunks or 2)
-        best = min((linear, v), key=lambda p: float("inf") if p.makespan is None else p.makespan)
-        return best
     if costs is not None:
         return _plan_with(planner, schedule, kwargs, costs, placement, num_ranks, chunks)
     plan = planner(schedule, **kwargs)
@@ -290,11 +283,14 @@ def _plan_with(
     num_ranks: int,
     chunks: int | None,
 ) -> PlanSnapshot:
-    """Plans with ``costs`` regrouped to the stage count of ``placement``."""
+    """Plans with ``costs``: the planner prices each layout from the chunks itself (one entry
+    per rank is split over its chunks; a multiple of the stage count is summed into stages,
+    so 2p chunks price both the linear and the V layout and zb-auto chooses between them).
+    Other chunk counts are regrouped here when they divide the stage count."""
     request = dict(kwargs, placement=placement)
     stages = _stage_count(placement, num_ranks, chunks)
-    if stages is None or (costs.num_chunks == num_ranks and stages % num_ranks == 0):
-        # One entry per rank: nobubble splits each evenly over that rank's chunks.
+    n = costs.num_chunks
+    if stages is None or n == num_ranks or n % stages == 0:
         fitted = costs
     else:
         fitted = costs.regroup(stages)

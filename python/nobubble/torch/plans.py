@@ -207,6 +207,10 @@ def make_plan(
     then also chooses the blocks per stage (``layer_split``), see
     :meth:`Profile.layer_costs_json`.
 
+    ``objective`` defaults to ``"makespan"``: a PyTorch training step usually ends in a wait
+    for every rank; pass ``"span"`` when iterations overlap (no cross-rank wait between
+    steps).
+
     With ``costs`` (a :class:`Profile`) the plan's times are in ms and memory in bytes. A
     profile whose chunk count is not the plan's stage count is regrouped when the counts
     divide (see :meth:`Profile.regroup`). With ``placement="auto"`` and a profile of 2p
@@ -226,8 +230,9 @@ def make_plan(
     kwargs.update(stages=num_ranks, microbatches=num_microbatches, placement=placement)
     if chunks is not None:
         kwargs["chunks"] = chunks
-    if objective is not None:
-        kwargs["objective"] = objective
+    # A PyTorch training step usually ends in a wait for every rank (a loss all-reduce,
+    # global-norm clipping, the next step's barrier), so plan for the makespan unless told.
+    kwargs["objective"] = objective or "makespan"
     if comm is not None:
         kwargs["comm"] = comm
     if mem_limit is not None:

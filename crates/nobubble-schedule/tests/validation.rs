@@ -177,3 +177,42 @@ fn empty_file_is_rejected() {
         .to_string()
         .contains("no actions"));
 }
+
+/// How a costs file maps onto a V placement: entries are in model order, so with one entry
+/// per schedule stage the first (embedding) and the last (LM head) both land on rank 0 —
+/// stages 0 and 2p−1 — and with one entry per 1F1B stage each entry is halved into the two
+/// consecutive chunks it covers, which sit on different ranks.
+#[test]
+fn a_costs_file_maps_onto_v_chunks_in_model_order() {
+    let p = 3;
+    let light = RankCost::default();
+    let head = RankCost {
+        f: 5.0,
+        i: 5.0,
+        w: 5.0,
+        ..light
+    };
+    let mut per_chunk = vec![light; 2 * p];
+    per_chunk[2 * p - 1] = head;
+    let spec = CostSpec {
+        comm: 0.0,
+        stages: per_chunk,
+    };
+    let v = generate(&Request::new(ScheduleKind::ZbV, p, 6), &spec).unwrap();
+    let costs = CostModel::for_schedule(&spec, &v).unwrap();
+    assert_eq!(v.rank_of(0), 0);
+    assert_eq!(v.rank_of(2 * p - 1), 0);
+    assert_eq!(costs.stages[2 * p - 1], head);
+    let work = |r: usize| costs.work_per_microbatch(&v, r);
+    assert_eq!(work(0), 3.0 + 15.0);
+    assert_eq!((work(1), work(2)), (6.0, 6.0));
+    // One entry per 1F1B stage: entry k covers chunks 2k and 2k+1, half each.
+    let per_stage = CostSpec {
+        comm: 0.0,
+        stages: vec![light, light, head],
+    };
+    let c = CostModel::for_schedule(&per_stage, &v).unwrap();
+    assert_eq!(c.stages[4].f, 2.5);
+    assert_eq!(c.stages[5].f, 2.5);
+    assert_eq!((v.rank_of(4), v.rank_of(5)), (1, 0));
+}

@@ -255,23 +255,43 @@ impl Session {
         };
         let current = &self.plan.schedule;
         self.check_one_microbatch_fits(&spec)?;
-        let mut opts = self.options.clone();
-        let mut plan = plan_with(&opts, &spec, Some(current), source)?;
+        let mut plan = plan_with(&self.options, &spec, Some(current), source)?;
         // The planner's model has a microbatch hold no more after I than after F; a stage
         // can hold more (M_W > M_B, e.g. a wide layer's saved input for W). The schedule is
         // planned on the clamped figure, but the prediction — and the limit check below —
-        // use what the stages really hold. Where that puts a plan over the limit, the kinds
-        // that plan within a limit plan again within what is left after the overshoot.
+        // use what the stages really hold.
         let mut real = plan.costs.clone();
         for (c, &(_, bw)) in real.stages.iter_mut().zip(&self.stage_bytes) {
             c.mem_w = bw as f64;
         }
+        if self.stage_bytes.iter().any(|&(b, bw)| bw > b) {
+            plan = self.fit_real_memory(plan, &spec, &real, source);
+        }
+        self.check_limit(&plan, &real)?;
+        if plan.schedule.placement != self.plan.schedule.placement {
+            return Err(RuntimeError::Fault(
+                "internal: re-planning changed the placement".into(),
+            ));
+        }
+        Ok(plan)
+    }
+
+    /// `plan` with its peak predicted on what the stages really hold (`real`); where that is
+    /// over the limit, the kinds that plan within a limit plan again (a few times) within
+    /// what is left after the overshoot. The last plan is returned; `check_limit` judges it.
+    fn fit_real_memory(
+        &self,
+        mut plan: Plan,
+        spec: &CostSpec,
+        real: &CostModel,
+        source: &'static str,
+    ) -> Plan {
+        let mut opts = self.options.clone();
+        let current = &self.plan.schedule;
         for _ in 0..4 {
-            if self.stage_bytes.iter().all(|&(b, bw)| bw <= b) {
-                break;
-            }
-            plan.predicted_peak = peak_memory(&plan.schedule, &real);
-            let Some(allowed) = self.allowed(&plan.schedule, &real) else {
+            plan.predicted_peak = peak_memory(&plan.schedule, real);
+            // Judged against the user's limit, not the tightened one planned under.
+            let Some(allowed) = self.options.mem_limit.allowed(&plan.schedule, real) else {
                 break;
             };
             let over: Vec<f64> = (plan.predicted_peak.iter().zip(&allowed))
@@ -287,31 +307,13 @@ impl Session {
                 .map(|(b, o)| b - o)
                 .collect();
             opts.mem_limit = MemLimit::PerRank(tighter);
-            match plan_with(&opts, &spec, Some(current), source) {
+            match plan_with(&opts, spec, Some(current), source) {
                 Ok(p) => plan = p,
                 Err(_) => break,
             }
         }
-        if self.stage_bytes.iter().any(|&(b, bw)| bw > b) {
-            plan.predicted_peak = peak_memory(&plan.schedule, &real);
-        }
-        self.check_limit(&plan, &real)?;
-        if plan.schedule.placement != self.plan.schedule.placement {
-            return Err(RuntimeError::Fault(
-                "internal: re-planning changed the placement".into(),
-            ));
-        }
-        Ok(plan)
-    }
-
-    /// What each rank may hold under the limit (a multiple is of its own M_B under `costs`);
-    /// `None` without a limit.
-    fn allowed(&self, s: &Schedule, costs: &CostModel) -> Option<Vec<f64>> {
-        let limit = &self.options.mem_limit;
-        match limit.as_multiple() {
-            Some(x) => Some((0..s.ranks).map(|r| x * costs.rank_mem_b(s, r)).collect()),
-            None => limit.per_rank(s.ranks),
-        }
+        plan.predicted_peak = peak_memory(&plan.schedule, real);
+        plan
     }
 
     /// Refuses a limit below one microbatch's measured activations on some rank.
@@ -319,14 +321,12 @@ impl Session {
         let current = &self.plan.schedule;
         let probe = CostModel::for_schedule(spec, current).map_err(RuntimeError::Plan)?;
         let limit = &self.options.mem_limit;
-        for r in 0..current.ranks {
+        let Some(allowed) = limit.allowed(current, &probe) else {
+            return Ok(());
+        };
+        for (r, &a) in allowed.iter().enumerate() {
             let need = probe.rank_mem_b(current, r);
-            let allowed = match (limit.as_multiple(), limit.per_rank(current.ranks)) {
-                (Some(x), _) => x * need,
-                (None, Some(bytes)) => bytes[r],
-                (None, None) => continue,
-            };
-            if allowed < need * (1.0 - 1e-9) {
+            if a < need * (1.0 - 1e-9) {
                 return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
                     "mem_limit",
                     format!(
@@ -342,16 +342,21 @@ impl Session {
 
     /// Refuses a plan whose predicted peak (on what the stages really hold) is over the limit.
     fn check_limit(&self, plan: &Plan, real: &CostModel) -> Result<(), RuntimeError> {
-        let Some(allowed) = self.allowed(&plan.schedule, real) else {
+        let Some(allowed) = self.options.mem_limit.allowed(&plan.schedule, real) else {
             return Ok(());
         };
         for (r, (&peak, &a)) in plan.predicted_peak.iter().zip(&allowed).enumerate() {
             if peak > a * (1.0 + 1e-9) {
+                // An automatic kind already planned within the limit: only more memory helps.
+                let fix = if self.options.file.is_none() && self.options.kind.takes_limit() {
+                    "raise the limit, or use a smaller microbatch or sequence"
+                } else {
+                    "plan zb-auto (it plans within the limit) or 1f1b, or raise the limit"
+                };
                 return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
                     "mem_limit",
                     format!(
-                        "{} needs {} of activations on rank {r}, over the limit {} ({}); \
-                         plan zb-auto (it plans within the limit) or 1f1b, or raise the limit",
+                        "{} needs {} of activations on rank {r}, over the limit {} ({}); {fix}",
                         self.options.schedule_name(),
                         human_bytes(peak),
                         self.options.mem_limit,

@@ -154,6 +154,19 @@ impl MemLimit {
         (!b.is_empty()).then(|| (0..ranks).map(|r| b[r.min(b.len() - 1)]).collect())
     }
 
+    /// What each rank of `schedule` may hold under `costs` (a multiple is of the rank's own
+    /// M_B); `None` without a limit.
+    pub fn allowed(&self, schedule: &Schedule, costs: &CostModel) -> Option<Vec<f64>> {
+        match self.as_multiple() {
+            Some(x) => Some(
+                (0..schedule.ranks)
+                    .map(|r| x * costs.rank_mem_b(schedule, r))
+                    .collect(),
+            ),
+            None => self.per_rank(schedule.ranks),
+        }
+    }
+
     /// Checks the form against a pipeline of `ranks` ranks: a list needs one entry per rank,
     /// and every amount must be positive.
     pub fn check(&self, ranks: usize) -> Result<(), Error> {

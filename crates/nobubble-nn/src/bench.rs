@@ -1,10 +1,12 @@
-//! Single-thread speed of one transformer block's F, I and W passes, next to the
-//! `gemm` crate's own single-thread speed on the block's dominant matrix shape.
+//! Speed of one transformer block's F, I and W passes, next to the `gemm` crate's own
+//! speed on the block's dominant matrix shape and the core's FMA peak, with where each
+//! pass's time goes.
 //!
 //! Why: the planner needs measured T_F, T_I, T_W, and the engine is only worth its
 //! split if each pass runs close to raw gemm speed. FLOPs are counted as in the
 //! paper (REFERENCE §1): F = s·b·h·(24h + 4s), I = s·b·h·(24h + 8s), W = 24·s·b·h².
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +17,8 @@ use crate::error::{NnError, Result};
 use crate::layers::{Block, SplitLayer};
 use crate::model::{Stage, StageInput};
 use crate::param::SplitMix64;
+use crate::profiler::TimingBackend;
+use crate::simd::Simd;
 use crate::tensor::Tensor;
 
 /// Shape of the benchmarked block and how often to repeat.
@@ -32,6 +36,10 @@ pub struct EngineBenchConfig {
     pub repeats: usize,
     /// Untimed warm-up repetitions.
     pub warmup: usize,
+    /// Threads per operation (a pipeline rank's `--threads-per-rank`).
+    pub threads: usize,
+    /// SIMD level; `None`: [`Simd::selected`].
+    pub simd: Option<Simd>,
 }
 
 impl Default for EngineBenchConfig {
@@ -43,6 +51,8 @@ impl Default for EngineBenchConfig {
             microbatch_size: 4,
             repeats: 7,
             warmup: 1,
+            threads: 1,
+            simd: None,
         }
     }
 }
@@ -60,8 +70,13 @@ pub struct EngineBenchReport {
     pub microbatch_size: usize,
     /// Timed repetitions.
     pub repeats: usize,
-    /// Threads used (always 1: a pipeline stage runs on one core).
+    /// Threads per operation.
     pub threads: usize,
+    /// SIMD level of every kernel (`avx512`, `avx2`, `portable`).
+    pub simd: String,
+    /// The FMA peak of the cores used at that level (measured: [`Simd::fma_peak_flops`]
+    /// × threads), GFLOP/s.
+    pub fma_peak_gflops: f64,
     /// Median F time, ms.
     pub f_ms: f64,
     /// Median I time, ms.
@@ -74,8 +89,12 @@ pub struct EngineBenchReport {
     pub i_gflops: f64,
     /// W GFLOP/s.
     pub w_gflops: f64,
-    /// gemm's own single-thread GFLOP/s on `(s·b)×h · h×4h`.
+    /// gemm's own GFLOP/s on `(s·b)×h · h×4h`, same threads and level.
     pub gemm_gflops: f64,
+    /// Where each pass's time goes (F, I, W): mean ms per backend operation kind
+    /// (`matmul`, `layernorm`, `gelu`, `softmax`, …) and `other` (the pass time outside
+    /// the backend: copies, allocation, bookkeeping).
+    pub profile: [BTreeMap<String, f64>; 3],
     /// F, I, W times relative to F (measured T_F : T_I : T_W).
     pub time_ratio: [f64; 3],
     /// F, I, W FLOPs relative to F (the paper's Table 1 ratio for this shape).
@@ -101,12 +120,12 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
         .expect("shape and data agree")
 }
 
-/// Runs the benchmark (one thread for everything).
+/// Runs the benchmark.
 pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     let (h, a, s, b) = (cfg.hidden, cfg.heads, cfg.seq_len, cfg.microbatch_size);
-    if h == 0 || a == 0 || s == 0 || b == 0 || cfg.repeats == 0 {
+    if h == 0 || a == 0 || s == 0 || b == 0 || cfg.repeats == 0 || cfg.threads == 0 {
         return Err(NnError::Config(
-            "hidden, heads, seq_len, microbatch_size and repeats must be positive".into(),
+            "hidden, heads, seq_len, microbatch_size, repeats and threads must be positive".into(),
         ));
     }
     if h % a != 0 {
@@ -114,7 +133,9 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
             "hidden {h} is not divisible by {a} heads"
         )));
     }
-    let be = CpuBackend::single_thread();
+    let cpu =
+        CpuBackend::with_threads(cfg.threads).with_simd(cfg.simd.unwrap_or(Simd::selected()))?;
+    let be = TimingBackend::new(&cpu);
     let n = s * b;
     let mut block = Block::new(0, h, a, s, 1, 1e-5, 7);
     let x = random(&[n, h], 1);
@@ -123,6 +144,7 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     let rhs = random(&[h, 4 * h], 4);
     let mut out = Tensor::zeros(&[n, 4 * h]);
     let (mut tf, mut ti, mut tw, mut tg) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut profile: [BTreeMap<String, f64>; 3] = Default::default();
     let (mut after_f, mut after_i) = (0, 0);
     // The gemm baseline is timed inside the same repetitions, so both see the same
     // machine load.
@@ -131,36 +153,51 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         let t0 = Instant::now();
         let y = block.forward(&be, 0, xin)?;
         let t1 = Instant::now();
+        let ops_f = be.take();
         after_f = block.held_bytes(0);
         drop(y);
         let g = dy.clone();
         let t2 = Instant::now();
         let dx = block.backward_input(&be, 0, g)?;
         let t3 = Instant::now();
+        let ops_i = be.take();
         after_i = block.held_bytes(0);
         drop(dx);
         let t4 = Instant::now();
         block.backward_weight(&be, 0)?;
         let t5 = Instant::now();
-        be.matmul(out.mat_mut(), lhs.mat(), rhs.mat(), 1.0, false);
+        let ops_w = be.take();
+        cpu.matmul(out.mat_mut(), lhs.mat(), rhs.mat(), 1.0, false);
         let t6 = Instant::now();
         if rep >= cfg.warmup {
             tf.push((t1 - t0).as_secs_f64());
             ti.push((t3 - t2).as_secs_f64());
             tw.push((t5 - t4).as_secs_f64());
             tg.push((t6 - t5).as_secs_f64());
+            let passes = [(ops_f, t1 - t0), (ops_i, t3 - t2), (ops_w, t5 - t4)];
+            for (k, (ops, total)) in passes.into_iter().enumerate() {
+                let inside: f64 = ops.values().sum();
+                let other = (total.as_secs_f64() - inside).max(0.0);
+                for (kind, sec) in ops.into_iter().chain([("other", other)]) {
+                    *profile[k].entry(kind.to_string()).or_default() +=
+                        sec * 1e3 / cfg.repeats as f64;
+                }
+            }
         }
     }
     let (f, i, w) = (median(tf), median(ti), median(tw));
     let flops = block_flops(h, s, b);
     let gemm_gflops = 2.0 * (n * h * 4 * h) as f64 / median(tg) / 1e9;
+    let peak = cpu.simd().fma_peak_flops(0.05) * cfg.threads as f64;
     Ok(EngineBenchReport {
         hidden: h,
         heads: a,
         seq_len: s,
         microbatch_size: b,
         repeats: cfg.repeats,
-        threads: 1,
+        threads: cfg.threads,
+        simd: cpu.simd().to_string(),
+        fma_peak_gflops: peak / 1e9,
         f_ms: f * 1e3,
         i_ms: i * 1e3,
         w_ms: w * 1e3,
@@ -168,6 +205,7 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         i_gflops: flops[1] / i / 1e9,
         w_gflops: flops[2] / w / 1e9,
         gemm_gflops,
+        profile,
         time_ratio: [1.0, i / f, w / f],
         flop_ratio: [1.0, flops[1] / flops[0], flops[2] / flops[0]],
         bytes_after_forward: after_f,
@@ -280,10 +318,17 @@ impl EngineBenchReport {
     /// Human-readable table.
     pub fn to_table(&self) -> String {
         let mut out = format!(
-            "block h={} heads={} s={} b={} (1 thread, median of {})\n",
-            self.hidden, self.heads, self.seq_len, self.microbatch_size, self.repeats
+            "block h={} heads={} s={} b={} ({} thread{}, {} kernels, median of {})\n",
+            self.hidden,
+            self.heads,
+            self.seq_len,
+            self.microbatch_size,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            self.simd,
+            self.repeats
         );
-        out += "pass      ms   GFLOP/s  % of gemm  time ratio  FLOP ratio\n";
+        out += "pass      ms   GFLOP/s  % of gemm  % of FMA peak  time ratio  FLOP ratio\n";
         let rows = [
             ("F", self.f_ms, self.f_gflops, 0),
             ("I", self.i_ms, self.i_gflops, 1),
@@ -291,20 +336,37 @@ impl EngineBenchReport {
         ];
         for (name, ms, gf, k) in rows {
             out += &format!(
-                "{name:<4} {ms:>7.2} {gf:>9.2} {:>9.1}% {:>11.2} {:>11.2}\n",
+                "{name:<4} {ms:>7.2} {gf:>9.2} {:>9.1}% {:>13.1}% {:>11.2} {:>11.2}\n",
                 100.0 * gf / self.gemm_gflops,
+                100.0 * gf / self.fma_peak_gflops,
                 self.time_ratio[k],
                 self.flop_ratio[k]
             );
         }
         out += &format!(
-            "gemm ({}x{} · {}x{}): {:.2} GFLOP/s\n",
+            "gemm ({}x{} · {}x{}): {:.2} GFLOP/s = {:.1}% of the FMA peak ({:.2} GFLOP/s, {})\n",
             self.seq_len * self.microbatch_size,
             self.hidden,
             self.hidden,
             4 * self.hidden,
-            self.gemm_gflops
+            self.gemm_gflops,
+            100.0 * self.gemm_gflops / self.fma_peak_gflops,
+            self.fma_peak_gflops,
+            self.simd,
         );
+        out += "where the time goes (ms per pass; other = copies, allocation, bookkeeping):\n";
+        let mut kinds: Vec<&String> = self.profile.iter().flat_map(|p| p.keys()).collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds.sort_by_key(|k| (k.as_str() != "matmul", k.as_str() == "other"));
+        out += &format!("{:<14}{:>9}{:>9}{:>9}\n", "", "F", "I", "W");
+        for kind in kinds {
+            out += &format!("{kind:<14}");
+            for p in &self.profile {
+                out += &format!("{:>9.2}", p.get(kind).copied().unwrap_or(0.0));
+            }
+            out += "\n";
+        }
         out += &format!(
             "activation memory per microbatch: M_B = {} bytes (after F), M_W = {} bytes (after I)\n",
             self.bytes_after_forward, self.bytes_after_input_grad
@@ -335,9 +397,21 @@ mod tests {
             microbatch_size: 1,
             repeats: 1,
             warmup: 0,
+            ..EngineBenchConfig::default()
         };
         let r = engine_bench(&tiny).unwrap();
         assert!(r.f_ms > 0.0 && r.bytes_after_forward > r.bytes_after_input_grad);
+        // The profile splits each pass's time: its parts add up to the pass (±rounding),
+        // and every pass multiplies matrices.
+        for (k, total) in [r.f_ms, r.i_ms, r.w_ms].into_iter().enumerate() {
+            let parts: f64 = r.profile[k].values().sum();
+            assert!(r.profile[k]["matmul"] > 0.0);
+            assert!(
+                (parts - total).abs() <= 0.05 * total + 1e-3,
+                "{parts} vs {total}"
+            );
+        }
+        assert!(r.to_table().contains("layernorm") && r.fma_peak_gflops > 0.0);
         let json = serde_json::to_value(&r).unwrap();
         let cfg = crate::GptConfig::micro();
         let mut stages = crate::build_stages(&cfg, 1, &[1, 1]).unwrap();

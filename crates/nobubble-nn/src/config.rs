@@ -94,7 +94,7 @@ impl GptConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(NnError::Config(format!("{name} must be positive")));
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(NnError::Config(format!(
                 "hidden size {} is not divisible by {} heads",
                 self.hidden, self.heads

@@ -1,30 +1,42 @@
-//! CPU implementation of [`Backend`]: `gemm` for matrix products, plain loops with a
-//! fixed order for everything else.
+//! CPU implementation of [`Backend`]: `gemm` for matrix products, loops with a fixed
+//! order (compiled per [`Simd`] level) for everything else.
 
 use crate::backend::{Backend, LayerNormBackward, LayerNormForward};
+use crate::error::Result;
 use crate::kernels;
+use crate::sgemm::sgemm;
+use crate::simd::Simd;
 use crate::tensor::{MatMut, MatRef, Tensor};
 
-/// CPU backend. `threads` is the gemm thread count per matrix product: a pipeline
-/// stage owns one core, so stages use `threads = 1`; an unpipelined run may use more.
-/// Only results computed with the same thread count are promised to be bit-identical.
+/// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
+/// one core uses `threads = 1`; a stage (or an unpipelined run) with more cores uses more.
+/// `simd` is the vector level of every kernel ([`Simd::selected`] unless set).
+/// Only results computed with the same SIMD level are promised to be bit-identical.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuBackend {
     threads: usize,
+    simd: Simd,
 }
 
 impl CpuBackend {
-    /// One thread per matrix product: the configuration of a pipeline stage and the
+    /// One thread per operation: the configuration of a pipeline stage on one core and the
     /// default of the reference trainer (so their results can match bit for bit).
     pub fn single_thread() -> Self {
-        CpuBackend { threads: 1 }
+        CpuBackend::with_threads(1)
     }
 
-    /// `threads` gemm threads per product (0 is treated as 1).
+    /// `threads` threads per operation (0 is treated as 1), at the selected SIMD level.
     pub fn with_threads(threads: usize) -> Self {
         CpuBackend {
             threads: threads.max(1),
+            simd: Simd::selected(),
         }
+    }
+
+    /// The same backend at another SIMD level; an error if this CPU lacks it.
+    pub fn with_simd(self, simd: Simd) -> Result<Self> {
+        Simd::parse(simd.name())?;
+        Ok(CpuBackend { simd, ..self })
     }
 
     /// The configured thread count.
@@ -32,18 +44,15 @@ impl CpuBackend {
         self.threads
     }
 
-    fn parallelism(&self) -> gemm::Parallelism {
-        if self.threads <= 1 {
-            gemm::Parallelism::None
-        } else {
-            gemm::Parallelism::Rayon(self.threads)
-        }
+    /// The SIMD level of every kernel this backend runs.
+    pub fn simd(&self) -> Simd {
+        self.simd
     }
 }
 
 impl Backend for CpuBackend {
     fn describe(&self) -> String {
-        format!("cpu(threads={})", self.threads)
+        format!("cpu(threads={}, simd={})", self.threads, self.simd)
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
@@ -73,26 +82,19 @@ impl Backend for CpuBackend {
         // element lies inside its slice), strides are non-negative, and `dst` is a
         // unique borrow, so gemm writes only to memory we own exclusively.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.data.as_mut_ptr().add(dst.offset),
-                dst.col_stride,
-                dst.row_stride,
+            sgemm(
+                self.simd,
+                self.threads,
+                (m, n, k),
+                (
+                    dst.data.as_mut_ptr().add(dst.offset),
+                    dst.col_stride,
+                    dst.row_stride,
+                ),
                 accumulate,
-                a.data.as_ptr().add(a.offset),
-                a.col_stride,
-                a.row_stride,
-                b.data.as_ptr().add(b.offset),
-                b.col_stride,
-                b.row_stride,
-                1.0,
+                (a.data.as_ptr().add(a.offset), a.col_stride, a.row_stride),
+                (b.data.as_ptr().add(b.offset), b.col_stride, b.row_stride),
                 scale,
-                false,
-                false,
-                false,
-                self.parallelism(),
             );
         }
     }
@@ -144,6 +146,7 @@ impl Backend for CpuBackend {
         let mut xhat = Tensor::zeros(x.shape());
         let mut rstd = vec![0.0f32; x.rows()];
         kernels::layernorm_forward(
+            self.simd,
             x.data(),
             gamma,
             beta,
@@ -169,6 +172,7 @@ impl Backend for CpuBackend {
         let mut dgamma = vec![0.0f32; h];
         let mut dbeta = vec![0.0f32; h];
         kernels::layernorm_backward(
+            self.simd,
             dy.data(),
             xhat.data(),
             rstd,
@@ -182,21 +186,21 @@ impl Backend for CpuBackend {
 
     fn gelu_forward(&self, u: &Tensor) -> Tensor {
         let mut y = Tensor::zeros(u.shape());
-        kernels::gelu_forward(u.data(), y.data_mut());
+        kernels::gelu_forward(self.simd, u.data(), y.data_mut());
         y
     }
 
     fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
         assert_eq!(u.shape(), dy.shape());
-        kernels::gelu_backward(u.data(), dy.data_mut());
+        kernels::gelu_backward(self.simd, u.data(), dy.data_mut());
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {
-        kernels::causal_softmax(scores, n);
+        kernels::causal_softmax(self.simd, scores, n);
     }
 
     fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
-        kernels::causal_softmax_backward(p, dp, n);
+        kernels::causal_softmax_backward(self.simd, p, dp, n);
     }
 
     fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {
@@ -205,7 +209,7 @@ impl Backend for CpuBackend {
         let mut probs = logits.clone();
         let mut maxes = vec![0.0f32; rows];
         let mut sums = vec![0.0f32; rows];
-        kernels::softmax_rows(probs.data_mut(), v, &mut maxes, &mut sums);
+        kernels::softmax_rows(self.simd, probs.data_mut(), v, &mut maxes, &mut sums);
         let mut total = 0.0f64;
         for (r, &t) in targets.iter().enumerate() {
             let target_logit = logits.data()[r * v + t as usize];
@@ -307,6 +311,40 @@ mod tests {
             for j in 0..n {
                 assert!((ct.data()[j * m + i] - want[i * n + j]).abs() < 1e-5);
             }
+        }
+    }
+
+    #[test]
+    fn every_simd_level_multiplies_correctly_and_threads_do_not_change_bits() {
+        // Odd sizes exercise every edge micro-kernel; a strided (transposed) operand too.
+        let (m, k, n) = (131, 257, 97); // above gemm's threading threshold
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
+        let bt = Tensor::from_vec(
+            &[n, k],
+            (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(),
+        )
+        .unwrap();
+        let want = naive(&a, &b, m, k, n);
+        let mut levels = 0;
+        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            let mut one = Tensor::zeros(&[m, n]);
+            let be = CpuBackend::single_thread().with_simd(simd).unwrap();
+            assert!(be.describe().contains(simd.name()));
+            be.matmul(one.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
+            for (x, y) in one.data().iter().zip(&want) {
+                assert!((x - y).abs() < 2e-4, "{simd}: {x} vs {y}");
+            }
+            let mut two = Tensor::zeros(&[m, n]);
+            let be2 = CpuBackend::with_threads(2).with_simd(simd).unwrap();
+            be2.matmul(two.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
+            assert_eq!(one.data(), two.data(), "{simd}: 2 threads changed the bits");
+            levels += 1;
+        }
+        assert!(levels >= 1);
+        if !Simd::Avx512.is_supported() {
+            assert!(CpuBackend::single_thread().with_simd(Simd::Avx512).is_err());
         }
     }
 

@@ -71,7 +71,7 @@ pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Res
     })?;
     let config = first.config();
     let s = config.seq_len;
-    if tokens.is_empty() || tokens.len() % s != 0 {
+    if tokens.is_empty() || !tokens.len().is_multiple_of(s) {
         return Err(NnError::BadInput(format!(
             "{} tokens are not a positive whole number of sequences of length {s}",
             tokens.len()

@@ -12,6 +12,8 @@
 // The `wide!` wrappers forward many slice arguments.
 #![allow(clippy::too_many_arguments)]
 
+use crate::simd::Simd;
+
 const GELU_C: f32 = 0.797_884_6; // sqrt(2/pi)
 const GELU_A: f32 = 0.044_715;
 
@@ -40,22 +42,31 @@ pub(crate) fn fast_tanh(y: f32) -> f32 {
     1.0 - 2.0 / (fast_exp(2.0 * y) + 1.0)
 }
 
-/// Defines `pub(crate) fn $name(args)` that runs `portable::$name` compiled with AVX2
-/// when the CPU has it, and the baseline build otherwise.
+/// Defines `pub(crate) fn $name(simd, args)` that runs `portable::$name` compiled for the
+/// requested [`Simd`] level (AVX-512, AVX2, or the baseline build). Callers pass a level the
+/// CPU supports ([`Simd`] only hands out supported ones).
 macro_rules! wide {
     ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
-        pub(crate) fn $name($($arg: $ty),*) {
+        pub(crate) fn $name(simd: Simd, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2")]
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    portable::$name($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
                     portable::$name($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU supports AVX2, checked just above.
-                    return unsafe { avx2($($arg),*) };
+                match simd {
+                    // SAFETY: a `Simd` level other than `Portable` is only constructed
+                    // after checking that the CPU supports it.
+                    Simd::Avx512 => return unsafe { avx512($($arg),*) },
+                    Simd::Avx2 => return unsafe { avx2($($arg),*) },
+                    Simd::Portable => {}
                 }
             }
+            let _ = simd;
             portable::$name($($arg),*)
         }
     )*};
@@ -233,38 +244,64 @@ mod tests {
     }
 
     #[test]
-    fn avx2_and_baseline_builds_give_identical_bits() {
+    fn every_simd_build_gives_the_baseline_bits() {
         let u: Vec<f32> = (0..1037)
             .map(|i| ((i as f32) * 0.731).sin() * 4.0)
             .collect();
-        let mut a = vec![0.0; u.len()];
-        let mut b = vec![0.0; u.len()];
-        gelu_forward(&u, &mut a);
-        portable::gelu_forward(&u, &mut b);
-        assert_eq!(a, b);
-        let mut da = u.clone();
-        let mut db = u.clone();
-        gelu_backward(&u, &mut da);
-        portable::gelu_backward(&u, &mut db);
-        assert_eq!(da, db);
         let n = 31;
-        let mut sa: Vec<f32> = u[..n * n].to_vec();
-        let mut sb = sa.clone();
-        causal_softmax(&mut sa, n);
-        portable::causal_softmax(&mut sb, n);
-        assert_eq!(sa, sb);
         let h = 29;
         let rows = u.len() / h;
         let g: Vec<f32> = u[..h].iter().map(|v| 1.0 + v * 0.1).collect();
-        let (mut y1, mut x1, mut r1) = (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);
-        let (mut y2, mut x2, mut r2) = (y1.clone(), x1.clone(), r1.clone());
-        layernorm_forward(&u[..rows * h], &g, &g, 1e-5, &mut y1, &mut x1, &mut r1);
-        portable::layernorm_forward(&u[..rows * h], &g, &g, 1e-5, &mut y2, &mut x2, &mut r2);
-        assert_eq!((y1, &x1, &r1), (y2, &x2, &r2));
-        let (mut d1, mut g1, mut b1) = (vec![0.0; rows * h], vec![0.0; h], vec![0.0; h]);
-        let (mut d2, mut g2, mut b2) = (d1.clone(), g1.clone(), b1.clone());
-        layernorm_backward(&u[..rows * h], &x1, &r1, &g, &mut d1, &mut g1, &mut b1);
-        portable::layernorm_backward(&u[..rows * h], &x1, &r1, &g, &mut d2, &mut g2, &mut b2);
-        assert_eq!((d1, g1, b1), (d2, g2, b2));
+        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            let mut a = vec![0.0; u.len()];
+            let mut b = vec![0.0; u.len()];
+            gelu_forward(simd, &u, &mut a);
+            portable::gelu_forward(&u, &mut b);
+            assert_eq!(a, b, "{simd}");
+            let mut da = u.clone();
+            let mut db = u.clone();
+            gelu_backward(simd, &u, &mut da);
+            portable::gelu_backward(&u, &mut db);
+            assert_eq!(da, db, "{simd}");
+            let mut sa: Vec<f32> = u[..n * n].to_vec();
+            let mut sb = sa.clone();
+            causal_softmax(simd, &mut sa, n);
+            portable::causal_softmax(&mut sb, n);
+            assert_eq!(sa, sb, "{simd}");
+            let mut pa = sa.clone();
+            let mut pb = sa.clone();
+            causal_softmax_backward(simd, &sb, &mut pa, n);
+            portable::causal_softmax_backward(&sb, &mut pb, n);
+            assert_eq!(pa, pb, "{simd}");
+            let (mut y1, mut x1, mut r1) =
+                (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);
+            let (mut y2, mut x2, mut r2) = (y1.clone(), x1.clone(), r1.clone());
+            layernorm_forward(
+                simd,
+                &u[..rows * h],
+                &g,
+                &g,
+                1e-5,
+                &mut y1,
+                &mut x1,
+                &mut r1,
+            );
+            portable::layernorm_forward(&u[..rows * h], &g, &g, 1e-5, &mut y2, &mut x2, &mut r2);
+            assert_eq!((&y1, &x1, &r1), (&y2, &x2, &r2), "{simd}");
+            let (mut d1, mut g1, mut b1) = (vec![0.0; rows * h], vec![0.0; h], vec![0.0; h]);
+            let (mut d2, mut g2, mut b2) = (d1.clone(), g1.clone(), b1.clone());
+            layernorm_backward(
+                simd,
+                &u[..rows * h],
+                &x1,
+                &r1,
+                &g,
+                &mut d1,
+                &mut g1,
+                &mut b1,
+            );
+            portable::layernorm_backward(&u[..rows * h], &x1, &r1, &g, &mut d2, &mut g2, &mut b2);
+            assert_eq!((d1, g1, b1), (d2, g2, b2), "{simd}");
+        }
     }
 }

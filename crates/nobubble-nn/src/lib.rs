@@ -25,7 +25,10 @@ mod model_tests;
 pub mod optim;
 pub mod param;
 mod pool;
+pub mod profiler;
 pub mod reference;
+mod sgemm;
+pub mod simd;
 pub mod tensor;
 #[cfg(test)]
 mod testutil;
@@ -39,4 +42,5 @@ pub use model::{
 };
 pub use optim::{AdamW, AdamWConfig, AdamWState, ParamMoments};
 pub use reference::{ReferenceTrainer, TrainConfig};
+pub use simd::Simd;
 pub use tensor::Tensor;

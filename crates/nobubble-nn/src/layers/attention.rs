@@ -49,7 +49,7 @@ impl CausalSelfAttention {
         seed: u64,
     ) -> Self {
         assert!(
-            heads > 0 && hidden % heads == 0,
+            heads > 0 && hidden.is_multiple_of(heads),
             "hidden must be divisible by heads"
         );
         let proj_std = INIT_STD / ((2 * layers.max(1)) as f32).sqrt();
@@ -199,7 +199,7 @@ impl CausalSelfAttention {
 
 impl SplitLayer for CausalSelfAttention {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        if x.rows() % self.seq_len != 0 {
+        if !x.rows().is_multiple_of(self.seq_len) {
             return Err(NnError::BadInput(format!(
                 "attention `{}`: {} token rows are not a whole number of sequences of length {}",
                 self.core.layer(),

@@ -54,7 +54,7 @@ impl Embedding {
     ) -> Result<Tensor> {
         let vocab = self.tokens.value.rows();
         let s = self.seq_len();
-        if tokens.is_empty() || tokens.len() % s != 0 {
+        if tokens.is_empty() || !tokens.len().is_multiple_of(s) {
             return Err(NnError::BadInput(format!(
                 "{} tokens are not a positive whole number of sequences of length {s}",
                 tokens.len()

@@ -1,8 +1,9 @@
-//! `nobubble bench engine`: single-thread speed of one transformer block's F, I and W
-//! passes (the split-backward engine of `nobubble-nn`), beside the `gemm` crate's own
-//! single-thread speed on the block's dominant matrix shape.
+//! `nobubble bench engine`: speed of one transformer block's F, I and W passes (the
+//! split-backward engine of `nobubble-nn`), beside the `gemm` crate's own speed on the
+//! block's dominant matrix shape and the core's FMA peak, and where each pass's time goes.
 
 use nobubble_nn::bench::{engine_bench, EngineBenchConfig};
+use nobubble_nn::Simd;
 
 /// Arguments of `bench engine`.
 #[derive(clap::Args, Debug)]
@@ -22,6 +23,13 @@ pub struct EngineBenchArgs {
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub repeat: usize,
+    /// Threads per operation (what `train --threads-per-rank` gives each rank).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// SIMD level of the kernels: auto, avx512, avx2 or portable [default: $NOBUBBLE_SIMD,
+    /// else auto]
+    #[arg(long)]
+    pub simd: Option<String>,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -35,6 +43,13 @@ pub fn run(args: &EngineBenchArgs) -> Result<(), String> {
         seq_len: args.seq_len,
         microbatch_size: args.microbatch_size,
         repeats: args.repeat,
+        threads: args.threads,
+        simd: args
+            .simd
+            .as_deref()
+            .map(Simd::parse)
+            .transpose()
+            .map_err(|e| format!("--simd: {e}"))?,
         ..EngineBenchConfig::default()
     };
     let report = engine_bench(&cfg).map_err(|e| e.to_string())?;

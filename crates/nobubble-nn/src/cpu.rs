@@ -110,7 +110,7 @@ impl Backend for CpuBackend {
     }
 
     fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor {
-        let mut t = Tensor::zeros(&[rows, v.len()]);
+        let mut t = Tensor::for_overwrite(&[rows, v.len()]);
         for row in t.data_mut().chunks_exact_mut(v.len().max(1)) {
             row.copy_from_slice(v);
         }
@@ -142,8 +142,8 @@ impl Backend for CpuBackend {
         eps: f32,
     ) -> LayerNormForward {
         assert!(gamma.len() == x.cols() && beta.len() == x.cols());
-        let mut y = Tensor::zeros(x.shape());
-        let mut xhat = Tensor::zeros(x.shape());
+        let mut y = Tensor::for_overwrite(x.shape());
+        let mut xhat = Tensor::for_overwrite(x.shape());
         let mut rstd = vec![0.0f32; x.rows()];
         kernels::layernorm_forward(
             self.simd,
@@ -168,7 +168,7 @@ impl Backend for CpuBackend {
         assert_eq!(dy.shape(), xhat.shape());
         assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
         let h = dy.cols();
-        let mut dx = Tensor::zeros(dy.shape());
+        let mut dx = Tensor::for_overwrite(dy.shape());
         let mut dgamma = vec![0.0f32; h];
         let mut dbeta = vec![0.0f32; h];
         kernels::layernorm_backward(
@@ -185,7 +185,7 @@ impl Backend for CpuBackend {
     }
 
     fn gelu_forward(&self, u: &Tensor) -> Tensor {
-        let mut y = Tensor::zeros(u.shape());
+        let mut y = Tensor::for_overwrite(u.shape());
         kernels::gelu_forward(self.simd, u.data(), y.data_mut());
         y
     }
@@ -237,7 +237,7 @@ impl Backend for CpuBackend {
         seq_len: usize,
     ) -> Tensor {
         let h = tok.cols();
-        let mut x = Tensor::zeros(&[tokens.len(), h]);
+        let mut x = Tensor::for_overwrite(&[tokens.len(), h]);
         for (r, (row, &t)) in x.data_mut().chunks_exact_mut(h).zip(tokens).enumerate() {
             let te = &tok.data()[t as usize * h..(t as usize + 1) * h];
             let p = r % seq_len;

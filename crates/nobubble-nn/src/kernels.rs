@@ -1,11 +1,14 @@
-//! Elementwise and row-wise CPU kernels on slices, compiled twice: once for the
-//! baseline target and once with AVX2 enabled, picked at run time.
+//! Elementwise and row-wise CPU kernels on slices, compiled three times: for the
+//! baseline target, with AVX2 and with AVX-512 enabled, picked at run time ([`Simd`]).
 //!
-//! Why twice: these loops (GELU, softmax, LayerNorm) are a tenth of a block's time
-//! and vectorize 2× wider with AVX2. Why this is still deterministic: both versions
-//! perform the same IEEE operations per element in the same order (reductions stay
-//! sequential, nothing is fused — Rust never contracts `a*b + c` into an FMA), so
-//! they produce identical bits; AVX2 only processes more lanes at once.
+//! Why several builds: these loops (GELU, softmax, LayerNorm) are a tenth of a block's
+//! time and vectorize 2× (AVX2) or 4× (AVX-512) wider than the baseline. Why this is still
+//! deterministic: every build performs the same IEEE operations per element in the same
+//! order, and nothing is fused (Rust never contracts `a*b + c` into an FMA), so they
+//! produce identical bits. Reductions (row sums, dot products) are written with
+//! [`LANES`] partial sums combined in a fixed order: that order is part of the kernel, not
+//! of the instruction set, so the compiler may map the partial sums onto vector registers
+//! of any width without changing a bit.
 
 // Index loops read closer to the math in these kernels.
 #![allow(clippy::needless_range_loop)]
@@ -13,6 +16,62 @@
 #![allow(clippy::too_many_arguments)]
 
 use crate::simd::Simd;
+
+/// Partial sums per reduction: as many as the widest vector has f32 lanes.
+pub(crate) const LANES: usize = 16;
+
+/// `Σ xs` as [`LANES`] interleaved partial sums (element `j` into sum `j mod LANES`),
+/// combined pairwise in a fixed order; the tail after the last full group goes into the
+/// first partial sums in order.
+#[inline(always)]
+pub(crate) fn lane_sum(xs: &[f32]) -> f32 {
+    lane_reduce(xs.len(), |j| xs[j])
+}
+
+/// `Σ a[j]·b[j]` with [`lane_sum`]'s order.
+#[inline(always)]
+pub(crate) fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    lane_reduce(n, |j| a[j] * b[j])
+}
+
+#[inline(always)]
+fn lane_reduce(n: usize, term: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let full = n - n % LANES;
+    for base in (0..full).step_by(LANES) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += term(base + l);
+        }
+    }
+    for (l, j) in (full..n).enumerate() {
+        acc[l] += term(j);
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    acc[0]
+}
+
+/// `max xs` (order-independent, so any grouping gives the same value); −∞ if empty.
+#[inline(always)]
+pub(crate) fn lane_max(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = if x > *a { x } else { *a };
+    }
+    acc.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
 
 const GELU_C: f32 = 0.797_884_6; // sqrt(2/pi)
 const GELU_A: f32 = 0.044_715;
@@ -84,7 +143,7 @@ wide! {
 
 /// The kernel bodies, always inlined into both the baseline and the AVX2 wrapper.
 mod portable {
-    use super::{fast_exp, fast_tanh, GELU_A, GELU_C};
+    use super::{fast_exp, fast_tanh, lane_dot, lane_max, lane_sum, GELU_A, GELU_C};
 
     #[inline(always)]
     pub fn gelu_forward(u: &[f32], y: &mut [f32]) {
@@ -110,12 +169,11 @@ mod portable {
         assert_eq!(scores.len(), n * n);
         for (i, row) in scores.chunks_exact_mut(n).enumerate() {
             let (valid, masked) = row.split_at_mut(i + 1);
-            let max = valid.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = lane_max(valid);
             for v in valid.iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let sum: f32 = valid.iter().sum();
-            let inv = 1.0 / sum;
+            let inv = 1.0 / lane_sum(valid);
             for v in valid.iter_mut() {
                 *v *= inv;
             }
@@ -129,7 +187,7 @@ mod portable {
         for (i, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
             let (valid, masked) = dr.split_at_mut(i + 1);
             let pv = &pr[..=i];
-            let dot: f32 = pv.iter().zip(valid.iter()).map(|(a, b)| a * b).sum();
+            let dot = lane_dot(pv, valid);
             for (d, &p) in valid.iter_mut().zip(pv) {
                 *d = p * (*d - dot);
             }
@@ -141,11 +199,11 @@ mod portable {
     #[inline(always)]
     pub fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]) {
         for (r, row) in x.chunks_exact_mut(cols).enumerate() {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = lane_max(row);
             for v in row.iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let sum: f32 = row.iter().sum();
+            let sum = lane_sum(row);
             let inv = 1.0 / sum;
             for v in row.iter_mut() {
                 *v *= inv;
@@ -168,13 +226,16 @@ mod portable {
         let h = gamma.len();
         for r in 0..rstd.len() {
             let xr = &x[r * h..(r + 1) * h];
-            let mean = xr.iter().sum::<f32>() / h as f32;
-            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
-            let rs = 1.0 / (var + eps).sqrt();
-            rstd[r] = rs;
+            let mean = lane_sum(xr) / h as f32;
             let xh = &mut xhat[r * h..(r + 1) * h];
             for (o, v) in xh.iter_mut().zip(xr) {
-                *o = (v - mean) * rs;
+                *o = v - mean;
+            }
+            let var = lane_dot(xh, xh) / h as f32;
+            let rs = 1.0 / (var + eps).sqrt();
+            rstd[r] = rs;
+            for o in xh.iter_mut() {
+                *o *= rs;
             }
             let yr = &mut y[r * h..(r + 1) * h];
             for j in 0..h {
@@ -194,22 +255,20 @@ mod portable {
         dbeta: &mut [f32],
     ) {
         let h = gamma.len();
-        let mut dxhat = vec![0.0f32; h];
         for r in 0..rstd.len() {
             let dyr = &dy[r * h..(r + 1) * h];
             let xr = &xhat[r * h..(r + 1) * h];
+            // dx's row holds dxhat = dy ⊙ γ until it is overwritten with the result.
+            let out = &mut dx[r * h..(r + 1) * h];
             for j in 0..h {
                 dgamma[j] += dyr[j] * xr[j];
                 dbeta[j] += dyr[j];
-                dxhat[j] = dyr[j] * gamma[j];
+                out[j] = dyr[j] * gamma[j];
             }
-            let sum_d: f32 = dxhat.iter().sum();
-            let sum_dx: f32 = dxhat.iter().zip(xr).map(|(d, x)| d * x).sum();
-            let mean_d = sum_d / h as f32;
-            let mean_dx = sum_dx / h as f32;
-            let out = &mut dx[r * h..(r + 1) * h];
+            let mean_d = lane_sum(out) / h as f32;
+            let mean_dx = lane_dot(out, xr) / h as f32;
             for j in 0..h {
-                out[j] = rstd[r] * (dxhat[j] - mean_d - xr[j] * mean_dx);
+                out[j] = rstd[r] * (out[j] - mean_d - xr[j] * mean_dx);
             }
         }
     }
@@ -241,6 +300,19 @@ mod tests {
         }
         assert_eq!(fast_tanh(50.0), 1.0);
         assert_eq!(fast_tanh(-50.0), -1.0);
+    }
+
+    #[test]
+    fn lane_reductions_match_f64_sums_and_handle_tails() {
+        for n in [0, 1, 15, 16, 17, 100, 1037] {
+            let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let want: f64 = x.iter().map(|&v| v as f64).sum();
+            assert!((lane_sum(&x) as f64 - want).abs() < 1e-4, "sum of {n}");
+            let dot: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            assert!((lane_dot(&x, &x) as f64 - dot).abs() < 1e-4, "dot of {n}");
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(lane_max(&x), max, "max of {n}");
+        }
     }
 
     #[test]

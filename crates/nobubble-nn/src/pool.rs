@@ -39,6 +39,23 @@ pub(crate) fn zeroed(len: usize) -> Vec<f32> {
     }
 }
 
+/// A buffer of `len` values that the caller overwrites completely before reading any:
+/// a reused buffer is not cleared (that pass over memory is what this saves). In debug
+/// builds (the tests) it is filled with NaN instead, so an element a kernel forgets to
+/// write poisons the results and fails the equivalence tests rather than going unseen.
+pub(crate) fn for_overwrite(len: usize) -> Vec<f32> {
+    match take(len) {
+        Some(mut v) => {
+            if cfg!(debug_assertions) {
+                v.fill(f32::NAN);
+            }
+            v
+        }
+        None if cfg!(debug_assertions) => vec![f32::NAN; len],
+        None => vec![0.0; len],
+    }
+}
+
 /// A copy of `src`, in a reused buffer when possible.
 pub(crate) fn copy_of(src: &[f32]) -> Vec<f32> {
     match take(src.len()) {

@@ -22,6 +22,16 @@ impl Tensor {
         }
     }
 
+    /// A tensor whose every element the caller writes before reading any (outputs of
+    /// matrix products and of elementwise kernels): skips the zero-fill of [`Tensor::zeros`].
+    /// Its initial contents are unspecified (NaN in debug builds).
+    pub(crate) fn for_overwrite(shape: &[usize]) -> Self {
+        Tensor {
+            shape: shape.to_vec(),
+            data: crate::pool::for_overwrite(shape.iter().product()),
+        }
+    }
+
     /// Wraps existing data; fails if `data.len()` does not match the shape, since a
     /// silently reshaped buffer would corrupt every later computation.
     pub fn from_vec(shape: &[usize], data: Vec<f32>) -> crate::Result<Self> {

@@ -104,8 +104,8 @@ impl CausalSelfAttention {
         let n = qkv.rows();
         let b = n / s;
         let scale = 1.0 / (d as f32).sqrt();
-        let mut probs = Tensor::zeros(&[b, a, s, s]);
-        let mut ctx = Tensor::zeros(&[n, h]);
+        let mut probs = Tensor::for_overwrite(&[b, a, s, s]);
+        let mut ctx = Tensor::for_overwrite(&[n, h]);
         for seq in 0..b {
             for head in 0..a {
                 let block = &mut probs.data_mut()[(seq * a + head) * s * s..][..s * s];
@@ -148,8 +148,8 @@ impl CausalSelfAttention {
         let n = qkv.rows();
         let b = n / s;
         let scale = 1.0 / (d as f32).sqrt();
-        let mut dqkv = Tensor::zeros(&[n, 3 * h]);
-        let mut dscores_buf = Tensor::zeros(&[s, s]);
+        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
+        let mut dscores_buf = Tensor::for_overwrite(&[s, s]);
         let dscores = dscores_buf.data_mut();
         for seq in 0..b {
             for head in 0..a {

@@ -83,7 +83,7 @@ impl SplitLayer for Linear {
                 y
             }
             None => {
-                let mut y = Tensor::zeros(&[x.rows(), self.out_features()]);
+                let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
                 be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
                 y
             }
@@ -111,7 +111,7 @@ impl SplitLayer for Linear {
             )));
         }
         let x = self.state.take_forward(mb)?;
-        let mut dx = Tensor::zeros(&[dy.rows(), self.in_features()]);
+        let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
         be.matmul(
             dx.mat_mut(),
             dy.mat(),

@@ -39,10 +39,33 @@ pub struct LayerNormBackward {
     pub dbeta: Vec<f32>,
 }
 
+/// Independent work a layer hands to [`Backend::run_tasks`]: it computes with the backend
+/// it is given (single-threaded, of the same kind) into memory it owns exclusively.
+pub type Task<'a> = Box<dyn FnOnce(&dyn Backend) + Send + 'a>;
+
 /// The operations layers need. All are deterministic for a given backend instance.
 pub trait Backend: Send + Sync {
-    /// Human-readable description, e.g. `cpu(threads=1)`.
+    /// Human-readable description, e.g. `cpu(threads=1, simd=avx512)`.
     fn describe(&self) -> String;
+
+    /// Threads this backend spreads its work over (1: all on the caller's thread).
+    fn threads(&self) -> usize {
+        1
+    }
+
+    /// Runs independent tasks, on up to [`Backend::threads`] threads; each task gets a
+    /// single-threaded backend of the same kind. Why: the attention core is many small
+    /// products (one per sequence and head), too small to split one by one, but the
+    /// sequences are independent. Each task computes exactly what it would sequentially,
+    /// so the results do not depend on the thread count.
+    fn run_tasks(&self, tasks: Vec<Task<'_>>) {
+        for task in tasks {
+            task(self.as_dyn());
+        }
+    }
+
+    /// This backend itself, as a trait object (what a sequential task receives).
+    fn as_dyn(&self) -> &dyn Backend;
 
     /// `dst = (accumulate ? dst : 0) + scale · a·b`. Strided views make transposes and
     /// per-head slices free.

@@ -1,12 +1,13 @@
 //! CPU implementation of [`Backend`]: `gemm` for matrix products, loops with a fixed
 //! order (compiled per [`Simd`] level) for everything else.
 
-use crate::backend::{Backend, LayerNormBackward, LayerNormForward};
+use crate::backend::{Backend, LayerNormBackward, LayerNormForward, Task};
 use crate::error::Result;
 use crate::kernels;
 use crate::sgemm::sgemm;
 use crate::simd::Simd;
 use crate::tensor::{MatMut, MatRef, Tensor};
+use rayon::prelude::*;
 
 /// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
 /// one core uses `threads = 1`; a stage (or an unpipelined run) with more cores uses more.
@@ -48,11 +49,58 @@ impl CpuBackend {
     pub fn simd(&self) -> Simd {
         self.simd
     }
+
+    /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
+    /// the caller's thread) when single-threaded or too small to be worth a split.
+    fn rows_per_group(&self, rows: usize, cols: usize) -> usize {
+        const MIN_ELEMENTS: usize = 32 * 1024;
+        let elements = rows * cols;
+        if self.threads <= 1 || elements < 2 * MIN_ELEMENTS {
+            return rows.max(1);
+        }
+        rows.div_ceil((elements / MIN_ELEMENTS).clamp(1, self.threads))
+    }
 }
 
 impl Backend for CpuBackend {
     fn describe(&self) -> String {
         format!("cpu(threads={}, simd={})", self.threads, self.simd)
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn as_dyn(&self) -> &dyn Backend {
+        self
+    }
+
+    fn run_tasks(&self, tasks: Vec<Task<'_>>) {
+        if self.threads <= 1 || tasks.len() <= 1 {
+            for task in tasks {
+                task(self);
+            }
+            return;
+        }
+        // Contiguous groups, one per thread; inside a task everything is single-threaded.
+        let single = CpuBackend {
+            threads: 1,
+            ..*self
+        };
+        let per_group = tasks.len().div_ceil(self.threads);
+        let mut groups: Vec<Vec<Task<'_>>> = Vec::new();
+        for (i, task) in tasks.into_iter().enumerate() {
+            if i % per_group == 0 {
+                groups.push(Vec::new());
+            }
+            groups.last_mut().expect("pushed above").push(task);
+        }
+        use rayon::prelude::*;
+        groups.into_par_iter().for_each(|group| {
+            for task in group {
+                task(&single);
+            }
+        });
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
@@ -129,9 +177,18 @@ impl Backend for CpuBackend {
 
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len());
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d += s;
+        let add = |dst: &mut [f32], src: &[f32]| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d += s;
+            }
+        };
+        let chunk = self.rows_per_group(dst.len(), 1);
+        if chunk >= dst.len() {
+            return add(dst, src);
         }
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| add(d, s));
     }
 
     fn layernorm_forward(
@@ -145,16 +202,20 @@ impl Backend for CpuBackend {
         let mut y = Tensor::for_overwrite(x.shape());
         let mut xhat = Tensor::for_overwrite(x.shape());
         let mut rstd = vec![0.0f32; x.rows()];
-        kernels::layernorm_forward(
-            self.simd,
-            x.data(),
-            gamma,
-            beta,
-            eps,
-            y.data_mut(),
-            xhat.data_mut(),
-            &mut rstd,
-        );
+        let h = x.cols();
+        let rows = self.rows_per_group(x.rows(), h);
+        if rows >= x.rows() {
+            let (yd, xd) = (y.data_mut(), xhat.data_mut());
+            kernels::layernorm_forward(self.simd, x.data(), gamma, beta, eps, yd, xd, &mut rstd);
+            return LayerNormForward { y, xhat, rstd };
+        }
+        (y.data_mut().par_chunks_mut(rows * h))
+            .zip(xhat.data_mut().par_chunks_mut(rows * h))
+            .zip(rstd.par_chunks_mut(rows))
+            .zip(x.data().par_chunks(rows * h))
+            .for_each(|(((y, xhat), rstd), x)| {
+                kernels::layernorm_forward(self.simd, x, gamma, beta, eps, y, xhat, rstd)
+            });
         LayerNormForward { y, xhat, rstd }
     }
 
@@ -171,28 +232,68 @@ impl Backend for CpuBackend {
         let mut dx = Tensor::for_overwrite(dy.shape());
         let mut dgamma = vec![0.0f32; h];
         let mut dbeta = vec![0.0f32; h];
-        kernels::layernorm_backward(
-            self.simd,
-            dy.data(),
-            xhat.data(),
-            rstd,
-            gamma,
-            dx.data_mut(),
-            &mut dgamma,
-            &mut dbeta,
-        );
+        let rows = self.rows_per_group(dy.rows(), h);
+        if rows >= dy.rows() {
+            kernels::layernorm_backward(
+                self.simd,
+                dy.data(),
+                xhat.data(),
+                rstd,
+                gamma,
+                dx.data_mut(),
+                &mut dgamma,
+                &mut dbeta,
+            );
+            return LayerNormBackward { dx, dgamma, dbeta };
+        }
+        // Split: dx by row groups (their γ/β partial sums are dropped), then γ/β by column
+        // groups, each column summed over all rows in row order — the bits of one thread.
+        (dx.data_mut().par_chunks_mut(rows * h))
+            .zip(dy.data().par_chunks(rows * h))
+            .zip(xhat.data().par_chunks(rows * h))
+            .zip(rstd.par_chunks(rows))
+            .for_each(|(((dx, dy), xhat), rstd)| {
+                let (mut g, mut b) = (vec![0.0f32; h], vec![0.0f32; h]);
+                kernels::layernorm_backward(self.simd, dy, xhat, rstd, gamma, dx, &mut g, &mut b);
+            });
+        let cols = h.div_ceil(self.threads);
+        (dgamma.par_chunks_mut(cols))
+            .zip(dbeta.par_chunks_mut(cols))
+            .enumerate()
+            .for_each(|(c, (dg, db))| {
+                let c0 = c * cols;
+                for (dyr, xr) in dy.data().chunks_exact(h).zip(xhat.data().chunks_exact(h)) {
+                    for j in 0..dg.len() {
+                        dg[j] += dyr[c0 + j] * xr[c0 + j];
+                        db[j] += dyr[c0 + j];
+                    }
+                }
+            });
         LayerNormBackward { dx, dgamma, dbeta }
     }
 
     fn gelu_forward(&self, u: &Tensor) -> Tensor {
         let mut y = Tensor::for_overwrite(u.shape());
-        kernels::gelu_forward(self.simd, u.data(), y.data_mut());
+        let chunk = self.rows_per_group(u.len(), 1);
+        if chunk >= u.len() {
+            kernels::gelu_forward(self.simd, u.data(), y.data_mut());
+            return y;
+        }
+        (y.data_mut().par_chunks_mut(chunk))
+            .zip(u.data().par_chunks(chunk))
+            .for_each(|(y, u)| kernels::gelu_forward(self.simd, u, y));
         y
     }
 
     fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
         assert_eq!(u.shape(), dy.shape());
-        kernels::gelu_backward(self.simd, u.data(), dy.data_mut());
+        let chunk = self.rows_per_group(u.len(), 1);
+        if chunk >= u.len() {
+            return kernels::gelu_backward(self.simd, u.data(), dy.data_mut());
+        }
+        (dy.data_mut().par_chunks_mut(chunk))
+            .zip(u.data().par_chunks(chunk))
+            .for_each(|(dy, u)| kernels::gelu_backward(self.simd, u, dy));
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {
@@ -209,7 +310,15 @@ impl Backend for CpuBackend {
         let mut probs = logits.clone();
         let mut maxes = vec![0.0f32; rows];
         let mut sums = vec![0.0f32; rows];
-        kernels::softmax_rows(self.simd, probs.data_mut(), v, &mut maxes, &mut sums);
+        let chunk = self.rows_per_group(rows, v);
+        if chunk >= rows {
+            kernels::softmax_rows(self.simd, probs.data_mut(), v, &mut maxes, &mut sums);
+        } else {
+            (probs.data_mut().par_chunks_mut(chunk * v))
+                .zip(maxes.par_chunks_mut(chunk))
+                .zip(sums.par_chunks_mut(chunk))
+                .for_each(|((p, m), s)| kernels::softmax_rows(self.simd, p, v, m, s));
+        }
         let mut total = 0.0f64;
         for (r, &t) in targets.iter().enumerate() {
             let target_logit = logits.data()[r * v + t as usize];

@@ -393,6 +393,31 @@ fn reference_trainer_is_deterministic_and_split_independent() {
 }
 
 #[test]
+fn more_threads_per_rank_do_not_change_a_bit() {
+    // Big enough that the GEMMs, the row-wise kernels and the attention sequences all
+    // split over the threads (`CpuBackend::rows_per_group`, gemm's threading threshold).
+    let cfg = GptConfig {
+        layers: 2,
+        ..GptConfig::tiny()
+    };
+    let run = |threads: usize| {
+        let train = TrainConfig {
+            microbatches: 2,
+            threads,
+            ..TrainConfig::default()
+        };
+        let mut t = ReferenceTrainer::new(&cfg, &train, ByteCorpus::builtin(), &[2]).unwrap();
+        let losses: Vec<f32> = (0..3).map(|_| t.train_step().unwrap().loss).collect();
+        (losses, all_params(t.stages()))
+    };
+    let (one, w1) = run(1);
+    let (two, w2) = run(2);
+    assert!(one.iter().all(|l| l.is_finite()));
+    assert_eq!(one, two, "2 threads per rank change the losses");
+    assert_eq!(w1, w2, "2 threads per rank change the weights");
+}
+
+#[test]
 fn reference_trainer_loss_goes_down() {
     let cfg = GptConfig {
         layers: 2,

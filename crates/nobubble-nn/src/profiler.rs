@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::backend::{Backend, LayerNormBackward, LayerNormForward};
+use crate::backend::{Backend, LayerNormBackward, LayerNormForward, Task};
 use crate::tensor::{MatMut, MatRef, Tensor};
 
 /// Wraps `inner`, adding each call's time to its operation kind.
@@ -50,6 +50,26 @@ impl<'a> TimingBackend<'a> {
 impl Backend for TimingBackend<'_> {
     fn describe(&self) -> String {
         format!("timed {}", self.inner.describe())
+    }
+
+    fn threads(&self) -> usize {
+        self.inner.threads()
+    }
+
+    fn as_dyn(&self) -> &dyn Backend {
+        self
+    }
+
+    /// On one thread the tasks run here, so their operations are timed by kind; on more,
+    /// they run on the inner backend's threads and count as `parallel tasks`.
+    fn run_tasks(&self, tasks: Vec<Task<'_>>) {
+        if self.inner.threads() <= 1 {
+            for task in tasks {
+                task(self);
+            }
+        } else {
+            self.time("parallel tasks", || self.inner.run_tasks(tasks))
+        }
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {

@@ -38,7 +38,8 @@ pub struct TrainConfig {
     pub warmup_steps: u64,
     /// Global-norm clipping threshold (None = no clipping).
     pub max_grad_norm: Option<f32>,
-    /// gemm threads per matrix product. Bit-identity with a pipeline stage needs 1.
+    /// Threads per operation (matrix products, row-wise kernels, attention sequences).
+    /// Results do not depend on it: every split keeps each output's arithmetic order.
     pub threads: usize,
 }
 

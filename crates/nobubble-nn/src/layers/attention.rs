@@ -6,7 +6,7 @@
 //! so I frees both at once; only the two linears queue anything for W.
 
 use super::{Linear, SplitLayer, INIT_STD};
-use crate::backend::Backend;
+use crate::backend::{Backend, Task};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
 use crate::param::Param;
@@ -98,42 +98,56 @@ impl CausalSelfAttention {
 
     /// Scores, causal softmax and context for fused `qkv` rows: `(context, probabilities)`.
     /// Crate-visible so the inference path (`generate.rs`) runs the very same arithmetic.
+    /// Sequences are independent: one task each, run in parallel on a multi-threaded backend.
     pub(crate) fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
         let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
-        let d = h / a;
         let n = qkv.rows();
-        let b = n / s;
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut probs = Tensor::for_overwrite(&[b, a, s, s]);
+        let mut probs = Tensor::for_overwrite(&[n / s, a, s, s]);
         let mut ctx = Tensor::for_overwrite(&[n, h]);
-        for seq in 0..b {
-            for head in 0..a {
-                let block = &mut probs.data_mut()[(seq * a + head) * s * s..][..s * s];
-                // Scores only where the mask lets them through: row block [r0, r1)
-                // needs columns [0, r1).
-                for (r0, r1) in causal_blocks(s) {
-                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, r1);
-                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
-                    let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                    be.matmul(dst, q_rows, k_rows.t(), scale, false);
-                }
-                be.causal_softmax(block, s);
-                for (r0, r1) in causal_blocks(s) {
-                    let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
-                    let out = MatMut::new(
-                        ctx.data_mut(),
-                        (seq * s + r0) * h + head * d,
-                        r1 - r0,
-                        d,
-                        h as isize,
-                        1,
-                    );
-                    be.matmul(out, p, v_rows, 1.0, false);
-                }
+        let tasks = probs
+            .data_mut()
+            .chunks_mut(a * s * s)
+            .zip(ctx.data_mut().chunks_mut(s * h))
+            .enumerate()
+            .map(|(seq, (probs, ctx))| -> Task<'_> {
+                Box::new(move |be: &dyn Backend| self.sequence_forward(be, qkv, seq, probs, ctx))
+            })
+            .collect();
+        be.run_tasks(tasks);
+        (ctx, probs)
+    }
+
+    /// [`Self::core_forward`] of sequence `seq`: its probabilities `[a, s, s]` and its
+    /// context rows `[s, h]`.
+    fn sequence_forward(
+        &self,
+        be: &dyn Backend,
+        qkv: &Tensor,
+        seq: usize,
+        probs: &mut [f32],
+        ctx: &mut [f32],
+    ) {
+        let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
+        let d = h / a;
+        let scale = 1.0 / (d as f32).sqrt();
+        for head in 0..a {
+            let block = &mut probs[head * s * s..][..s * s];
+            // Scores only where the mask lets them through: row block [r0, r1)
+            // needs columns [0, r1).
+            for (r0, r1) in causal_blocks(s) {
+                let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, r1);
+                let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                be.matmul(dst, q_rows, k_rows.t(), scale, false);
+            }
+            be.causal_softmax(block, s);
+            for (r0, r1) in causal_blocks(s) {
+                let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
+                let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                let out = MatMut::new(ctx, r0 * h + head * d, r1 - r0, d, h as isize, 1);
+                be.matmul(out, p, v_rows, 1.0, false);
             }
         }
-        (ctx, probs)
     }
 
     fn core_backward(
@@ -143,57 +157,77 @@ impl CausalSelfAttention {
         probs: &Tensor,
         dctx: &Tensor,
     ) -> Tensor {
+        let (h, s) = (self.hidden(), self.seq_len);
+        let n = qkv.rows();
+        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
+        let tasks = dqkv
+            .data_mut()
+            .chunks_mut(s * 3 * h)
+            .enumerate()
+            .map(|(seq, dqkv)| -> Task<'_> {
+                Box::new(move |be: &dyn Backend| {
+                    self.sequence_backward(be, qkv, probs, dctx, seq, dqkv)
+                })
+            })
+            .collect();
+        be.run_tasks(tasks);
+        dqkv
+    }
+
+    /// [`Self::core_backward`] of sequence `seq`, into its rows `[s, 3h]` of the QKV gradient.
+    fn sequence_backward(
+        &self,
+        be: &dyn Backend,
+        qkv: &Tensor,
+        probs: &Tensor,
+        dctx: &Tensor,
+        seq: usize,
+        dqkv: &mut [f32],
+    ) {
         let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
         let d = h / a;
-        let n = qkv.rows();
-        let b = n / s;
         let scale = 1.0 / (d as f32).sqrt();
-        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
         let mut dscores_buf = Tensor::for_overwrite(&[s, s]);
         let dscores = dscores_buf.data_mut();
-        for seq in 0..b {
-            for head in 0..a {
-                let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
-                let dout = |r0: usize, r1: usize| {
-                    MatRef::new(
-                        dctx.data(),
-                        (seq * s + r0) * h + head * d,
-                        r1 - r0,
-                        d,
-                        h as isize,
-                        1,
-                    )
-                };
-                let rs = (3 * h) as isize;
-                let dst =
-                    |which: usize, r0: usize| seq * s * 3 * h + r0 * 3 * h + which * h + head * d;
-                // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
-                for (r0, r1) in causal_blocks(s) {
-                    let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
-                    let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                    be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
-                }
-                be.causal_softmax_backward(pdata, dscores, s);
-                for (r0, r1) in causal_blocks(s) {
-                    // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
-                    let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                    let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
-                    let out = MatMut::new(dqkv.data_mut(), dst(0, r0), r1 - r0, d, rs, 1);
-                    be.matmul(out, ds, k_rows, scale, false);
-                    // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
-                    let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
-                    let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
-                    // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
-                    let out = MatMut::new(dqkv.data_mut(), dst(2, r0), r1 - r0, d, rs, 1);
-                    be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);
-                    // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
-                    let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
-                    let out = MatMut::new(dqkv.data_mut(), dst(1, r0), r1 - r0, d, rs, 1);
-                    be.matmul(out, ds_cols.t(), q_rows, scale, false);
-                }
+        for head in 0..a {
+            let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
+            let dout = |r0: usize, r1: usize| {
+                MatRef::new(
+                    dctx.data(),
+                    (seq * s + r0) * h + head * d,
+                    r1 - r0,
+                    d,
+                    h as isize,
+                    1,
+                )
+            };
+            let rs = (3 * h) as isize;
+            let dst = |which: usize, r0: usize| r0 * 3 * h + which * h + head * d;
+            // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
+            for (r0, r1) in causal_blocks(s) {
+                let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
+            }
+            be.causal_softmax_backward(pdata, dscores, s);
+            for (r0, r1) in causal_blocks(s) {
+                // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
+                let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                let out = MatMut::new(dqkv, dst(0, r0), r1 - r0, d, rs, 1);
+                be.matmul(out, ds, k_rows, scale, false);
+                // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
+                let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
+                // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
+                let out = MatMut::new(dqkv, dst(2, r0), r1 - r0, d, rs, 1);
+                be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);
+                // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
+                let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
+                let out = MatMut::new(dqkv, dst(1, r0), r1 - r0, d, rs, 1);
+                be.matmul(out, ds_cols.t(), q_rows, scale, false);
             }
         }
-        dqkv
     }
 }
 

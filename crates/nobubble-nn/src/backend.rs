@@ -64,6 +64,14 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// Runs `work` where this backend's threads are: on a multi-threaded CPU backend, on
+    /// a worker of its own thread pool, so the caller's thread sleeps instead of competing
+    /// with the pool for the cores (a pass's sequential stretches run on a worker, and the
+    /// other workers join its parallel ones). Stages run every pass through this.
+    fn install(&self, work: &mut (dyn FnMut() + Send)) {
+        work()
+    }
+
     /// This backend itself, as a trait object (what a sequential task receives).
     fn as_dyn(&self) -> &dyn Backend;
 

@@ -8,15 +8,25 @@ use crate::sgemm::sgemm;
 use crate::simd::Simd;
 use crate::tensor::{MatMut, MatRef, Tensor};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
 /// one core uses `threads = 1`; a stage (or an unpipelined run) with more cores uses more.
 /// `simd` is the vector level of every kernel ([`Simd::selected`] unless set).
 /// Only results computed with the same SIMD level are promised to be bit-identical.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct CpuBackend {
     threads: usize,
     simd: Simd,
+    /// The threads of a multi-threaded backend (`None` with one thread, or if the pool could
+    /// not be made: then rayon's global pool is used).
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
 }
 
 impl CpuBackend {
@@ -28,9 +38,21 @@ impl CpuBackend {
 
     /// `threads` threads per operation (0 is treated as 1), at the selected SIMD level.
     pub fn with_threads(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("nobubble-cpu-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten()
+            .map(Arc::new);
         CpuBackend {
-            threads: threads.max(1),
+            threads,
             simd: Simd::selected(),
+            pool,
         }
     }
 
@@ -75,6 +97,13 @@ impl Backend for CpuBackend {
         self
     }
 
+    fn install(&self, work: &mut (dyn FnMut() + Send)) {
+        match &self.pool {
+            Some(pool) => pool.install(work),
+            None => work(),
+        }
+    }
+
     fn run_tasks(&self, tasks: Vec<Task<'_>>) {
         if self.threads <= 1 || tasks.len() <= 1 {
             for task in tasks {
@@ -85,7 +114,8 @@ impl Backend for CpuBackend {
         // Contiguous groups, one per thread; inside a task everything is single-threaded.
         let single = CpuBackend {
             threads: 1,
-            ..*self
+            simd: self.simd,
+            pool: None,
         };
         let per_group = tasks.len().div_ceil(self.threads);
         let mut groups: Vec<Vec<Task<'_>>> = Vec::new();

@@ -99,6 +99,15 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
         .collect())
 }
 
+/// Runs `work` through [`Backend::install`] (on the backend's own threads) and returns
+/// its result.
+fn on_backend<T: Send>(be: &dyn Backend, work: impl FnOnce() -> T + Send) -> T {
+    let mut work = Some(work);
+    let mut out = None;
+    be.install(&mut || out = work.take().map(|w| w()));
+    out.expect("Backend::install runs the work it is given")
+}
+
 /// As [`build_stages`], building (and initializing) only the stages `keep` selects: a rank
 /// of a pipeline holds a few stages of a model that need never fit in its memory whole.
 /// Returns them with their indices; their weights are those of the whole model's build.
@@ -232,6 +241,16 @@ impl Stage {
         input: StageInput<'_>,
         targets: Option<&[u32]>,
     ) -> Result<StageOutput> {
+        let be = self.backend.clone();
+        on_backend(be.as_ref(), || self.forward_here(mb, input, targets))
+    }
+
+    fn forward_here(
+        &mut self,
+        mb: MicrobatchId,
+        input: StageInput<'_>,
+        targets: Option<&[u32]>,
+    ) -> Result<StageOutput> {
         self.check_forward(mb)?;
         if self.is_last() {
             let rows = match &input {
@@ -308,6 +327,15 @@ impl Stage {
         mb: MicrobatchId,
         grad_output: Option<Tensor>,
     ) -> Result<Option<Tensor>> {
+        let be = self.backend.clone();
+        on_backend(be.as_ref(), || self.backward_input_here(mb, grad_output))
+    }
+
+    fn backward_input_here(
+        &mut self,
+        mb: MicrobatchId,
+        grad_output: Option<Tensor>,
+    ) -> Result<Option<Tensor>> {
         if let Some(h) = &self.head {
             h.check_input_grad(mb)?;
         }
@@ -350,6 +378,11 @@ impl Stage {
     /// W for microbatch `mb`: accumulates every parameter gradient of this stage and
     /// frees what I kept. Errors (without changing anything) if nothing is queued.
     pub fn backward_weight(&mut self, mb: MicrobatchId) -> Result<()> {
+        let be = self.backend.clone();
+        on_backend(be.as_ref(), || self.backward_weight_here(mb))
+    }
+
+    fn backward_weight_here(&mut self, mb: MicrobatchId) -> Result<()> {
         if let Some(e) = &self.embedding {
             e.check_weight_grad(mb)?;
         }

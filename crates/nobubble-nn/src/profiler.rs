@@ -60,6 +60,10 @@ impl Backend for TimingBackend<'_> {
         self
     }
 
+    fn install(&self, work: &mut (dyn FnMut() + Send)) {
+        self.inner.install(work)
+    }
+
     /// On one thread the tasks run here, so their operations are timed by kind; on more,
     /// they run on the inner backend's threads and count as `parallel tasks`.
     fn run_tasks(&self, tasks: Vec<Task<'_>>) {

@@ -13,7 +13,7 @@ use crate::worker::{
 };
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
-use nobubble_nn::{build_stages_where, ByteCorpus};
+use nobubble_nn::{build_stages_where, ByteCorpus, CpuBackend};
 use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -77,6 +77,8 @@ fn real_engine(
         // Each microbatch's loss counts 1/(D·m) of the global batch's.
         st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
         st.set_microbatches(m);
+        // The rank's cores: one backend per stage, all with the rank's thread count.
+        st.set_backend(Arc::new(CpuBackend::with_threads(config.train.threads)));
         stages.insert(s, st);
     }
     let optimizers = stages

@@ -64,6 +64,11 @@ fn main() -> ExitCode {
     }
     output::install_stdout_failure_hook();
     let cli = Cli::parse();
+    // A bad NOBUBBLE_SIMD is an error up front, not a silent fallback to another level.
+    if let Err(e) = nobubble_nn::Simd::from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match &cli.command {
         Command::Plan(a) => plan::run(a),
         Command::Compare(a) => compare::run(a),

@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 mod common;
-use common::{fails, micro_train, ok};
+use common::{fails, micro_train, nobubble, ok};
 
 fn temp_file(name: &str, content: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nobubble-cli-{}", std::process::id()));
@@ -574,4 +574,73 @@ fn plan_chooses_the_layer_split_from_per_layer_costs() {
         "/nonexistent.json",
     ]);
     assert!(e.contains("cannot read --layer-costs"), "{e}");
+}
+
+#[test]
+fn threads_per_rank_change_no_bit_and_bad_settings_are_errors() {
+    // The tiny preset is large enough for the kernels, the attention sequences and the
+    // GEMMs to split over two threads.
+    let run = |threads: &str| {
+        let dir = tempfile_dir(&format!("threads-{threads}"));
+        let log = dir.join("log.jsonl");
+        let log = log.to_str().unwrap().to_string();
+        let args = [
+            "train",
+            "--model",
+            "tiny",
+            "--layers",
+            "2",
+            "-p",
+            "1",
+            "-m",
+            "2",
+            "--steps",
+            "2",
+            "--threads-per-rank",
+            threads,
+            "--log",
+            &log,
+        ];
+        let out = nobubble(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(err.contains(&format!("{threads} thread")), "{err}");
+        let losses: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["loss"].to_string()
+            })
+            .collect();
+        losses
+    };
+    let one = run("1");
+    assert_eq!(one.len(), 2);
+    assert_eq!(one, run("2"), "2 threads per rank change the losses");
+    let err = fails(&micro_train("1", &["--threads-per-rank", "0"]));
+    assert!(
+        err.contains("--threads-per-rank must be at least 1"),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(micro_train("1", &[]))
+        .env("NOBUBBLE_SIMD", "avx1024")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("NOBUBBLE_SIMD"),
+        "{err}"
+    );
+}
+
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nobubble-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

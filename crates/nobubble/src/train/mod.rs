@@ -97,6 +97,11 @@ pub struct TrainArgs {
     /// Seconds a rank may wait for a message before the run fails.
     #[arg(long, default_value_t = 60.0)]
     pub recv_timeout: f64,
+    /// Cores each rank computes on: its matrix products, row-wise kernels and attention
+    /// sequences split over them (results do not change) [default: the machine's cores ÷
+    /// the ranks on it, at least 1; under mpirun the ranks on this node]
+    #[arg(long)]
+    pub threads_per_rank: Option<usize>,
     /// Steps to measure before re-planning an automatic schedule (0 = never).
     #[arg(long, default_value_t = 2)]
     pub replan_after: u64,
@@ -392,7 +397,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         },
         warmup_steps: a.warmup,
         max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
-        threads: 1,
+        threads: threads_per_rank(a, stages * a.data_parallel)?,
     };
     Ok(TrainJob {
         session: SessionOptions {
@@ -484,6 +489,31 @@ fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), St
     Ok((ScheduleKind::OneFOneB, Some(schedule)))
 }
 
+/// `--threads-per-rank`, or its default: this machine's cores shared by the ranks on it
+/// (the job's ranks as threads; under mpirun, the node's ranks as Open MPI counts them).
+fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local = match launch::launched_world_size() {
+        Some(_) => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(cores),
+        None => world,
+    };
+    match a.threads_per_rank {
+        Some(0) => Err("--threads-per-rank must be at least 1".into()),
+        Some(t) if t * local > cores => {
+            eprintln!(
+                "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its                  {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",
+                (cores / local.max(1)).max(1)
+            );
+            Ok(t)
+        }
+        Some(t) => Ok(t),
+        None => Ok((cores / local.max(1)).max(1)),
+    }
+}
+
 /// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run).
 pub fn run(a: &TrainArgs) -> Result<u8, String> {
     let launched = launch::launched_world_size();
@@ -496,7 +526,8 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
             header(a, &job, "threads");
             let world = job.session.ranks * a.data_parallel;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let (watch, _server) = watch(a, &job, world.min(cores))?;
+            let threads = job.session.run.train.threads;
+            let (watch, _server) = watch(a, &job, (world * threads).min(cores))?;
             let slot = std::sync::Mutex::new(Some(watch));
             let results = launch::threads(world, |ctx: RankContext| {
                 if ctx.transport.rank() == 0 {
@@ -588,7 +619,8 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String
     if rank == 0 {
         header(a, job, &transport);
         // Each rank of an MPI job computes on a core of its own.
-        let (mut watch, server) = watch(a, job, size).unwrap_or_else(|e| fail(e));
+        let (mut watch, server) =
+            watch(a, job, size * job.session.run.train.threads).unwrap_or_else(|e| fail(e));
         match run(Some(&mut watch)) {
             Ok(Some(report)) => {
                 let code = crate::train::report::finish(a, job, &report, watch)
@@ -635,8 +667,11 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         None => job.session.kind.name().to_string(),
     };
     eprintln!(
-        "nobubble train: {schedule} on {} ranks{dp} ({transport}), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
+        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
         job.session.ranks,
+        job.session.run.train.threads,
+        if job.session.run.train.threads == 1 { "" } else { "s" },
+        nobubble_nn::Simd::selected(),
         job.session.run.train.microbatches,
         model.microbatch_size,
         model.seq_len,

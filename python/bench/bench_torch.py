@@ -93,12 +93,6 @@ def _predict(name: str, prof: nbt.Profile, m: int, placement: str) -> float | No
 
 
 def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup], nbt.Profile]:
-    from torch.distributed.pipelining import (
-        Schedule1F1B,
-        ScheduleInterleavedZeroBubble,
-        ScheduleZBVZeroBubble,
-    )
-
     def fresh() -> list[nn.Module]:
         return gpt_chunks(cfg, CHUNKS, seed=0)
 
@@ -111,6 +105,7 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
     setups: list[Setup] = []
 
     # Steps are timed barrier to barrier here, so the makespan is what is paid.
+    skip_cut = os.environ.get("NOBUBBLE_BENCH_SKIP_CUT") == "1"
     plan = nbt.agreed_plan("zb-auto", microbatches=m, costs=prof, objective="makespan")
     chunks = fresh()
     stages = nbt.build_stages(chunks, plan)
@@ -119,6 +114,8 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
     setups.append(_setup("nobubble zb-auto", sched, stages, plan.makespan, f"{placement} plan"))
 
     # The planner may also move blocks between stages, from a per-layer profile.
+    if skip_cut:
+        return _fixed_setups(cfg, m, rank, prof, fresh, setups), prof
     layers = gpt_layers(cfg, seed=0)
     local_layers = nbt.profile(layers, (x, y), lm_loss, warmup=2, iterations=5)
     split_plan = nbt.agreed_plan(
@@ -136,6 +133,19 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
             split_plan.makespan,
             f"{kind}, blocks per stage {split}",
         )
+    )
+
+    return _fixed_setups(cfg, m, rank, prof, fresh, setups), prof
+
+
+def _fixed_setups(
+    cfg: GPTConfig, m: int, rank: int, prof: nbt.Profile, fresh: Any, setups: list[Setup]
+) -> list[Setup]:
+    """PyTorch's own schedules on the same chunks, appended to ``setups``."""
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
     )
 
     pairs = nbt.split_layers(fresh(), RANKS)
@@ -166,7 +176,7 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
             _predict("zb-v", prof, m, "v"),
         )
     )
-    return setups, prof
+    return setups
 
 
 def _setup(
@@ -214,6 +224,12 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
         return
     measured = setups[0].schedule.measurements[-1]
     tokens = m * mb * cfg.seq_len
+    if args.json:
+        import json
+
+        medians = {s.name: statistics.median(times[s.name]) for s in setups}
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"variant": name, "tokens": tokens, "step_ms": medians}) + "\n")
     print(
         f"\n== {name}: vocab {cfg.vocab}, {cfg.blocks} blocks, hidden {cfg.hidden}, "
         f"seq {cfg.seq_len}, microbatch {mb}, m = {m}, {RANKS} ranks × 1 thread"
@@ -261,7 +277,13 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--microbatch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--json", help="append each variant's median step times as a JSON line")
+    parser.add_argument(
+        "--skip-planned-cut", action="store_true", help="leave out the per-layer planned cut"
+    )
     args = parser.parse_args()
+    if args.skip_planned_cut:
+        os.environ["NOBUBBLE_BENCH_SKIP_CUT"] = "1"  # inherited by the spawned ranks
     if "RANK" in os.environ:
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
         return

@@ -4,12 +4,12 @@
 //! Why a trait: layers are written once, against these operations only, so a CUDA
 //! backend can be added later by implementing this trait (and giving [`Tensor`] a
 //! device storage) without touching `layers/`. [`CpuBackend`] is the only
-//! implementation today; its matrix products use the `gemm` crate with the thread
-//! count chosen per backend instance (one thread per pipeline stage).
+//! implementation today; its matrix products use the `gemm` crate, with the SIMD
+//! level and the thread count chosen per backend instance (a rank's `--threads-per-rank`).
 //!
-//! Determinism contract: for a fixed backend configuration (in particular the thread
-//! count), every operation is a pure function of its inputs with a fixed reduction
-//! order, so the same passes in the same order give bit-identical results.
+//! Determinism contract: for a fixed SIMD level, every operation is a pure function of
+//! its inputs with a fixed reduction order — whatever the thread count — so the same
+//! passes in the same order give bit-identical results.
 
 pub use crate::cpu::CpuBackend;
 use crate::tensor::{MatMut, MatRef, Tensor};

@@ -358,10 +358,10 @@ impl EngineBenchReport {
         let mut kinds: Vec<&String> = self.profile.iter().flat_map(|p| p.keys()).collect();
         kinds.sort();
         kinds.dedup();
-        kinds.sort_by_key(|k| (k.as_str() != "matmul", k.as_str() == "other"));
-        out += &format!("{:<14}{:>9}{:>9}{:>9}\n", "", "F", "I", "W");
+        kinds.sort_by_key(|k| (!k.starts_with("matmul"), k.as_str() == "other"));
+        out += &format!("{:<20}{:>9}{:>9}{:>9}\n", "", "F", "I", "W");
         for kind in kinds {
-            out += &format!("{kind:<14}");
+            out += &format!("{kind:<20}");
             for p in &self.profile {
                 out += &format!("{:>9.2}", p.get(kind).copied().unwrap_or(0.0));
             }

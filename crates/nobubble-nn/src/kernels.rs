@@ -25,28 +25,40 @@ pub(crate) const LANES: usize = 16;
 /// first partial sums in order.
 #[inline(always)]
 pub(crate) fn lane_sum(xs: &[f32]) -> f32 {
-    lane_reduce(xs.len(), |j| xs[j])
+    let mut acc = [0.0f32; LANES];
+    let mut groups = xs.chunks_exact(LANES);
+    for g in &mut groups {
+        for (a, &x) in acc.iter_mut().zip(g) {
+            *a += x;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(groups.remainder()) {
+        *a += x;
+    }
+    combine_lanes(acc)
 }
 
-/// `Σ a[j]·b[j]` with [`lane_sum`]'s order.
+/// `Σ a[j]·b[j]` with [`lane_sum`]'s order (over the shorter length).
 #[inline(always)]
 pub(crate) fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    lane_reduce(n, |j| a[j] * b[j])
-}
-
-#[inline(always)]
-fn lane_reduce(n: usize, term: impl Fn(usize) -> f32) -> f32 {
+    let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; LANES];
-    let full = n - n % LANES;
-    for base in (0..full).step_by(LANES) {
-        for (l, a) in acc.iter_mut().enumerate() {
-            *a += term(base + l);
+    let (mut ga, mut gb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ga).zip(&mut gb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
         }
     }
-    for (l, j) in (full..n).enumerate() {
-        acc[l] += term(j);
+    for ((s, &x), &y) in acc.iter_mut().zip(ga.remainder()).zip(gb.remainder()) {
+        *s += x * y;
     }
+    combine_lanes(acc)
+}
+
+/// The partial sums added pairwise, halves first: a fixed tree.
+#[inline(always)]
+fn combine_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;

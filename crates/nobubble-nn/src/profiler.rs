@@ -7,6 +7,7 @@
 //! backend's), on any machine and without tools.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -17,6 +18,8 @@ use crate::tensor::{MatMut, MatRef, Tensor};
 pub struct TimingBackend<'a> {
     inner: &'a dyn Backend,
     seconds: Mutex<BTreeMap<&'static str, f64>>,
+    /// Inside [`Backend::run_tasks`] (the attention core): its products count apart.
+    in_tasks: AtomicBool,
 }
 
 impl<'a> TimingBackend<'a> {
@@ -25,6 +28,7 @@ impl<'a> TimingBackend<'a> {
         TimingBackend {
             inner,
             seconds: Mutex::new(BTreeMap::new()),
+            in_tasks: AtomicBool::new(false),
         }
     }
 
@@ -68,16 +72,23 @@ impl Backend for TimingBackend<'_> {
     /// they run on the inner backend's threads and count as `parallel tasks`.
     fn run_tasks(&self, tasks: Vec<Task<'_>>) {
         if self.inner.threads() <= 1 {
+            self.in_tasks.store(true, Ordering::Relaxed);
             for task in tasks {
                 task(self);
             }
+            self.in_tasks.store(false, Ordering::Relaxed);
         } else {
             self.time("parallel tasks", || self.inner.run_tasks(tasks))
         }
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
-        self.time("matmul", || self.inner.matmul(dst, a, b, scale, accumulate))
+        let kind = if self.in_tasks.load(Ordering::Relaxed) {
+            "matmul (attention)"
+        } else {
+            "matmul"
+        };
+        self.time(kind, || self.inner.matmul(dst, a, b, scale, accumulate))
     }
 
     fn add_row_vector(&self, x: &mut Tensor, v: &[f32]) {

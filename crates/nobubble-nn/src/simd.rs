@@ -75,7 +75,13 @@ impl Simd {
     /// level).
     pub fn from_env() -> Result<Simd> {
         match std::env::var(ENV_VAR) {
-            Ok(value) => Simd::parse(&value),
+            Ok(value) => Simd::parse(&value).map_err(|e| {
+                let why = match e {
+                    NnError::Config(why) => why,
+                    other => other.to_string(),
+                };
+                NnError::Config(format!("{ENV_VAR}={value}: {why}; or unset {ENV_VAR}"))
+            }),
             Err(std::env::VarError::NotPresent) => Ok(Simd::detected()),
             Err(std::env::VarError::NotUnicode(_)) => Err(NnError::Config(format!(
                 "{ENV_VAR} is not valid UTF-8; set it to auto, avx512, avx2 or portable"
@@ -92,14 +98,13 @@ impl Simd {
             "portable" | "scalar" | "baseline" => Simd::Portable,
             other => {
                 return Err(NnError::Config(format!(
-                    "{ENV_VAR}={other:?} is not a SIMD level; use auto, avx512, avx2 or portable"
+                    "{other:?} is not a SIMD level: use auto, avx512, avx2 or portable"
                 )))
             }
         };
         if !simd.is_supported() {
             return Err(NnError::Config(format!(
-                "{ENV_VAR}={value}: this CPU has no {simd} (its widest level is {}); \
-                 unset {ENV_VAR} or choose a narrower level",
+                "this CPU has no {simd} (its widest level is {}): choose auto or a narrower level",
                 Simd::detected()
             )));
         }

@@ -52,7 +52,9 @@ def native_step_ms(binary: str, args: list[str], env: dict[str, str], steps: int
         cmd = [binary, "train", *MODEL, *args, "--steps", str(steps), "--warmup", "2"]
         cmd += ["--threads-per-rank", "1"] if "--threads-per-rank" not in args else []
         cmd += ["--eval-sets", "1", "--log", str(log)]
-        subprocess.run(cmd, env={**os.environ, **env}, check=True, capture_output=True)
+        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
         rows = [json.loads(line) for line in log.read_text().splitlines()]
     return statistics.median(r["step_seconds"] for r in rows[3:]) * 1e3
 
@@ -89,7 +91,9 @@ def torch_pipeline_step_ms() -> dict[str, float]:
         out = Path(tmp) / "torch.jsonl"
         cmd = [sys.executable, str(ROOT / "python/bench/bench_torch.py"), "--variants", "uniform"]
         cmd += ["--rounds", "1", "--steps", "3", "--skip-planned-cut", "--json", str(out)]
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
         row = json.loads(out.read_text().splitlines()[-1])
     names = {"nobubble zb-auto": "PyTorch runtime, nobubble's zb-auto plan"}
     return {f"PyTorch {k}" if k not in names else names[k]: v for k, v in row["step_ms"].items()}
@@ -102,6 +106,8 @@ def main() -> None:
     parser.add_argument("--nobubble", default=str(ROOT / "target/release/nobubble"))
     parser.add_argument("--json", help="write the medians here as JSON")
     args = parser.parse_args()
+    if args.steps < 5 or args.rounds < 1:
+        sys.exit("--steps must be at least 5 (the first 3 are warm-up) and --rounds at least 1")
     if not Path(args.nobubble).exists():
         sys.exit(f"{args.nobubble} does not exist; build it with `cargo build --release`")
     jobs = [(name, lambda a=a, e=e: native_step_ms(args.nobubble, a, e, args.steps))

@@ -15,7 +15,7 @@ use crate::backend::{Backend, CpuBackend};
 use crate::error::MicrobatchId;
 use crate::error::{NnError, Result};
 use crate::layers::{Block, SplitLayer};
-use crate::model::{Stage, StageInput};
+use crate::model::{on_backend, Stage, StageInput};
 use crate::param::SplitMix64;
 use crate::profiler::TimingBackend;
 use crate::simd::Simd;
@@ -151,23 +151,26 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     for rep in 0..cfg.warmup + cfg.repeats {
         let xin = x.clone();
         let t0 = Instant::now();
-        let y = block.forward(&be, 0, xin)?;
+        // Through `install`, as a stage runs its passes: on the backend's own threads.
+        let y = on_backend(&be, || block.forward(&be, 0, xin))?;
         let t1 = Instant::now();
         let ops_f = be.take();
         after_f = block.held_bytes(0);
         drop(y);
         let g = dy.clone();
         let t2 = Instant::now();
-        let dx = block.backward_input(&be, 0, g)?;
+        let dx = on_backend(&be, || block.backward_input(&be, 0, g))?;
         let t3 = Instant::now();
         let ops_i = be.take();
         after_i = block.held_bytes(0);
         drop(dx);
         let t4 = Instant::now();
-        block.backward_weight(&be, 0)?;
+        on_backend(&be, || block.backward_weight(&be, 0))?;
         let t5 = Instant::now();
         let ops_w = be.take();
-        cpu.matmul(out.mat_mut(), lhs.mat(), rhs.mat(), 1.0, false);
+        on_backend(&cpu, || {
+            cpu.matmul(out.mat_mut(), lhs.mat(), rhs.mat(), 1.0, false)
+        });
         let t6 = Instant::now();
         if rep >= cfg.warmup {
             tf.push((t1 - t0).as_secs_f64());

@@ -119,6 +119,7 @@ pub(crate) fn fast_tanh(y: f32) -> f32 {
 macro_rules! wide {
     ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
         pub(crate) fn $name(simd: Simd, $($arg: $ty),*) {
+            debug_assert!(simd.is_supported(), "{simd} kernels on a CPU without them");
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
@@ -153,7 +154,7 @@ wide! {
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
 }
 
-/// The kernel bodies, always inlined into both the baseline and the AVX2 wrapper.
+/// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
     use super::{fast_exp, fast_tanh, lane_dot, lane_max, lane_sum, GELU_A, GELU_C};
 

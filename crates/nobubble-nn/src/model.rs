@@ -101,7 +101,7 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
 
 /// Runs `work` through [`Backend::install`] (on the backend's own threads) and returns
 /// its result.
-fn on_backend<T: Send>(be: &dyn Backend, work: impl FnOnce() -> T + Send) -> T {
+pub(crate) fn on_backend<T: Send>(be: &dyn Backend, work: impl FnOnce() -> T + Send) -> T {
     let mut work = Some(work);
     let mut out = None;
     be.install(&mut || out = work.take().map(|w| w()));
@@ -205,8 +205,8 @@ impl Stage {
         &self.config
     }
 
-    /// Replaces the compute backend (e.g. more gemm threads for an unpipelined run).
-    /// Results are only promised bit-identical between runs with equal backends.
+    /// Replaces the compute backend (e.g. more threads, another SIMD level). Results are
+    /// bit-identical between backends of the same SIMD level, whatever their threads.
     pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
         self.backend = backend;
     }

@@ -30,7 +30,8 @@ pub enum Simd {
     /// AVX2 with FMA: 8 f32 lanes; `gemm`'s `fma` kernels.
     Avx2,
     /// No run-time-selected vector extension: what the compiler's baseline target gives
-    /// (SSE2 on x86-64, NEON on aarch64). `gemm` picks its own kernel for this CPU.
+    /// (SSE2 on x86-64, NEON on aarch64). On x86-64 `gemm` runs its scalar kernel; elsewhere
+    /// it picks its own.
     Portable,
 }
 
@@ -38,20 +39,19 @@ impl Simd {
     /// Every level, widest first.
     pub const ALL: [Simd; 3] = [Simd::Avx512, Simd::Avx2, Simd::Portable];
 
-    /// The widest level this CPU supports.
+    /// The widest level this CPU supports: a level counts only if `gemm`'s kernels for
+    /// it can run (its `V3`/`V4` feature sets, which include what the elementwise builds
+    /// enable), so a VM that hides one flag gets a narrower level, not a crash.
     pub fn detected() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-            {
+            use gemm_common::simd::{MixedSimd, V3, V4};
+            let v3 = <V3 as MixedSimd<f32, f32, f32, f32>>::try_new().is_some();
+            let v4 = <V4 as MixedSimd<f32, f32, f32, f32>>::try_new().is_some();
+            if v3 && v4 {
                 return Simd::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if v3 {
                 return Simd::Avx2;
             }
         }
@@ -142,19 +142,25 @@ impl Simd {
     /// AVX-512 FMAs at the AVX2 rate; an Intel server core at twice it).
     pub fn fma_peak_flops(self, seconds: f64) -> f64 {
         const ITERS: usize = 20_000;
+        // An unsupported level is probed (and counted) as the portable loop it falls to.
+        let level = if self.is_supported() {
+            self
+        } else {
+            Simd::Portable
+        };
         let start = std::time::Instant::now();
         let mut best = f64::INFINITY;
         let mut sink = 0.0f32;
         for rep in 0.. {
             let t0 = std::time::Instant::now();
-            sink += fma_loop(self, ITERS, rep as f32 * 1e-9);
+            sink += fma_loop(level, ITERS, rep as f32 * 1e-9);
             best = best.min(t0.elapsed().as_secs_f64());
             if rep >= 3 && start.elapsed().as_secs_f64() >= seconds {
                 break;
             }
         }
         std::hint::black_box(sink);
-        (2 * self.lanes() * FMA_CHAINS * ITERS) as f64 / best.max(1e-12)
+        (2 * level.lanes() * FMA_CHAINS * ITERS) as f64 / best.max(1e-12)
     }
 }
 

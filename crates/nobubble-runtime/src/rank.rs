@@ -73,12 +73,14 @@ fn real_engine(
     })
     .map_err(|e| RuntimeError::Config(e.to_string()))?;
     let mut stages = BTreeMap::new();
+    // The rank's cores: one backend (one thread pool, one buffer cache per worker) shared by
+    // all its stages.
+    let backend = Arc::new(CpuBackend::with_threads(config.train.threads));
     for (s, mut st) in mine {
         // Each microbatch's loss counts 1/(D·m) of the global batch's.
         st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
         st.set_microbatches(m);
-        // The rank's cores: one backend per stage, all with the rank's thread count.
-        st.set_backend(Arc::new(CpuBackend::with_threads(config.train.threads)));
+        st.set_backend(backend.clone());
         stages.insert(s, st);
     }
     let optimizers = stages

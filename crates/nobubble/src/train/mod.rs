@@ -127,7 +127,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Peak FLOP/s of all ranks together, the denominator of MFU [default: a GEMM probe of
-    /// one core at start × the ranks].
+    /// one core at start × the cores the ranks use].
     #[arg(long)]
     pub peak_flops: Option<f64>,
     /// Stop with an error after this many steps in a row with a non-finite loss (0 = never).

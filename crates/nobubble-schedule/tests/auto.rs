@@ -765,3 +765,51 @@ fn v_schedules_are_never_worse_than_the_official_constructions_on_a_grid() {
         }
     }
 }
+
+#[test]
+fn zb_auto_matches_or_beats_the_official_greedy_on_the_shared_heterogeneous_pipelines() {
+    // ../shared/data/reference-schedules: the authors' greedy (best of its 8 flag settings)
+    // planned on true per-stage costs, at one absolute limit per rank — p microbatches of
+    // the heaviest stage. zb-auto gets the same bytes: at or below it on the makespan
+    // (makespan objective) and on the longest rank span (span objective).
+    use nobubble_schedule::{plan as plan_request, Objective, PlanCosts, PlanRequest};
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/reference-schedules"
+    );
+    for (stem, limit, m) in [
+        ("hetero_P04_6.2B_p8_m24_paper-split_lim1p", 9_699_328.0, 24),
+        ("hetero_S1_p8_m32_seed1084_lim1p", 8.0, 32),
+    ] {
+        let read = |ext: &str| {
+            std::fs::read_to_string(format!("{dir}/{stem}{ext}"))
+                .expect("the shared reference schedules")
+        };
+        let spec = CostSpec::from_json(&read(".costs.json")).unwrap();
+        let official =
+            nobubble_schedule::export::csv::read(&read("_official.csv"), "official").unwrap();
+        let costs = CostModel::for_schedule(&spec, &official).unwrap();
+        let sim = simulate(&official, &costs).unwrap();
+        let official_span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
+        for objective in [Objective::Makespan, Objective::Span] {
+            let req = PlanRequest {
+                mem_limit: MemLimit::Bytes(limit),
+                placement: Some(nobubble_schedule::Placement::Linear),
+                objective,
+                ..PlanRequest::new(ScheduleKind::ZbAuto, 8, m, spec.clone())
+            };
+            assert!(matches!(req.costs, PlanCosts::Stages(_)));
+            let ours = plan_request(&req).unwrap();
+            ours.check_limit().unwrap();
+            let span = ours.sim.metrics.span.iter().copied().fold(0.0, f64::max);
+            let (got, want) = match objective {
+                Objective::Makespan => (ours.sim.metrics.makespan, sim.metrics.makespan),
+                _ => (span, official_span),
+            };
+            assert!(
+                got <= want * (1.0 + 1e-9),
+                "{stem} {objective:?}: zb-auto {got} against the official {want}"
+            );
+        }
+    }
+}

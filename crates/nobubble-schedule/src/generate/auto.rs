@@ -7,6 +7,7 @@
 //! other way round.
 
 use super::greedy::{list_schedule_bound, Policy};
+use super::paper_heuristic;
 pub use super::search::apply_budget;
 use super::search::{
     better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
@@ -142,10 +143,27 @@ fn zb_auto_within(
         }
         // The paper's own scheduler at this level, so we are never worse than it; once
         // memory stops binding it, every larger level gives the same schedule.
+        // It runs twice: on the median costs (as the official code profiles a model) and on
+        // each stage's own (as it plans when handed per-stage costs).
         if paper_free.is_none() {
-            if let Ok((s, bound)) = super::paper_heuristic::zb_paper(p, m, costs, level, name) {
+            let mut free = true;
+            let mut here: Option<(Schedule, Score)> = None;
+            for build in [
+                paper_heuristic::zb_paper,
+                paper_heuristic::zb_paper_per_stage,
+            ] {
+                let Ok((s, bound)) = build(p, m, costs, level, name) else {
+                    free = false;
+                    continue;
+                };
+                free &= !bound;
                 let sc = score(&s, costs)?;
-                if !bound {
+                if here.as_ref().is_none_or(|b| better(sc, b.1)) {
+                    here = Some((s, sc));
+                }
+            }
+            if let Some((s, sc)) = here {
+                if free {
                     paper_free = Some((s.clone(), sc));
                 }
                 if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
@@ -233,8 +251,13 @@ fn at_the_limit(
     name: &str,
 ) -> Result<Schedule, Error> {
     let mut candidates = vec![super::zb_h1(p, m)?, super::zb_h2(p, m)?];
-    if let Ok((s, _)) = super::paper_heuristic::zb_paper(p, m, costs, x, name) {
-        candidates.push(s);
+    for build in [
+        paper_heuristic::zb_paper,
+        paper_heuristic::zb_paper_per_stage,
+    ] {
+        if let Ok((s, _)) = build(p, m, costs, x, name) {
+            candidates.push(s);
+        }
     }
     let found = pick_best(candidates, costs, x)?;
     let found = match found {

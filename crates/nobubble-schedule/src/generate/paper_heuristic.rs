@@ -69,19 +69,35 @@ pub(crate) fn zb_paper(
     x: f64,
     name: &str,
 ) -> Result<(Schedule, bool), Error> {
-    let median = |get: fn(&crate::cost::RankCost) -> f64| {
-        let mut v: Vec<f64> = costs.stages.iter().map(get).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let uniform = Uniform {
-        f: median(|c| c.f),
-        i: median(|c| c.i),
-        w: median(|c| c.w),
-        comm: costs.comm,
-    };
+    paper_search(p, m, costs, x, name, Times::median(costs))
+}
+
+/// The same construction planned on each stage's own pass times, as the official code
+/// plans when it is given per-stage costs: on uneven pipelines it places warm-ups, skips
+/// and weight gradients where the median costs would not (`zb-auto` takes it as one more
+/// candidate). Its knob setting is ranked by the construction's own clocks, which are then
+/// the true ones.
+pub(crate) fn zb_paper_per_stage(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+) -> Result<(Schedule, bool), Error> {
+    paper_search(p, m, costs, x, name, Times::per_stage(costs))
+}
+
+/// The knob search of [`zb_paper`] on the given planning times.
+fn paper_search(
+    p: usize,
+    m: usize,
+    costs: &CostModel,
+    x: f64,
+    name: &str,
+    times: Times,
+) -> Result<(Schedule, bool), Error> {
     let mut best: Option<(Score, Vec<Vec<Action>>)> = None;
-    let mut started = Builder::new(p, m, uniform, costs, x);
+    let mut started = Builder::new(p, m, times, costs, x);
     let plain = Knobs {
         overshoot_warmup: false,
         skip_forward: false,
@@ -158,13 +174,42 @@ pub(crate) fn zb_paper(
     Ok((Schedule::new(name, p, p, m, placement, orders)?, bound))
 }
 
-/// The pass times the heuristic plans with: one value for every stage.
-#[derive(Clone, Copy)]
-struct Uniform {
-    f: f64,
-    i: f64,
-    w: f64,
+/// The pass times the heuristic plans with, per stage: the median for every stage (as the
+/// official code profiles a model), or each stage's own (what the official code computes
+/// when it is handed per-stage costs).
+#[derive(Clone)]
+struct Times {
+    f: Vec<f64>,
+    i: Vec<f64>,
+    w: Vec<f64>,
     comm: f64,
+}
+
+impl Times {
+    /// The median F, I and W over stages, for every stage.
+    fn median(costs: &CostModel) -> Self {
+        let median = |get: fn(&crate::cost::RankCost) -> f64| {
+            let mut v: Vec<f64> = costs.stages.iter().map(get).collect();
+            v.sort_by(f64::total_cmp);
+            vec![v[v.len() / 2]; v.len()]
+        };
+        Times {
+            f: median(|c| c.f),
+            i: median(|c| c.i),
+            w: median(|c| c.w),
+            comm: costs.comm,
+        }
+    }
+
+    /// Each stage's own F, I and W.
+    fn per_stage(costs: &CostModel) -> Self {
+        Times {
+            f: costs.stages.iter().map(|c| c.f).collect(),
+            i: costs.stages.iter().map(|c| c.i).collect(),
+            w: costs.stages.iter().map(|c| c.w).collect(),
+            comm: costs.comm,
+        }
+    }
 }
 
 /// The construction's state: per stage its clock, memory, pending weight gradients and the
@@ -173,7 +218,7 @@ struct Uniform {
 struct Builder<'a> {
     p: usize,
     m: usize,
-    t: Uniform,
+    t: Times,
     costs: &'a CostModel,
     limit: Vec<f64>,
     clock: Vec<f64>,
@@ -191,7 +236,7 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(p: usize, m: usize, t: Uniform, costs: &'a CostModel, x: f64) -> Self {
+    fn new(p: usize, m: usize, t: Times, costs: &'a CostModel, x: f64) -> Self {
         Builder {
             p,
             m,
@@ -236,9 +281,12 @@ impl<'a> Builder<'a> {
 
     fn put(&mut self, s: usize, kind: Kind, ready: f64) {
         let (j, dur) = match kind {
-            Kind::F => (self.next_f[s], self.t.f),
-            Kind::I => (self.next_i[s], self.t.i),
-            _ => (self.pending[s].pop_front().expect("a pending W"), self.t.w),
+            Kind::F => (self.next_f[s], self.t.f[s]),
+            Kind::I => (self.next_i[s], self.t.i[s]),
+            _ => (
+                self.pending[s].pop_front().expect("a pending W"),
+                self.t.w[s],
+            ),
         };
         let start = self.clock[s].max(ready);
         if self.first[s].is_nan() {
@@ -273,7 +321,7 @@ impl<'a> Builder<'a> {
             }
             self.put(s, Kind::W, 0.0);
         }
-        while !self.pending[s].is_empty() && self.clock[s] + self.t.w <= ready + 1e-12 {
+        while !self.pending[s].is_empty() && self.clock[s] + self.t.w[s] <= ready + 1e-12 {
             self.put(s, Kind::W, 0.0);
         }
         if !self.pending[s].is_empty() && self.clock[s] < ready {
@@ -322,7 +370,7 @@ impl<'a> Builder<'a> {
     /// 0's input gradient is back (every stage runs its forwards back to back after its
     /// first). `None` if memory cannot hold a 1F1B-like warm-up.
     fn warmup(&mut self, overshoot: bool) -> Option<Vec<usize>> {
-        let (p, m, t) = (self.p, self.m, self.t);
+        let (p, m, t) = (self.p, self.m, self.t.clone());
         // Memory caps every warm-up, and stage s must stay one forward ahead of stage s+1
         // (unless it already runs all m forwards in its warm-up), so stage s can warm up at
         // most `allowed[s]` forwards.
@@ -342,10 +390,10 @@ impl<'a> Builder<'a> {
         }
         let mut count = vec![0usize; p];
         let mut i_end = vec![0.0f64; p];
-        i_end[p - 1] = self.end_f[(p - 1) * m] + t.i;
+        i_end[p - 1] = self.end_f[(p - 1) * m] + t.i[p - 1];
         for s in (0..p.saturating_sub(1)).rev() {
             let arrive = i_end[s + 1] + t.comm;
-            let f_end = |k: usize| self.end_f[s * m] + k as f64 * t.f;
+            let f_end = |k: usize| self.end_f[s * m] + k as f64 * t.f[s];
             let mut k = 0;
             while k + 1 < m {
                 if f_end(k + 1) <= arrive + 1e-12 {
@@ -363,7 +411,7 @@ impl<'a> Builder<'a> {
                 k = allowed[s];
             }
             count[s] = k;
-            i_end[s] = f_end(k).max(arrive) + t.i;
+            i_end[s] = f_end(k).max(arrive) + t.i[s];
         }
         Some(count)
     }
@@ -384,7 +432,7 @@ impl<'a> Builder<'a> {
 
     /// Everything after microbatch 0's forwards, with these warm-up counts.
     fn finish(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
-        let (p, m, t) = (self.p, self.m, self.t);
+        let (p, m, t) = (self.p, self.m, self.t.clone());
         self.warm_up_and_first_backward(count, knobs)?;
         // Rounds: one forward per stage, then one input gradient per stage going up.
         while self.next_i.iter().any(|&j| j < m) {
@@ -406,7 +454,7 @@ impl<'a> Builder<'a> {
                             break;
                         }
                         if knobs.skip_forward && lead >= 2 {
-                            let f_end = self.clock[s].max(self.ready_f(s, j)) + t.f;
+                            let f_end = self.clock[s].max(self.ready_f(s, j)) + t.f[s];
                             if f_end > self.next_i_arrival(s) {
                                 break;
                             }
@@ -444,7 +492,7 @@ impl<'a> Builder<'a> {
     /// it has one) and then that input gradient as soon as it can. Infinite if a later stage
     /// has not yet run the forward it needs.
     fn next_i_arrival(&self, s: usize) -> f64 {
-        let (p, m, t) = (self.p, self.m, self.t);
+        let (p, m, t) = (self.p, self.m, self.t.clone());
         let j = self.next_i[s];
         if j >= m {
             return f64::INFINITY;
@@ -470,7 +518,7 @@ impl<'a> Builder<'a> {
                 } else {
                     self.end_f[(q - 1) * m + fj] + t.comm
                 };
-                free = free.max(ready) + t.f;
+                free = free.max(ready) + t.f[q];
                 if fj == j {
                     f_end = free;
                 }
@@ -479,7 +527,7 @@ impl<'a> Builder<'a> {
                 return f64::INFINITY;
             }
             let ready = if q + 1 == p { f_end } else { arrive };
-            arrive = free.max(ready) + t.i + t.comm;
+            arrive = free.max(ready) + t.i[q] + t.comm;
         }
         arrive
     }
@@ -490,10 +538,10 @@ impl<'a> Builder<'a> {
     /// lowered until the counts strictly decrease. The flag says whether memory capped a
     /// count.
     fn official_warmup(&self, overshoot: bool) -> Option<(Vec<usize>, bool)> {
-        let (p, m, t) = (self.p, self.m, self.t);
+        let (p, m, t) = (self.p, self.m, self.t.clone());
         let mut count = vec![0usize; p];
         let mut capped = false;
-        let mut last = self.end_f[(p - 1) * m] + t.i;
+        let mut last = self.end_f[(p - 1) * m] + t.i[p - 1];
         for s in (0..p.saturating_sub(1)).rev() {
             let mem_b = self.costs.stages[s].mem_b;
             let room = if mem_b > 0.0 {
@@ -510,7 +558,7 @@ impl<'a> Builder<'a> {
                 let more = if overshoot {
                     end < arrive
                 } else {
-                    end + t.f <= arrive
+                    end + t.f[s] <= arrive
                 };
                 if !more {
                     break;
@@ -519,11 +567,11 @@ impl<'a> Builder<'a> {
                     capped = true;
                     break;
                 }
-                end += t.f;
+                end += t.f[s];
                 k += 1;
             }
             count[s] = k;
-            last = end.max(arrive) + t.i;
+            last = end.max(arrive) + t.i[s];
         }
         for s in 1..p {
             while count[s] > 0 && count[s] >= count[s - 1] && count[s] + 1 < m {
@@ -539,7 +587,7 @@ impl<'a> Builder<'a> {
     /// for; a skip cancels the round's forward on every earlier stage. Then one input
     /// gradient per stage, from the last stage up.
     fn finish_official(&mut self, count: &[usize], knobs: Knobs) -> Option<()> {
-        let (p, m, t) = (self.p, self.m, self.t);
+        let (p, m, t) = (self.p, self.m, self.t.clone());
         self.warm_up_and_first_backward(count, knobs)?;
         for _ in 1..m {
             let mut run: Vec<bool> = (0..p).map(|s| self.next_f[s] < m).collect();
@@ -548,10 +596,10 @@ impl<'a> Builder<'a> {
                     if !*go || self.next_f[s] < self.next_f[s + 1] + 2 {
                         continue;
                     }
-                    let est = self.clock[s + 1] + t.f + t.i + t.comm;
+                    let est = self.clock[s + 1] + t.f[s + 1] + t.i[s + 1] + t.comm;
                     *go = if self.clock[s] >= est {
                         false
-                    } else if self.clock[s] + t.f + self.forced_w_time(s) <= est {
+                    } else if self.clock[s] + t.f[s] + self.forced_w_time(s) <= est {
                         true
                     } else {
                         est - self.clock[s] > self.budget(s)
@@ -591,7 +639,7 @@ impl<'a> Builder<'a> {
                 break;
             }
             mem -= self.costs.stages[s].mem_w;
-            time += self.t.w;
+            time += self.t.w[s];
         }
         time
     }

@@ -143,27 +143,10 @@ fn zb_auto_within(
         }
         // The paper's own scheduler at this level, so we are never worse than it; once
         // memory stops binding it, every larger level gives the same schedule.
-        // It runs twice: on the median costs (as the official code profiles a model) and on
-        // each stage's own (as it plans when handed per-stage costs).
         if paper_free.is_none() {
-            let mut free = true;
-            let mut here: Option<(Schedule, Score)> = None;
-            for build in [
-                paper_heuristic::zb_paper,
-                paper_heuristic::zb_paper_per_stage,
-            ] {
-                let Ok((s, bound)) = build(p, m, costs, level, name) else {
-                    free = false;
-                    continue;
-                };
-                free &= !bound;
+            if let Ok((s, bound)) = paper_heuristic::zb_paper(p, m, costs, level, name) {
                 let sc = score(&s, costs)?;
-                if here.as_ref().is_none_or(|b| better(sc, b.1)) {
-                    here = Some((s, sc));
-                }
-            }
-            if let Some((s, sc)) = here {
-                if free {
+                if !bound {
                     paper_free = Some((s.clone(), sc));
                 }
                 if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
@@ -251,13 +234,8 @@ fn at_the_limit(
     name: &str,
 ) -> Result<Schedule, Error> {
     let mut candidates = vec![super::zb_h1(p, m)?, super::zb_h2(p, m)?];
-    for build in [
-        paper_heuristic::zb_paper,
-        paper_heuristic::zb_paper_per_stage,
-    ] {
-        if let Ok((s, _)) = build(p, m, costs, x, name) {
-            candidates.push(s);
-        }
+    if let Ok((s, _)) = paper_heuristic::zb_paper(p, m, costs, x, name) {
+        candidates.push(s);
     }
     let found = pick_best(candidates, costs, x)?;
     let found = match found {

@@ -2,7 +2,9 @@
 //! `zb-auto` is measured against (and includes among its candidates, so it is never worse).
 //!
 //! A greedy construction over all stages at once with *uniform* costs — the median F, I and
-//! W over stages, as the official code profiles them — and the real per-stage memory:
+//! W over stages, as the official code profiles them — and the real per-stage memory (and,
+//! on uneven pipelines, the same construction on each stage's own costs, as the official
+//! code plans when given per-stage costs; the better of the two is kept):
 //! 1. microbatch 0's forward on every stage; then, from stage p−2 down, as many warm-up
 //!    forwards as end before microbatch 0's input gradient can be back (knob: one more that
 //!    overshoots), at least one more than the next stage and within memory; then
@@ -69,22 +71,35 @@ pub(crate) fn zb_paper(
     x: f64,
     name: &str,
 ) -> Result<(Schedule, bool), Error> {
-    paper_search(p, m, costs, x, name, Times::median(costs))
+    // On the median costs (as the official code profiles a model), and on each stage's own
+    // (what it builds when handed per-stage costs: on uneven pipelines it places warm-ups,
+    // skips and weight gradients where the medians would not); the better one under the
+    // true costs is kept. With equal stages both are the same construction.
+    let median = paper_search(p, m, costs, x, name, Times::median(costs));
+    if costs.stages.windows(2).all(|w| w[0] == w[1]) {
+        return median;
+    }
+    let own = paper_search(p, m, costs, x, name, Times::per_stage(costs));
+    match (median, own) {
+        (Ok(a), Ok(b)) => {
+            let bound = a.1 || b.1;
+            let (sa, sb) = (true_score(&a.0, costs)?, true_score(&b.0, costs)?);
+            Ok((if better(sb, sa) { b.0 } else { a.0 }, bound))
+        }
+        (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok((a.0, true)),
+        (Err(e), Err(_)) => Err(e),
+    }
 }
 
-/// The same construction planned on each stage's own pass times, as the official code
-/// plans when it is given per-stage costs: on uneven pipelines it places warm-ups, skips
-/// and weight gradients where the median costs would not (`zb-auto` takes it as one more
-/// candidate). Its knob setting is ranked by the construction's own clocks, which are then
-/// the true ones.
-pub(crate) fn zb_paper_per_stage(
-    p: usize,
-    m: usize,
-    costs: &CostModel,
-    x: f64,
-    name: &str,
-) -> Result<(Schedule, bool), Error> {
-    paper_search(p, m, costs, x, name, Times::per_stage(costs))
+/// A schedule's (longest span, makespan) simulated on the true costs, ranked by their
+/// objective.
+fn true_score(s: &Schedule, costs: &CostModel) -> Result<Score, Error> {
+    let sim = crate::sim::simulate(s, costs)?;
+    let span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
+    Ok(super::search::ranked(
+        (span, sim.metrics.makespan),
+        costs.objective,
+    ))
 }
 
 /// The knob search of [`zb_paper`] on the given planning times.

@@ -644,3 +644,39 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn bench_reference_covers_the_heterogeneous_official_schedules() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/reference-schedules"
+    );
+    let out = ok(&["bench", "reference", "--dir", dir, "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 6);
+    for row in rows
+        .iter()
+        .filter(|r| r["file"].as_str().unwrap().starts_with("hetero_"))
+    {
+        let official = &row["official"];
+        let ours = row["ours"].as_array().unwrap();
+        let get = |name: &str, key: &str| {
+            ours.iter().find(|o| o["schedule"] == name).unwrap()[key]
+                .as_f64()
+                .unwrap()
+        };
+        let (makespan, span) = (
+            official["makespan"].as_f64().unwrap(),
+            official["span"].as_f64().unwrap(),
+        );
+        assert!(
+            get("zb-auto, makespan", "makespan") <= makespan * (1.0 + 1e-9),
+            "{row}"
+        );
+        assert!(get("zb-auto, span", "span") <= span * (1.0 + 1e-9), "{row}");
+        assert!(
+            (get("zb-paper", "makespan") - makespan).abs() <= 1e-9 * makespan,
+            "{row}"
+        );
+    }
+}

@@ -43,6 +43,15 @@ pub struct LayerNormBackward {
 /// it is given (single-threaded, of the same kind) into memory it owns exclusively.
 pub type Task<'a> = Box<dyn FnOnce(&dyn Backend) + Send + 'a>;
 
+/// Runs `work` through [`Backend::install`] (on the backend's own threads) and returns
+/// its result.
+pub fn on_backend<T: Send>(be: &dyn Backend, work: impl FnOnce() -> T + Send) -> T {
+    let mut work = Some(work);
+    let mut out = None;
+    be.install(&mut || out = work.take().map(|w| w()));
+    out.expect("Backend::install runs the work it is given")
+}
+
 /// The operations layers need. All are deterministic for a given backend instance.
 pub trait Backend: Send + Sync {
     /// Human-readable description, e.g. `cpu(threads=1, simd=avx512)`.

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{on_backend, Backend, CpuBackend};
 use crate::error::MicrobatchId;
 use crate::error::{NnError, Result};
 use crate::layers::{Block, SplitLayer};
-use crate::model::{on_backend, Stage, StageInput};
+use crate::model::{Stage, StageInput};
 use crate::param::SplitMix64;
 use crate::profiler::TimingBackend;
 use crate::simd::Simd;
@@ -178,13 +178,8 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
             tw.push((t5 - t4).as_secs_f64());
             tg.push((t6 - t5).as_secs_f64());
             let passes = [(ops_f, t1 - t0), (ops_i, t3 - t2), (ops_w, t5 - t4)];
-            for (k, (ops, total)) in passes.into_iter().enumerate() {
-                let inside: f64 = ops.values().sum();
-                let other = (total.as_secs_f64() - inside).max(0.0);
-                for (kind, sec) in ops.into_iter().chain([("other", other)]) {
-                    *profile[k].entry(kind.to_string()).or_default() +=
-                        sec * 1e3 / cfg.repeats as f64;
-                }
+            for (into, (ops, total)) in profile.iter_mut().zip(passes) {
+                add_to_profile(into, ops, total.as_secs_f64(), cfg.repeats);
             }
         }
     }
@@ -214,6 +209,20 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         bytes_after_forward: after_f,
         bytes_after_input_grad: after_i,
     })
+}
+
+/// Adds one pass's operation times (and the rest of its `total` seconds, as `other`) to
+/// `profile`, in ms averaged over `repeats`.
+fn add_to_profile(
+    profile: &mut BTreeMap<String, f64>,
+    ops: BTreeMap<&'static str, f64>,
+    total: f64,
+    repeats: usize,
+) {
+    let other = (total - ops.values().sum::<f64>()).max(0.0);
+    for (kind, sec) in ops.into_iter().chain([("other", other)]) {
+        *profile.entry(kind.to_string()).or_default() += sec * 1e3 / repeats as f64;
+    }
 }
 
 /// The FLOP/s one thread reaches on a square 256×256 GEMM, the best of repeated runs for

@@ -58,8 +58,10 @@ impl CpuBackend {
 
     /// The same backend at another SIMD level; an error if this CPU lacks it.
     pub fn with_simd(self, simd: Simd) -> Result<Self> {
-        Simd::parse(simd.name())?;
-        Ok(CpuBackend { simd, ..self })
+        Ok(CpuBackend {
+            simd: simd.require()?,
+            ..self
+        })
     }
 
     /// The configured thread count.
@@ -111,26 +113,18 @@ impl Backend for CpuBackend {
             }
             return;
         }
-        // Contiguous groups, one per thread; inside a task everything is single-threaded.
+        // At most one contiguous group per thread; inside a task everything is
+        // single-threaded.
         let single = CpuBackend {
             threads: 1,
             simd: self.simd,
             pool: None,
         };
         let per_group = tasks.len().div_ceil(self.threads);
-        let mut groups: Vec<Vec<Task<'_>>> = Vec::new();
-        for (i, task) in tasks.into_iter().enumerate() {
-            if i % per_group == 0 {
-                groups.push(Vec::new());
-            }
-            groups.last_mut().expect("pushed above").push(task);
-        }
-        use rayon::prelude::*;
-        groups.into_par_iter().for_each(|group| {
-            for task in group {
-                task(&single);
-            }
-        });
+        tasks
+            .into_par_iter()
+            .with_min_len(per_group)
+            .for_each(|task| task(&single));
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::accumulate::TreeSum;
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{on_backend, Backend, CpuBackend};
 use crate::config::{block_counts, GptConfig, StageLayout};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::layers::{Block, Embedding, LmHead, SplitLayer};
@@ -97,15 +97,6 @@ pub fn build_stages(config: &GptConfig, seed: u64, counts: &[usize]) -> Result<V
         .into_iter()
         .map(|(_, s)| s)
         .collect())
-}
-
-/// Runs `work` through [`Backend::install`] (on the backend's own threads) and returns
-/// its result.
-pub(crate) fn on_backend<T: Send>(be: &dyn Backend, work: impl FnOnce() -> T + Send) -> T {
-    let mut work = Some(work);
-    let mut out = None;
-    be.install(&mut || out = work.take().map(|w| w()));
-    out.expect("Backend::install runs the work it is given")
 }
 
 /// As [`build_stages`], building (and initializing) only the stages `keep` selects: a rank

@@ -43,6 +43,11 @@ impl Simd {
     /// it can run (its `V3`/`V4` feature sets, which include what the elementwise builds
     /// enable), so a VM that hides one flag gets a narrower level, not a crash.
     pub fn detected() -> Simd {
+        static DETECTED: OnceLock<Simd> = OnceLock::new();
+        *DETECTED.get_or_init(Simd::detect)
+    }
+
+    fn detect() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
             use gemm_common::simd::{MixedSimd, V3, V4};
@@ -75,11 +80,7 @@ impl Simd {
     /// level).
     pub fn from_env() -> Result<Simd> {
         match std::env::var(ENV_VAR) {
-            Ok(value) => Simd::parse(&value).map_err(|e| {
-                let why = match e {
-                    NnError::Config(why) => why,
-                    other => other.to_string(),
-                };
+            Ok(value) => Simd::level(&value).map_err(|why| {
                 NnError::Config(format!("{ENV_VAR}={value}: {why}; or unset {ENV_VAR}"))
             }),
             Err(std::env::VarError::NotPresent) => Ok(Simd::detected()),
@@ -91,24 +92,39 @@ impl Simd {
 
     /// Parses a level name (`auto` is the detected level) and checks that this CPU has it.
     pub fn parse(value: &str) -> Result<Simd> {
+        Simd::level(value).map_err(NnError::Config)
+    }
+
+    /// This level, or an error saying this CPU lacks it.
+    pub fn require(self) -> Result<Simd> {
+        self.unsupported()
+            .map_or(Ok(self), |why| Err(NnError::Config(why)))
+    }
+
+    /// [`Simd::parse`] with the bare reason as the error.
+    fn level(value: &str) -> std::result::Result<Simd, String> {
         let simd = match value.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => return Ok(Simd::detected()),
             "avx512" | "avx-512" | "x86-v4" => Simd::Avx512,
             "avx2" | "fma" | "x86-v3" => Simd::Avx2,
             "portable" | "scalar" | "baseline" => Simd::Portable,
             other => {
-                return Err(NnError::Config(format!(
+                return Err(format!(
                     "{other:?} is not a SIMD level: use auto, avx512, avx2 or portable"
-                )))
+                ))
             }
         };
-        if !simd.is_supported() {
-            return Err(NnError::Config(format!(
-                "this CPU has no {simd} (its widest level is {}): choose auto or a narrower level",
+        simd.unsupported().map_or(Ok(simd), Err)
+    }
+
+    /// Why this CPU cannot run this level, if it cannot.
+    fn unsupported(self) -> Option<String> {
+        (!self.is_supported()).then(|| {
+            format!(
+                "this CPU has no {self} (its widest level is {}): choose auto or a narrower level",
                 Simd::detected()
-            )));
-        }
-        Ok(simd)
+            )
+        })
     }
 
     /// f32 FMA lanes per instruction (what the FMA peak is counted in).

@@ -581,8 +581,7 @@ fn threads_per_rank_change_no_bit_and_bad_settings_are_errors() {
     // The tiny preset is large enough for the kernels, the attention sequences and the
     // GEMMs to split over two threads.
     let run = |threads: &str| {
-        let dir = tempfile_dir(&format!("threads-{threads}"));
-        let log = dir.join("log.jsonl");
+        let log = temp_file(&format!("threads-{threads}.jsonl"), "");
         let log = log.to_str().unwrap().to_string();
         let args = [
             "train",
@@ -637,12 +636,6 @@ fn threads_per_rank_change_no_bit_and_bad_settings_are_errors() {
         !out.status.success() && err.contains("NOBUBBLE_SIMD"),
         "{err}"
     );
-}
-
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nobubble-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

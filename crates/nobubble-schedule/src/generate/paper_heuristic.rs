@@ -75,17 +75,21 @@ pub(crate) fn zb_paper(
     // (what it builds when handed per-stage costs: on uneven pipelines it places warm-ups,
     // skips and weight gradients where the medians would not); the better one under the
     // true costs is kept. With equal stages both are the same construction.
-    let median = paper_search(p, m, costs, x, name, Times::median(costs));
-    if costs.stages.windows(2).all(|w| w[0] == w[1]) {
+    let (median_times, own_times) = (Times::median(costs), Times::per_stage(costs));
+    let same = median_times == own_times;
+    let median = paper_search(p, m, costs, x, name, median_times);
+    if same {
         return median;
     }
-    let own = paper_search(p, m, costs, x, name, Times::per_stage(costs));
+    let own = paper_search(p, m, costs, x, name, own_times);
     match (median, own) {
         (Ok(a), Ok(b)) => {
             let bound = a.1 || b.1;
             let (sa, sb) = (true_score(&a.0, costs)?, true_score(&b.0, costs)?);
             Ok((if better(sb, sa) { b.0 } else { a.0 }, bound))
         }
+        // One construction failed at this limit: report memory as binding, so that a larger
+        // limit (where it may succeed) is still tried.
         (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok((a.0, true)),
         (Err(e), Err(_)) => Err(e),
     }
@@ -192,7 +196,7 @@ fn paper_search(
 /// The pass times the heuristic plans with, per stage: the median for every stage (as the
 /// official code profiles a model), or each stage's own (what the official code computes
 /// when it is handed per-stage costs).
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 struct Times {
     f: Vec<f64>,
     i: Vec<f64>,

@@ -502,7 +502,7 @@ fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
     };
     match a.threads_per_rank {
         Some(0) => Err("--threads-per-rank must be at least 1".into()),
-        Some(t) if t * local > cores => {
+        Some(t) if t * local > cores && a.compute == "real" => {
             eprintln!(
                 "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",
                 (cores / local.max(1)).max(1)

@@ -14,13 +14,13 @@
 pub use crate::cpu::CpuBackend;
 use crate::tensor::{MatMut, MatRef, Tensor};
 
-/// Outputs of a LayerNorm forward: what the next layer consumes (`y`) and what the
-/// backward needs (`xhat`, `rstd`).
+/// Outputs of a LayerNorm or RMSNorm forward: what the next layer consumes (`y`) and what
+/// the backward needs (`xhat`, `rstd`).
 #[derive(Debug, Clone)]
-pub struct LayerNormForward {
-    /// Normalized, scaled and shifted output `xhat·γ + β`.
+pub struct NormForward {
+    /// Normalized, scaled and shifted output `xhat·γ + β` (RMSNorm: `xhat·γ`).
     pub y: Tensor,
-    /// Normalized input `(x − mean)·rstd`, saved for the backward.
+    /// Normalized input `(x − mean)·rstd` (RMSNorm: `x·rstd`), saved for the backward.
     pub xhat: Tensor,
     /// Reciprocal standard deviation per row, saved for the backward.
     pub rstd: Vec<f32>,
@@ -30,12 +30,12 @@ pub struct LayerNormForward {
 /// microbatch's (small, `2·h` floats) contribution to the γ/β gradients, which the
 /// layer keeps until its W pass adds it to the accumulators.
 #[derive(Debug, Clone)]
-pub struct LayerNormBackward {
+pub struct NormBackward {
     /// Gradient w.r.t. the layer input.
     pub dx: Tensor,
     /// Σ over rows of `dy ⊙ xhat` for this microbatch.
     pub dgamma: Vec<f32>,
-    /// Σ over rows of `dy` for this microbatch.
+    /// Σ over rows of `dy` for this microbatch (empty for RMSNorm, which has no β).
     pub dbeta: Vec<f32>,
 }
 
@@ -101,13 +101,7 @@ pub trait Backend: Send + Sync {
     fn add_assign(&self, dst: &mut [f32], src: &[f32]);
 
     /// Row-wise LayerNorm.
-    fn layernorm_forward(
-        &self,
-        x: &Tensor,
-        gamma: &[f32],
-        beta: &[f32],
-        eps: f32,
-    ) -> LayerNormForward;
+    fn layernorm_forward(&self, x: &Tensor, gamma: &[f32], beta: &[f32], eps: f32) -> NormForward;
 
     /// LayerNorm input gradient plus the per-microbatch γ/β partial sums.
     fn layernorm_backward(
@@ -116,7 +110,41 @@ pub trait Backend: Send + Sync {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
-    ) -> LayerNormBackward;
+    ) -> NormBackward;
+
+    /// Row-wise RMSNorm: `xhat = x / sqrt(mean(x²) + eps)`, `y = xhat·γ`.
+    fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward;
+
+    /// RMSNorm input gradient plus the per-microbatch γ partial sums (`dbeta` empty).
+    fn rmsnorm_backward(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        gamma: &[f32],
+    ) -> NormBackward;
+
+    /// SwiGLU of `u = [gate | up]` (`[n, 2f]`): `silu(gate) ⊙ up`, `[n, f]`.
+    fn swiglu_forward(&self, u: &Tensor) -> Tensor;
+
+    /// Gradient of [`Backend::swiglu_forward`] w.r.t. `u`, `[n, 2f]`, from `dy` (`[n, f]`).
+    fn swiglu_backward(&self, u: &Tensor, dy: &Tensor) -> Tensor;
+
+    /// Rotary positions in place: in the first `heads·d` columns of every row of `x`
+    /// (row `r` at position `r mod seq_len`), each head's pair `(j, j + d/2)` is rotated
+    /// by the angle whose cosine and sine are `cos[pos·d/2 + j]`, `sin[pos·d/2 + j]`
+    /// (Hugging Face's `rotate_half` convention); `inverse` rotates back (the backward).
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        head_dim: usize,
+        seq_len: usize,
+        cos: &[f32],
+        sin: &[f32],
+        inverse: bool,
+    );
 
     /// GELU (tanh approximation), elementwise.
     fn gelu_forward(&self, u: &Tensor) -> Tensor;
@@ -140,20 +168,21 @@ pub trait Backend: Send + Sync {
     /// `(probs − onehot(targets)) · scale`, reusing the probabilities' storage.
     fn cross_entropy_backward(&self, probs: Tensor, targets: &[u32], scale: f32) -> Tensor;
 
-    /// `x[r] = tok[tokens[r]] + pos[r mod seq_len]`.
+    /// `x[r] = tok[tokens[r]] + pos[r mod seq_len]` (without `pos`: the token rows alone).
     fn embedding_forward(
         &self,
         tok: &Tensor,
-        pos: &Tensor,
+        pos: Option<&Tensor>,
         tokens: &[u32],
         seq_len: usize,
     ) -> Tensor;
 
-    /// Scatter-adds `dy` rows into the token and position gradient tables, in row order.
+    /// Scatter-adds `dy` rows into the token and (if any) position gradient tables, in row
+    /// order.
     fn embedding_backward(
         &self,
         dtok: &mut Tensor,
-        dpos: &mut Tensor,
+        dpos: Option<&mut Tensor>,
         tokens: &[u32],
         dy: &Tensor,
         seq_len: usize,

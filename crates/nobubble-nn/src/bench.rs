@@ -4,7 +4,9 @@
 //!
 //! Why: the planner needs measured T_F, T_I, T_W, and the engine is only worth its
 //! split if each pass runs close to raw gemm speed. FLOPs are counted as in the
-//! paper (REFERENCE §1): F = s·b·h·(24h + 4s), I = s·b·h·(24h + 8s), W = 24·s·b·h².
+//! paper (REFERENCE §1): F = s·b·h·(24h + 4s), I = s·b·h·(24h + 8s), W = 24·s·b·h² for a
+//! GPT block; a Llama block's matrix products are counted the same way
+//! (`flops::BlockShape`).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -12,6 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{on_backend, Backend, CpuBackend};
+use crate::config::{Arch, GptConfig};
 use crate::error::MicrobatchId;
 use crate::error::{NnError, Result};
 use crate::layers::{Block, SplitLayer};
@@ -24,6 +27,8 @@ use crate::tensor::Tensor;
 /// Shape of the benchmarked block and how often to repeat.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EngineBenchConfig {
+    /// Block family (Llama blocks: half as many K/V heads, SwiGLU of width 8h/3).
+    pub arch: Arch,
     /// Hidden size h.
     pub hidden: usize,
     /// Attention heads a.
@@ -45,6 +50,7 @@ pub struct EngineBenchConfig {
 impl Default for EngineBenchConfig {
     fn default() -> Self {
         EngineBenchConfig {
+            arch: Arch::Gpt,
             hidden: 512,
             heads: 8,
             seq_len: 256,
@@ -60,6 +66,8 @@ impl Default for EngineBenchConfig {
 /// Median per-pass times and throughputs of one block on one thread.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EngineBenchReport {
+    /// Block family.
+    pub arch: Arch,
     /// Hidden size h.
     pub hidden: usize,
     /// Attention heads a.
@@ -137,7 +145,17 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         CpuBackend::with_threads(cfg.threads).with_simd(cfg.simd.unwrap_or(Simd::selected()))?;
     let be = TimingBackend::new(&cpu);
     let n = s * b;
-    let mut block = Block::new(0, h, a, s, 1, 1e-5, 7);
+    let model = GptConfig {
+        layers: 1,
+        hidden: h,
+        heads: a,
+        seq_len: s,
+        microbatch_size: b,
+        ..GptConfig::micro()
+    }
+    .with_arch(cfg.arch);
+    model.validate()?;
+    let mut block = Block::new(0, &model, 7);
     let x = random(&[n, h], 1);
     let dy = random(&[n, h], 2);
     let lhs = random(&[n, h], 3);
@@ -184,10 +202,11 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         }
     }
     let (f, i, w) = (median(tf), median(ti), median(tw));
-    let flops = block_flops(h, s, b);
+    let flops = model.block_shape().pass_flops();
     let gemm_gflops = 2.0 * (n * h * 4 * h) as f64 / median(tg) / 1e9;
     let peak = cpu.simd().fma_peak_flops(0.05) * cfg.threads as f64;
     Ok(EngineBenchReport {
+        arch: cfg.arch,
         hidden: h,
         heads: a,
         seq_len: s,
@@ -330,7 +349,8 @@ impl EngineBenchReport {
     /// Human-readable table.
     pub fn to_table(&self) -> String {
         let mut out = format!(
-            "block h={} heads={} s={} b={} ({} thread{}, {} kernels, median of {})\n",
+            "{} block h={} heads={} s={} b={} ({} thread{}, {} kernels, median of {})\n",
+            self.arch.name(),
             self.hidden,
             self.heads,
             self.seq_len,

@@ -4,17 +4,64 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{NnError, Result};
 
-/// Shape of a byte-level GPT. One microbatch is `microbatch_size` sequences of
-/// `seq_len` tokens, i.e. `tokens_per_microbatch()` activation rows.
+/// Which transformer family a model's blocks belong to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// GPT-2 style: LayerNorm, learned positions, GELU MLP, biases, one K/V per head.
+    #[default]
+    Gpt,
+    /// Llama style: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no
+    /// biases — the blocks Hugging Face's `LlamaForCausalLM` has.
+    Llama,
+}
+
+impl Arch {
+    /// Name as the CLI and config files spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gpt => "gpt",
+            Arch::Llama => "llama",
+        }
+    }
+
+    /// Parses `gpt` or `llama`.
+    pub fn parse(text: &str) -> Result<Self> {
+        match text {
+            "gpt" => Ok(Arch::Gpt),
+            "llama" => Ok(Arch::Llama),
+            other => Err(NnError::Config(format!(
+                "unknown architecture `{other}` (expected gpt or llama)"
+            ))),
+        }
+    }
+}
+
+/// Shape of a model: a GPT-2-style or Llama-style decoder (see [`Arch`]). One microbatch is
+/// `microbatch_size` sequences of `seq_len` tokens, i.e. `tokens_per_microbatch()` rows.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GptConfig {
+    /// Block family; configs saved before Llama blocks existed are GPT.
+    #[serde(default)]
+    pub arch: Arch,
     /// Number of transformer blocks.
     pub layers: usize,
     /// Hidden size h.
     pub hidden: usize,
     /// Attention heads a (must divide h).
     pub heads: usize,
-    /// Sequence length s (also the size of the learned position table).
+    /// Key/value heads of grouped-query attention (must divide `heads`); `None`: one per
+    /// query head. GPT blocks always have one per head.
+    #[serde(default)]
+    pub kv_heads: Option<usize>,
+    /// Width of the MLP's hidden layer; `None`: 4h for GPT, for Llama 8h/3 rounded up to a
+    /// multiple of 32 (the SwiGLU width that keeps the parameter count of a 4h MLP).
+    #[serde(default)]
+    pub ffn_hidden: Option<usize>,
+    /// Base θ of the rotary position angles (Llama only).
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    /// Sequence length s (also the size of GPT's learned position table).
     pub seq_len: usize,
     /// Sequences per microbatch b.
     pub microbatch_size: usize,
@@ -24,8 +71,12 @@ pub struct GptConfig {
     /// [`GptConfig::validate`]): across stages it would need a gradient exchange
     /// between the first and last stage, and a silent fallback would double-count.
     pub tie_embeddings: bool,
-    /// LayerNorm epsilon.
+    /// Epsilon of every norm (LayerNorm or RMSNorm).
     pub ln_eps: f32,
+}
+
+fn default_rope_theta() -> f32 {
+    10_000.0
 }
 
 impl GptConfig {
@@ -37,9 +88,13 @@ impl GptConfig {
         microbatch_size: usize,
     ) -> Self {
         GptConfig {
+            arch: Arch::Gpt,
             layers,
             hidden,
             heads,
+            kv_heads: None,
+            ffn_hidden: None,
+            rope_theta: default_rope_theta(),
             seq_len,
             microbatch_size,
             vocab: 256,
@@ -68,7 +123,40 @@ impl GptConfig {
         Self::with(12, 512, 8, 256, 2)
     }
 
-    /// Preset by name: `micro`, `tiny`, `small`, `medium`.
+    /// The same shape with `arch`'s blocks: for Llama, half as many K/V heads as query heads
+    /// (when the head count is even) — grouped-query attention, as Llama models have.
+    pub fn with_arch(self, arch: Arch) -> Self {
+        let kv_heads = match arch {
+            Arch::Llama if self.heads.is_multiple_of(2) => Some(self.heads / 2),
+            _ => None,
+        };
+        GptConfig {
+            arch,
+            kv_heads,
+            ..self
+        }
+    }
+
+    /// K/V heads (`heads` unless grouped-query attention sets fewer).
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Width of the MLP's hidden layer (see [`GptConfig::ffn_hidden`]).
+    pub fn ffn_hidden(&self) -> usize {
+        self.ffn_hidden.unwrap_or(match self.arch {
+            Arch::Gpt => 4 * self.hidden,
+            Arch::Llama => (8 * self.hidden).div_ceil(3).div_ceil(32) * 32,
+        })
+    }
+
+    /// Preset by name: `micro`, `tiny`, `small`, `medium` (GPT blocks; see
+    /// [`GptConfig::with_arch`]).
     pub fn preset(name: &str) -> Result<Self> {
         match name {
             "micro" => Ok(Self::micro()),
@@ -100,6 +188,37 @@ impl GptConfig {
                 self.hidden, self.heads
             )));
         }
+        let kv = self.kv_heads();
+        if kv == 0 || !self.heads.is_multiple_of(kv) {
+            return Err(NnError::Config(format!(
+                "{kv} key/value heads do not divide {} attention heads; use a divisor of it",
+                self.heads
+            )));
+        }
+        if self.arch == Arch::Gpt && kv != self.heads {
+            return Err(NnError::Config(
+                "grouped-query attention (kv_heads) needs Llama blocks (arch llama)".into(),
+            ));
+        }
+        if self.ffn_hidden() == 0 {
+            return Err(NnError::Config("ffn_hidden must be positive".into()));
+        }
+        if self.arch == Arch::Llama {
+            if !self.head_dim().is_multiple_of(2) {
+                return Err(NnError::Config(format!(
+                    "rotary positions need an even head width; {} / {} heads is {}",
+                    self.hidden,
+                    self.heads,
+                    self.head_dim()
+                )));
+            }
+            if !self.rope_theta.is_finite() || self.rope_theta <= 1.0 {
+                return Err(NnError::Config(format!(
+                    "rope_theta must be a finite number above 1, not {}",
+                    self.rope_theta
+                )));
+            }
+        }
         if self.vocab > u32::MAX as usize {
             return Err(NnError::Config(
                 "vocabulary too large for u32 token ids".into(),
@@ -124,12 +243,33 @@ impl GptConfig {
         self.microbatch_size * self.seq_len
     }
 
+    /// The block's shape in the planner's FLOP model.
+    pub fn block_shape(&self) -> nobubble_schedule::flops::BlockShape {
+        nobubble_schedule::flops::BlockShape {
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads(),
+            ffn_hidden: self.ffn_hidden(),
+            gated: self.arch == Arch::Llama,
+            seq_len: self.seq_len,
+            microbatch_size: self.microbatch_size,
+        }
+    }
+
     /// Total trainable parameters.
     pub fn parameter_count(&self) -> usize {
-        let h = self.hidden;
-        let block =
-            4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h);
-        self.vocab * h + self.seq_len * h + self.layers * block + 2 * h + h * self.vocab
+        let (h, f) = (self.hidden, self.ffn_hidden());
+        match self.arch {
+            Arch::Gpt => {
+                let block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
+                self.vocab * h + self.seq_len * h + self.layers * block + 2 * h + h * self.vocab
+            }
+            Arch::Llama => {
+                let qkv = h * (self.heads + 2 * self.kv_heads()) * self.head_dim();
+                let block = 2 * h + qkv + h * h + h * 2 * f + f * h;
+                self.vocab * h + self.layers * block + h + h * self.vocab
+            }
+        }
     }
 }
 

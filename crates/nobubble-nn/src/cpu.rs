@@ -1,7 +1,7 @@
 //! CPU implementation of [`Backend`]: `gemm` for matrix products, loops with a fixed
 //! order (compiled per [`Simd`] level) for everything else.
 
-use crate::backend::{Backend, LayerNormBackward, LayerNormForward, Task};
+use crate::backend::{Backend, NormBackward, NormForward, Task};
 use crate::error::Result;
 use crate::kernels;
 use crate::sgemm::sgemm;
@@ -72,6 +72,38 @@ impl CpuBackend {
     /// The SIMD level of every kernel this backend runs.
     pub fn simd(&self) -> Simd {
         self.simd
+    }
+
+    /// The γ (and β) partial sums of a norm's backward split over columns, each column
+    /// summed over all rows in row order: the bits of one thread's row-wise kernel.
+    fn norm_partial_sums(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        dgamma: &mut [f32],
+        dbeta: Option<&mut [f32]>,
+    ) {
+        let h = dy.cols();
+        let cols = h.div_ceil(self.threads);
+        let rows = || dy.data().chunks_exact(h).zip(xhat.data().chunks_exact(h));
+        dgamma.par_chunks_mut(cols).enumerate().for_each(|(c, dg)| {
+            let c0 = c * cols;
+            for (dyr, xr) in rows() {
+                for j in 0..dg.len() {
+                    dg[j] += dyr[c0 + j] * xr[c0 + j];
+                }
+            }
+        });
+        if let Some(dbeta) = dbeta {
+            dbeta.par_chunks_mut(cols).enumerate().for_each(|(c, db)| {
+                let c0 = c * cols;
+                for dyr in dy.data().chunks_exact(h) {
+                    for j in 0..db.len() {
+                        db[j] += dyr[c0 + j];
+                    }
+                }
+            });
+        }
     }
 
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
@@ -215,13 +247,7 @@ impl Backend for CpuBackend {
             .for_each(|(d, s)| add(d, s));
     }
 
-    fn layernorm_forward(
-        &self,
-        x: &Tensor,
-        gamma: &[f32],
-        beta: &[f32],
-        eps: f32,
-    ) -> LayerNormForward {
+    fn layernorm_forward(&self, x: &Tensor, gamma: &[f32], beta: &[f32], eps: f32) -> NormForward {
         assert!(gamma.len() == x.cols() && beta.len() == x.cols());
         let mut y = Tensor::for_overwrite(x.shape());
         let mut xhat = Tensor::for_overwrite(x.shape());
@@ -231,7 +257,7 @@ impl Backend for CpuBackend {
         if rows >= x.rows() {
             let (yd, xd) = (y.data_mut(), xhat.data_mut());
             kernels::layernorm_forward(self.simd, x.data(), gamma, beta, eps, yd, xd, &mut rstd);
-            return LayerNormForward { y, xhat, rstd };
+            return NormForward { y, xhat, rstd };
         }
         (y.data_mut().par_chunks_mut(rows * h))
             .zip(xhat.data_mut().par_chunks_mut(rows * h))
@@ -240,7 +266,7 @@ impl Backend for CpuBackend {
             .for_each(|(((y, xhat), rstd), x)| {
                 kernels::layernorm_forward(self.simd, x, gamma, beta, eps, y, xhat, rstd)
             });
-        LayerNormForward { y, xhat, rstd }
+        NormForward { y, xhat, rstd }
     }
 
     fn layernorm_backward(
@@ -249,7 +275,7 @@ impl Backend for CpuBackend {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
-    ) -> LayerNormBackward {
+    ) -> NormBackward {
         assert_eq!(dy.shape(), xhat.shape());
         assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
         let h = dy.cols();
@@ -268,7 +294,7 @@ impl Backend for CpuBackend {
                 &mut dgamma,
                 &mut dbeta,
             );
-            return LayerNormBackward { dx, dgamma, dbeta };
+            return NormBackward { dx, dgamma, dbeta };
         }
         // Split: dx by row groups (their γ/β partial sums are dropped), then γ/β by column
         // groups, each column summed over all rows in row order — the bits of one thread.
@@ -280,20 +306,133 @@ impl Backend for CpuBackend {
                 let (mut g, mut b) = (vec![0.0f32; h], vec![0.0f32; h]);
                 kernels::layernorm_backward(self.simd, dy, xhat, rstd, gamma, dx, &mut g, &mut b);
             });
-        let cols = h.div_ceil(self.threads);
-        (dgamma.par_chunks_mut(cols))
-            .zip(dbeta.par_chunks_mut(cols))
-            .enumerate()
-            .for_each(|(c, (dg, db))| {
-                let c0 = c * cols;
-                for (dyr, xr) in dy.data().chunks_exact(h).zip(xhat.data().chunks_exact(h)) {
-                    for j in 0..dg.len() {
-                        dg[j] += dyr[c0 + j] * xr[c0 + j];
-                        db[j] += dyr[c0 + j];
-                    }
-                }
+        self.norm_partial_sums(dy, xhat, &mut dgamma, Some(&mut dbeta));
+        NormBackward { dx, dgamma, dbeta }
+    }
+
+    fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward {
+        assert_eq!(gamma.len(), x.cols());
+        let mut y = Tensor::for_overwrite(x.shape());
+        let mut xhat = Tensor::for_overwrite(x.shape());
+        let mut rstd = vec![0.0f32; x.rows()];
+        let h = x.cols();
+        let rows = self.rows_per_group(x.rows(), h);
+        if rows >= x.rows() {
+            let (yd, xd) = (y.data_mut(), xhat.data_mut());
+            kernels::rmsnorm_forward(self.simd, x.data(), gamma, eps, yd, xd, &mut rstd);
+            return NormForward { y, xhat, rstd };
+        }
+        (y.data_mut().par_chunks_mut(rows * h))
+            .zip(xhat.data_mut().par_chunks_mut(rows * h))
+            .zip(rstd.par_chunks_mut(rows))
+            .zip(x.data().par_chunks(rows * h))
+            .for_each(|(((y, xhat), rstd), x)| {
+                kernels::rmsnorm_forward(self.simd, x, gamma, eps, y, xhat, rstd)
             });
-        LayerNormBackward { dx, dgamma, dbeta }
+        NormForward { y, xhat, rstd }
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        gamma: &[f32],
+    ) -> NormBackward {
+        assert_eq!(dy.shape(), xhat.shape());
+        assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
+        let h = dy.cols();
+        let mut dx = Tensor::for_overwrite(dy.shape());
+        let mut dgamma = vec![0.0f32; h];
+        let rows = self.rows_per_group(dy.rows(), h);
+        let (dyd, xd) = (dy.data(), xhat.data());
+        if rows >= dy.rows() {
+            let dxd = dx.data_mut();
+            kernels::rmsnorm_backward(self.simd, dyd, xd, rstd, gamma, dxd, &mut dgamma);
+            return NormBackward {
+                dx,
+                dgamma,
+                dbeta: Vec::new(),
+            };
+        }
+        (dx.data_mut().par_chunks_mut(rows * h))
+            .zip(dyd.par_chunks(rows * h))
+            .zip(xd.par_chunks(rows * h))
+            .zip(rstd.par_chunks(rows))
+            .for_each(|(((dx, dy), xhat), rstd)| {
+                let mut g = vec![0.0f32; h];
+                kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, dx, &mut g);
+            });
+        self.norm_partial_sums(dy, xhat, &mut dgamma, None);
+        NormBackward {
+            dx,
+            dgamma,
+            dbeta: Vec::new(),
+        }
+    }
+
+    fn swiglu_forward(&self, u: &Tensor) -> Tensor {
+        let f = u.cols() / 2;
+        assert_eq!(
+            u.cols(),
+            2 * f,
+            "SwiGLU input is [gate | up]: an even width"
+        );
+        let mut y = Tensor::for_overwrite(&[u.rows(), f]);
+        let rows = self.rows_per_group(u.rows(), u.cols());
+        if rows >= u.rows() {
+            kernels::swiglu_forward(self.simd, u.data(), f, y.data_mut());
+            return y;
+        }
+        (y.data_mut().par_chunks_mut(rows * f))
+            .zip(u.data().par_chunks(rows * 2 * f))
+            .for_each(|(y, u)| kernels::swiglu_forward(self.simd, u, f, y));
+        y
+    }
+
+    fn swiglu_backward(&self, u: &Tensor, dy: &Tensor) -> Tensor {
+        let f = dy.cols();
+        assert_eq!((u.rows(), u.cols()), (dy.rows(), 2 * f));
+        let mut du = Tensor::for_overwrite(u.shape());
+        let rows = self.rows_per_group(u.rows(), u.cols());
+        if rows >= u.rows() {
+            kernels::swiglu_backward(self.simd, u.data(), f, dy.data(), du.data_mut());
+            return du;
+        }
+        (du.data_mut().par_chunks_mut(rows * 2 * f))
+            .zip(u.data().par_chunks(rows * 2 * f))
+            .zip(dy.data().par_chunks(rows * f))
+            .for_each(|((du, u), dy)| kernels::swiglu_backward(self.simd, u, f, dy, du));
+        du
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        head_dim: usize,
+        seq_len: usize,
+        cos: &[f32],
+        sin: &[f32],
+        inverse: bool,
+    ) {
+        let shape = kernels::RopeShape {
+            heads,
+            head_dim,
+            seq_len,
+        };
+        let cols = x.cols();
+        assert!(heads * head_dim <= cols && head_dim.is_multiple_of(2));
+        assert!(cos.len() >= seq_len * head_dim / 2 && sin.len() == cos.len());
+        let rows = self.rows_per_group(x.rows(), heads * head_dim);
+        if rows >= x.rows() {
+            return kernels::rope(self.simd, x.data_mut(), cols, 0, shape, cos, sin, inverse);
+        }
+        (x.data_mut().par_chunks_mut(rows * cols))
+            .enumerate()
+            .for_each(|(g, x)| {
+                kernels::rope(self.simd, x, cols, g * rows, shape, cos, sin, inverse)
+            });
     }
 
     fn gelu_forward(&self, u: &Tensor) -> Tensor {
@@ -365,7 +504,7 @@ impl Backend for CpuBackend {
     fn embedding_forward(
         &self,
         tok: &Tensor,
-        pos: &Tensor,
+        pos: Option<&Tensor>,
         tokens: &[u32],
         seq_len: usize,
     ) -> Tensor {
@@ -373,10 +512,15 @@ impl Backend for CpuBackend {
         let mut x = Tensor::for_overwrite(&[tokens.len(), h]);
         for (r, (row, &t)) in x.data_mut().chunks_exact_mut(h).zip(tokens).enumerate() {
             let te = &tok.data()[t as usize * h..(t as usize + 1) * h];
-            let p = r % seq_len;
-            let pe = &pos.data()[p * h..(p + 1) * h];
-            for j in 0..h {
-                row[j] = te[j] + pe[j];
+            match pos {
+                Some(pos) => {
+                    let p = r % seq_len;
+                    let pe = &pos.data()[p * h..(p + 1) * h];
+                    for j in 0..h {
+                        row[j] = te[j] + pe[j];
+                    }
+                }
+                None => row.copy_from_slice(te),
             }
         }
         x
@@ -385,7 +529,7 @@ impl Backend for CpuBackend {
     fn embedding_backward(
         &self,
         dtok: &mut Tensor,
-        dpos: &mut Tensor,
+        mut dpos: Option<&mut Tensor>,
         tokens: &[u32],
         dy: &Tensor,
         seq_len: usize,
@@ -394,8 +538,10 @@ impl Backend for CpuBackend {
         for (r, (row, &t)) in dy.data().chunks_exact(h).zip(tokens).enumerate() {
             let t = t as usize;
             self.add_assign(&mut dtok.data_mut()[t * h..(t + 1) * h], row);
-            let p = r % seq_len;
-            self.add_assign(&mut dpos.data_mut()[p * h..(p + 1) * h], row);
+            if let Some(dpos) = dpos.as_deref_mut() {
+                let p = r % seq_len;
+                self.add_assign(&mut dpos.data_mut()[p * h..(p + 1) * h], row);
+            }
         }
     }
 }

@@ -1,59 +1,17 @@
 //! Forward-only inference and byte sampling.
 //!
 //! Training's forward saves activations per microbatch for I and W; sampling wants none
-//! of that. These functions read the stages' weights and run the *same* backend
-//! operations as [`crate::Stage::forward`] (so the logits are the ones training
-//! computes, bit for bit, for the same backend), but they take `&Stage`: nothing is
+//! of that. These functions read the stages' weights and run each layer's `apply`, the
+//! very code its training forward runs (so the logits are the ones training computes, bit
+//! for bit, for the same backend), but they take `&Stage`: nothing is
 //! saved, no gradient or pass state is touched, and the result is a pure function of
 //! the weights and the input.
 
 use crate::backend::Backend;
 use crate::error::{NnError, Result};
-use crate::layers::{Block, CausalSelfAttention, LayerNorm, Linear, Mlp};
 use crate::model::Stage;
 use crate::param::SplitMix64;
 use crate::tensor::Tensor;
-
-/// `x·W + b`, computed exactly as [`Linear`]'s forward does.
-fn linear(be: &dyn Backend, l: &Linear, x: &Tensor) -> Tensor {
-    match &l.bias {
-        Some(b) => {
-            let mut y = be.broadcast_rows(b.value.data(), x.rows());
-            be.matmul(y.mat_mut(), x.mat(), l.weight.value.mat(), 1.0, true);
-            y
-        }
-        None => {
-            let mut y = Tensor::zeros(&[x.rows(), l.out_features()]);
-            be.matmul(y.mat_mut(), x.mat(), l.weight.value.mat(), 1.0, false);
-            y
-        }
-    }
-}
-
-fn layernorm(be: &dyn Backend, ln: &LayerNorm, x: &Tensor) -> Tensor {
-    be.layernorm_forward(x, ln.gamma.value.data(), ln.beta.value.data(), ln.eps)
-        .y
-}
-
-fn attention(be: &dyn Backend, a: &CausalSelfAttention, x: &Tensor) -> Tensor {
-    let qkv = linear(be, &a.qkv, x);
-    let (ctx, _probs) = a.core_forward(be, &qkv);
-    linear(be, &a.proj, &ctx)
-}
-
-fn mlp(be: &dyn Backend, m: &Mlp, x: &Tensor) -> Tensor {
-    let u = linear(be, &m.fc1, x);
-    let g = be.gelu_forward(&u);
-    linear(be, &m.fc2, &g)
-}
-
-fn block(be: &dyn Backend, b: &Block, mut x: Tensor) -> Tensor {
-    let a = attention(be, &b.attn, &layernorm(be, &b.ln1, &x));
-    be.add_assign(x.data_mut(), a.data());
-    let m = mlp(be, &b.mlp, &layernorm(be, &b.ln2, &x));
-    be.add_assign(x.data_mut(), m.data());
-    x
-}
 
 /// Logits `[tokens.len(), vocab]` of the whole model held by `stages` (any split, in
 /// order: first stage first, last stage last) for `tokens`, a whole number of sequences
@@ -83,19 +41,13 @@ pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Res
             config.vocab
         )));
     }
-    let mut x = be.embedding_forward(
-        &embedding.tokens.value,
-        &embedding.positions.value,
-        tokens,
-        s,
-    );
+    let mut x = embedding.apply(be, tokens);
     for st in stages {
         for b in &st.blocks {
-            x = block(be, b, x);
+            x = b.apply(be, x);
         }
     }
-    let y = layernorm(be, &head.final_ln, &x);
-    Ok(linear(be, &head.lm_head, &y))
+    Ok(head.logits(be, &x))
 }
 
 /// Logits for the byte following `context`. Only the last `seq_len` tokens are used (the

@@ -152,11 +152,31 @@ wide! {
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
+    fn rmsnorm_forward(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
+    fn rmsnorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32]);
+    fn swiglu_forward(u: &[f32], f: usize, y: &mut [f32]);
+    fn swiglu_backward(u: &[f32], f: usize, dy: &[f32], du: &mut [f32]);
+    fn rope(x: &mut [f32], cols: usize, first_row: usize, rope: RopeShape, cos: &[f32], sin: &[f32], inverse: bool);
+}
+
+/// Where rotary positions apply in a row-major `[rows, cols]` tensor: the first `heads`
+/// heads of `head_dim` columns, row `r` at position `r mod seq_len`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RopeShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub seq_len: usize,
 }
 
 /// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
-    use super::{fast_exp, fast_tanh, lane_dot, lane_max, lane_sum, GELU_A, GELU_C};
+    use super::{fast_exp, fast_tanh, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C};
+
+    /// The logistic function `1 / (1 + e^{−x})`.
+    #[inline(always)]
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + fast_exp(-x))
+    }
 
     #[inline(always)]
     pub fn gelu_forward(u: &[f32], y: &mut [f32]) {
@@ -285,6 +305,111 @@ mod portable {
             }
         }
     }
+
+    #[inline(always)]
+    pub fn rmsnorm_forward(
+        x: &[f32],
+        gamma: &[f32],
+        eps: f32,
+        y: &mut [f32],
+        xhat: &mut [f32],
+        rstd: &mut [f32],
+    ) {
+        let h = gamma.len();
+        for r in 0..rstd.len() {
+            let xr = &x[r * h..(r + 1) * h];
+            let rs = 1.0 / (lane_dot(xr, xr) / h as f32 + eps).sqrt();
+            rstd[r] = rs;
+            let xh = &mut xhat[r * h..(r + 1) * h];
+            let yr = &mut y[r * h..(r + 1) * h];
+            for j in 0..h {
+                xh[j] = xr[j] * rs;
+                yr[j] = xh[j] * gamma[j];
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn rmsnorm_backward(
+        dy: &[f32],
+        xhat: &[f32],
+        rstd: &[f32],
+        gamma: &[f32],
+        dx: &mut [f32],
+        dgamma: &mut [f32],
+    ) {
+        let h = gamma.len();
+        for r in 0..rstd.len() {
+            let dyr = &dy[r * h..(r + 1) * h];
+            let xr = &xhat[r * h..(r + 1) * h];
+            let out = &mut dx[r * h..(r + 1) * h];
+            for j in 0..h {
+                dgamma[j] += dyr[j] * xr[j];
+                out[j] = dyr[j] * gamma[j];
+            }
+            let mean_dx = lane_dot(out, xr) / h as f32;
+            for j in 0..h {
+                out[j] = rstd[r] * (out[j] - xr[j] * mean_dx);
+            }
+        }
+    }
+
+    /// Rows of `u` are `[gate | up]` (`2f` wide), rows of `y` are `f` wide.
+    #[inline(always)]
+    pub fn swiglu_forward(u: &[f32], f: usize, y: &mut [f32]) {
+        assert_eq!(u.len(), 2 * y.len());
+        for (ur, yr) in u.chunks_exact(2 * f).zip(y.chunks_exact_mut(f)) {
+            let (gate, up) = ur.split_at(f);
+            for j in 0..f {
+                let g = gate[j];
+                yr[j] = g * sigmoid(g) * up[j];
+            }
+        }
+    }
+
+    /// `d gate = dy·up·σ(g)·(1 + g·(1 − σ(g)))`, `d up = dy·g·σ(g)`.
+    #[inline(always)]
+    pub fn swiglu_backward(u: &[f32], f: usize, dy: &[f32], du: &mut [f32]) {
+        assert!(u.len() == du.len() && u.len() == 2 * dy.len());
+        let rows = u.chunks_exact(2 * f).zip(du.chunks_exact_mut(2 * f));
+        for ((ur, dur), dyr) in rows.zip(dy.chunks_exact(f)) {
+            let (gate, up) = ur.split_at(f);
+            let (dgate, dup) = dur.split_at_mut(f);
+            for j in 0..f {
+                let (g, s) = (gate[j], sigmoid(gate[j]));
+                dgate[j] = dyr[j] * up[j] * (s * (1.0 + g * (1.0 - s)));
+                dup[j] = dyr[j] * (g * s);
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn rope(
+        x: &mut [f32],
+        cols: usize,
+        first_row: usize,
+        rope: RopeShape,
+        cos: &[f32],
+        sin: &[f32],
+        inverse: bool,
+    ) {
+        let (d, half) = (rope.head_dim, rope.head_dim / 2);
+        // The backward rotates by the opposite angle: the same formula with −sin.
+        let sign = if inverse { -1.0 } else { 1.0 };
+        for (r, row) in x.chunks_exact_mut(cols).enumerate() {
+            let pos = (first_row + r) % rope.seq_len;
+            let (c, s) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
+            for head in row[..rope.heads * d].chunks_exact_mut(d) {
+                let (lo, hi) = head.split_at_mut(half);
+                for j in 0..half {
+                    let (a, b) = (lo[j], hi[j]);
+                    let sj = sign * s[j];
+                    lo[j] = a * c[j] - b * sj;
+                    hi[j] = b * c[j] + a * sj;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -387,6 +512,84 @@ mod tests {
             );
             portable::layernorm_backward(&u[..rows * h], &x1, &r1, &g, &mut d2, &mut g2, &mut b2);
             assert_eq!((d1, g1, b1), (d2, g2, b2), "{simd}");
+        }
+    }
+
+    #[test]
+    fn every_simd_build_gives_the_baseline_bits_for_llama_kernels() {
+        let u: Vec<f32> = (0..1044)
+            .map(|i| ((i as f32) * 0.613).sin() * 3.0)
+            .collect();
+        let (h, f) = (29, 18);
+        let rows = u.len() / (2 * f);
+        let g: Vec<f32> = u[..h].iter().map(|v| 1.0 + v * 0.1).collect();
+        let n = rows * h;
+        let rope = RopeShape {
+            heads: 3,
+            head_dim: 6,
+            seq_len: 5,
+        };
+        let trig: Vec<f32> = (0..15).map(|i| (i as f32 * 0.3).cos()).collect();
+        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            let (mut y1, mut x1, mut r1) = (vec![0.0; n], vec![0.0; n], vec![0.0; rows]);
+            let (mut y2, mut x2, mut r2) = (y1.clone(), x1.clone(), r1.clone());
+            rmsnorm_forward(simd, &u[..n], &g, 1e-5, &mut y1, &mut x1, &mut r1);
+            portable::rmsnorm_forward(&u[..n], &g, 1e-5, &mut y2, &mut x2, &mut r2);
+            assert_eq!((&y1, &x1, &r1), (&y2, &x2, &r2), "{simd}");
+            let (mut d1, mut g1) = (vec![0.0; n], vec![0.0; h]);
+            let (mut d2, mut g2) = (d1.clone(), g1.clone());
+            rmsnorm_backward(simd, &u[..n], &x1, &r1, &g, &mut d1, &mut g1);
+            portable::rmsnorm_backward(&u[..n], &x1, &r1, &g, &mut d2, &mut g2);
+            assert_eq!((d1, g1), (d2, g2), "{simd}");
+            let (mut a, mut b) = (vec![0.0; rows * f], vec![0.0; rows * f]);
+            swiglu_forward(simd, &u, f, &mut a);
+            portable::swiglu_forward(&u, f, &mut b);
+            assert_eq!(a, b, "{simd}");
+            let (mut da, mut db) = (vec![0.0; u.len()], vec![0.0; u.len()]);
+            swiglu_backward(simd, &u, f, &a, &mut da);
+            portable::swiglu_backward(&u, f, &a, &mut db);
+            assert_eq!(da, db, "{simd}");
+            for inverse in [false, true] {
+                let (mut ra, mut rb) = (u.clone(), u.clone());
+                rope_kernel(simd, &mut ra, rope, &trig, inverse);
+                portable::rope(&mut rb, 36, 2, rope, &trig, &trig, inverse);
+                assert_eq!(ra, rb, "{simd}");
+            }
+        }
+    }
+
+    fn rope_kernel(simd: Simd, x: &mut [f32], shape: RopeShape, trig: &[f32], inverse: bool) {
+        rope(simd, x, 36, 2, shape, trig, trig, inverse);
+    }
+
+    #[test]
+    fn rotary_positions_rotate_back_and_keep_norms() {
+        let rope_shape = RopeShape {
+            heads: 2,
+            head_dim: 4,
+            seq_len: 3,
+        };
+        let angles: Vec<f32> = (0..6).map(|i| 0.4 * i as f32 + 0.1).collect();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+        let x: Vec<f32> = (0..60).map(|i| ((i as f32) * 0.77).sin()).collect();
+        let mut y = x.clone();
+        portable::rope(&mut y, 10, 0, rope_shape, &cos, &sin, false);
+        // Columns past the rotated heads are untouched; each pair keeps its length.
+        for (r, (xr, yr)) in x.chunks(10).zip(y.chunks(10)).enumerate() {
+            assert_eq!(xr[8..], yr[8..]);
+            let pos = r % 3;
+            for head in 0..2 {
+                for j in 0..2 {
+                    let (a, b) = (xr[head * 4 + j], xr[head * 4 + j + 2]);
+                    let (c, s) = (cos[pos * 2 + j], sin[pos * 2 + j]);
+                    assert_eq!(yr[head * 4 + j], a * c - b * s);
+                    assert_eq!(yr[head * 4 + j + 2], b * c + a * s);
+                }
+            }
+        }
+        portable::rope(&mut y, 10, 0, rope_shape, &cos, &sin, true);
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 1e-6);
         }
     }
 }

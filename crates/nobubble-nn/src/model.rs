@@ -1,4 +1,4 @@
-//! A byte-level GPT cut into pipeline stages (or V-placement chunks).
+//! A GPT- or Llama-style model cut into pipeline stages (or V-placement chunks).
 //!
 //! A [`Stage`] owns a contiguous slice of blocks, plus the embedding if it is the
 //! first stage and the final LayerNorm + LM head + loss if it is the last. It is the
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::accumulate::TreeSum;
 use crate::backend::{on_backend, Backend, CpuBackend};
-use crate::config::{block_counts, GptConfig, StageLayout};
+use crate::config::{block_counts, Arch, GptConfig, StageLayout};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::layers::{Block, Embedding, LmHead, SplitLayer};
 use crate::memory::MemoryFootprint;
@@ -121,8 +121,9 @@ pub fn build_stages_where(
         let first_block: usize = counts[..index].iter().sum();
         let c = config;
         let blocks = (first_block..first_block + count)
-            .map(|i| Block::new(i, c.hidden, c.heads, c.seq_len, c.layers, c.ln_eps, seed))
+            .map(|i| Block::new(i, c, seed))
             .collect();
+        let learned_positions = c.arch == Arch::Gpt;
         stages.push((
             index,
             Stage {
@@ -130,9 +131,10 @@ pub fn build_stages_where(
                 num_stages: p,
                 first_block,
                 config: config.clone(),
-                embedding: (index == 0).then(|| Embedding::new(c.vocab, c.seq_len, c.hidden, seed)),
+                embedding: (index == 0)
+                    .then(|| Embedding::new(c.vocab, c.seq_len, c.hidden, learned_positions, seed)),
                 blocks,
-                head: (index == p - 1).then(|| LmHead::new(c.hidden, c.vocab, c.ln_eps, seed)),
+                head: (index == p - 1).then(|| LmHead::new(c, seed)),
                 backend: backend.clone(),
                 in_flight: BTreeMap::new(),
                 grad_tree: None,

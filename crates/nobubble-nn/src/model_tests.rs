@@ -2,7 +2,7 @@
 //! differences, stage interleaving, stage memory hand counts, pass-order errors,
 //! and the reference trainer's learning and determinism.
 
-use crate::config::{GptConfig, StageLayout};
+use crate::config::{Arch, GptConfig, StageLayout};
 use crate::data::ByteCorpus;
 use crate::model::{build_stages, split_model, split_model_v, Stage, StageInput};
 use crate::reference::{forward_loss, run_microbatch, ReferenceTrainer, TrainConfig};
@@ -63,7 +63,16 @@ fn initial_weights_do_not_depend_on_the_split() {
 
 #[test]
 fn whole_model_loss_matches_finite_differences() {
-    let cfg = GptConfig::micro();
+    whole_model_loss_matches_finite_differences_for(Arch::Gpt);
+}
+
+#[test]
+fn whole_llama_model_loss_matches_finite_differences() {
+    whole_model_loss_matches_finite_differences_for(Arch::Llama);
+}
+
+fn whole_model_loss_matches_finite_differences_for(arch: Arch) {
+    let cfg = GptConfig::micro().with_arch(arch);
     let mut stages = build_stages(&cfg, 5, &[1, 1]).unwrap();
     for (i, s) in stages.iter_mut().enumerate() {
         randomize(s.params_mut(), 100 + i as u64);
@@ -81,16 +90,20 @@ fn whole_model_loss_matches_finite_differences() {
         (0, "blocks.0.attn.qkv.weight", 100),
         (0, "blocks.0.ln2.gamma", 3),
         (1, "blocks.1.mlp.fc2.bias", 2),
+        (1, "blocks.1.mlp.fc1.weight", 900),
         (1, "blocks.1.attn.proj.weight", 77),
         (1, "final_ln.beta", 4),
+        (1, "final_ln.gamma", 4),
         (1, "lm_head.weight", 1000),
     ];
+    let mut probed = 0;
     for (stage, name, idx) in probes {
-        let pi = stages[stage]
-            .params()
-            .iter()
-            .position(|p| p.name == name)
-            .unwrap();
+        // Llama blocks have no positions table, biases or β.
+        let Some(pi) = stages[stage].params().iter().position(|p| p.name == name) else {
+            assert!(arch == Arch::Llama, "{name} missing");
+            continue;
+        };
+        probed += 1;
         let analytic = stages[stage].params()[pi].grad.data()[idx];
         let scale = stages[stage].params()[pi]
             .grad
@@ -114,6 +127,7 @@ fn whole_model_loss_matches_finite_differences() {
             "{name}[{idx}]: fd {fd} vs {analytic}"
         );
     }
+    assert!(probed >= 6, "{probed} parameters probed");
     // Input of the last stage (the activations crossing the stage boundary).
     let act = stages[0]
         .forward(1000, StageInput::Tokens(&data.tokens), None)
@@ -394,12 +408,18 @@ fn reference_trainer_is_deterministic_and_split_independent() {
 
 #[test]
 fn more_threads_per_rank_do_not_change_a_bit() {
+    more_threads_per_rank_do_not_change_a_bit_for(Arch::Gpt);
+    more_threads_per_rank_do_not_change_a_bit_for(Arch::Llama);
+}
+
+fn more_threads_per_rank_do_not_change_a_bit_for(arch: Arch) {
     // Big enough that the GEMMs, the row-wise kernels and the attention sequences all
     // split over the threads (`CpuBackend::rows_per_group`, gemm's threading threshold).
     let cfg = GptConfig {
         layers: 2,
         ..GptConfig::tiny()
-    };
+    }
+    .with_arch(arch);
     let run = |threads: usize| {
         let train = TrainConfig {
             microbatches: 2,
@@ -469,13 +489,23 @@ fn one_f_one_b_deferred_w(stage: usize, stages: usize, m: usize) -> Vec<Pass> {
 
 #[test]
 fn a_pipelined_pass_order_reproduces_the_reference_bit_for_bit() {
+    a_pipelined_pass_order_reproduces_the_reference_for(Arch::Gpt);
+}
+
+#[test]
+fn a_pipelined_pass_order_of_llama_blocks_reproduces_the_reference_bit_for_bit() {
+    a_pipelined_pass_order_reproduces_the_reference_for(Arch::Llama);
+}
+
+fn a_pipelined_pass_order_reproduces_the_reference_for(arch: Arch) {
     use crate::optim::{clip_scale, grad_norm_sq, AdamW};
     use std::collections::{HashMap, VecDeque};
 
     let cfg = GptConfig {
         layers: 3,
         ..GptConfig::micro()
-    };
+    }
+    .with_arch(arch);
     let split = [1, 1, 1];
     let m = 4;
     let train = TrainConfig {

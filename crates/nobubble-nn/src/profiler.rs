@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::backend::{Backend, LayerNormBackward, LayerNormForward, Task};
+use crate::backend::{Backend, NormBackward, NormForward, Task};
 use crate::tensor::{MatMut, MatRef, Tensor};
 
 /// Wraps `inner`, adding each call's time to its operation kind.
@@ -107,13 +107,7 @@ impl Backend for TimingBackend<'_> {
         self.time("add", || self.inner.add_assign(dst, src))
     }
 
-    fn layernorm_forward(
-        &self,
-        x: &Tensor,
-        gamma: &[f32],
-        beta: &[f32],
-        eps: f32,
-    ) -> LayerNormForward {
+    fn layernorm_forward(&self, x: &Tensor, gamma: &[f32], beta: &[f32], eps: f32) -> NormForward {
         self.time("layernorm", || {
             self.inner.layernorm_forward(x, gamma, beta, eps)
         })
@@ -125,9 +119,49 @@ impl Backend for TimingBackend<'_> {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
-    ) -> LayerNormBackward {
+    ) -> NormBackward {
         self.time("layernorm", || {
             self.inner.layernorm_backward(dy, xhat, rstd, gamma)
+        })
+    }
+
+    fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward {
+        self.time("rmsnorm", || self.inner.rmsnorm_forward(x, gamma, eps))
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        gamma: &[f32],
+    ) -> NormBackward {
+        self.time("rmsnorm", || {
+            self.inner.rmsnorm_backward(dy, xhat, rstd, gamma)
+        })
+    }
+
+    fn swiglu_forward(&self, u: &Tensor) -> Tensor {
+        self.time("swiglu", || self.inner.swiglu_forward(u))
+    }
+
+    fn swiglu_backward(&self, u: &Tensor, dy: &Tensor) -> Tensor {
+        self.time("swiglu", || self.inner.swiglu_backward(u, dy))
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        head_dim: usize,
+        seq_len: usize,
+        cos: &[f32],
+        sin: &[f32],
+        inverse: bool,
+    ) {
+        self.time("rope", || {
+            self.inner
+                .rope(x, heads, head_dim, seq_len, cos, sin, inverse)
         })
     }
 
@@ -162,7 +196,7 @@ impl Backend for TimingBackend<'_> {
     fn embedding_forward(
         &self,
         tok: &Tensor,
-        pos: &Tensor,
+        pos: Option<&Tensor>,
         tokens: &[u32],
         seq_len: usize,
     ) -> Tensor {
@@ -174,7 +208,7 @@ impl Backend for TimingBackend<'_> {
     fn embedding_backward(
         &self,
         dtok: &mut Tensor,
-        dpos: &mut Tensor,
+        dpos: Option<&mut Tensor>,
         tokens: &[u32],
         dy: &Tensor,
         seq_len: usize,

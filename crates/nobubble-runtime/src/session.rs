@@ -465,7 +465,7 @@ pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
     let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
     let tokens = (s * b) as f64;
     let gflop = |x: f64| x / 1e9;
-    let [f, i, w] = flops::block_pass_flops(h, s, b).map(gflop);
+    let [f, i, w] = model.block_shape().pass_flops().map(gflop);
     let (mem_b, mem_w) = flops::block_activation_bytes(h, model.heads, s, b, 4.0);
     let block = RankCost {
         f,

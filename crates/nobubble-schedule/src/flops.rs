@@ -6,12 +6,67 @@
 /// sequences of `seq_len` tokens: F = sbh(24h + 4s), I = sbh(24h + 8s), W = 24sbh² (the
 /// matrix products, plus attention's scores in F and I).
 pub fn block_pass_flops(hidden: usize, seq_len: usize, microbatch_size: usize) -> [f64; 3] {
-    let (h, s, b) = (hidden as f64, seq_len as f64, microbatch_size as f64);
-    [
-        s * b * h * (24.0 * h + 4.0 * s),
-        s * b * h * (24.0 * h + 8.0 * s),
-        24.0 * s * b * h * h,
-    ]
+    BlockShape::gpt(hidden, seq_len, microbatch_size).pass_flops()
+}
+
+/// What the FLOP count of a block depends on, for GPT blocks (4h GELU MLP, a K/V per head)
+/// and Llama blocks (grouped-query attention, a gated SwiGLU MLP) alike.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockShape {
+    /// Hidden size h.
+    pub hidden: usize,
+    /// Query heads a.
+    pub heads: usize,
+    /// Key/value heads (`heads` without grouped-query attention).
+    pub kv_heads: usize,
+    /// Width f of the MLP's hidden layer.
+    pub ffn_hidden: usize,
+    /// A gated MLP (SwiGLU: three h×f products instead of two).
+    pub gated: bool,
+    /// Sequence length s.
+    pub seq_len: usize,
+    /// Sequences per microbatch b.
+    pub microbatch_size: usize,
+}
+
+impl BlockShape {
+    /// A GPT block: `heads` does not change its FLOPs, so one is assumed.
+    pub fn gpt(hidden: usize, seq_len: usize, microbatch_size: usize) -> Self {
+        BlockShape {
+            hidden,
+            heads: 1,
+            kv_heads: 1,
+            ffn_hidden: 4 * hidden,
+            gated: false,
+            seq_len,
+            microbatch_size,
+        }
+    }
+
+    /// F, I, W FLOPs: each pass does the block's matrix products once (F: y = x·W, I:
+    /// dx = dy·Wᵀ, W: dW = xᵀ·dy), F adds attention's two s×s products, I their four.
+    pub fn pass_flops(&self) -> [f64; 3] {
+        let (h, s, b) = (
+            self.hidden as f64,
+            self.seq_len as f64,
+            self.microbatch_size as f64,
+        );
+        let d = h / self.heads.max(1) as f64;
+        let (a, kv, f) = (
+            self.heads as f64,
+            self.kv_heads as f64,
+            self.ffn_hidden as f64,
+        );
+        let mlp = if self.gated { 6.0 * h * f } else { 4.0 * h * f };
+        // Per token: QKV, output projection, MLP.
+        let products = 2.0 * h * (a + 2.0 * kv) * d + 2.0 * h * a * d + mlp;
+        let tokens = s * b;
+        [
+            tokens * (products + 4.0 * s * a * d),
+            tokens * (products + 8.0 * s * a * d),
+            tokens * products,
+        ]
+    }
 }
 
 /// Activation memory one block holds per microbatch after F (M_B) and from I until W (M_W),
@@ -57,5 +112,31 @@ mod tests {
         assert_eq!(mb, sf * bf * (34.0 * hf + 5.0 * 16.0 * sf));
         assert_eq!(mw, sf * bf * 32.0 * hf);
         assert_eq!(block_activation_bytes(h, 16, s, b, 4.0).0, 2.0 * mb);
+    }
+
+    /// A Llama block with a per-head K/V and a SwiGLU of width f = 8h/3 does what a GPT
+    /// block does (three h×f products = two h×4h ones); fewer K/V heads take 2h·d per token
+    /// and pass off the QKV product for each one dropped.
+    #[test]
+    fn a_llama_block_counts_its_gated_mlp_and_shared_kv_heads() {
+        let (h, s, b) = (768usize, 512usize, 2usize);
+        let gpt = BlockShape::gpt(h, s, b).pass_flops();
+        let llama = BlockShape {
+            heads: 12,
+            kv_heads: 12,
+            ffn_hidden: 8 * h / 3,
+            gated: true,
+            ..BlockShape::gpt(h, s, b)
+        };
+        assert_eq!(llama.pass_flops(), gpt);
+        let gqa = BlockShape {
+            kv_heads: 4,
+            ..llama
+        }
+        .pass_flops();
+        let saved = (s * b) as f64 * 2.0 * h as f64 * 2.0 * 8.0 * 64.0;
+        for (full, fewer) in llama.pass_flops().iter().zip(gqa) {
+            assert_eq!(full - fewer, saved);
+        }
     }
 }

@@ -1,12 +1,15 @@
 //! Multi-head causal self-attention: fused QKV projection, per-head
-//! `softmax(QKᵀ/√d + causal mask)·V`, output projection.
+//! `softmax(QKᵀ/√d + causal mask)·V`, output projection. For Llama blocks also rotary
+//! positions on Q and K and grouped-query attention (several query heads share one K/V
+//! head), without biases.
 //!
-//! F saves the fused QKV activations and the attention probabilities (the
-//! `5·a·s` per-token term of the paper's M_B). The score/softmax core has no weights,
-//! so I frees both at once; only the two linears queue anything for W.
+//! F saves the fused QKV activations (rotated) and the attention probabilities (the
+//! `5·a·s` per-token term of the paper's M_B). The score/softmax core and the rotation have
+//! no weights, so I frees both at once; only the two linears queue anything for W.
 
 use super::{Linear, SplitLayer, INIT_STD};
 use crate::backend::{Backend, Task};
+use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
 use crate::param::Param;
@@ -24,41 +27,61 @@ fn causal_blocks(s: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |r0| (r0, (r0 + CAUSAL_BLOCK).min(s)))
 }
 
+/// Rotary position tables: `cos` and `sin` of `pos · θ^(−2j/d)` for every position and
+/// `j < d/2`, `[seq_len, d/2]`, computed in f32 as Hugging Face's Llama computes them.
+#[derive(Debug)]
+struct Rope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    fn new(theta: f32, head_dim: usize, seq_len: usize) -> Self {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
+            .collect();
+        let angles = (0..seq_len).flat_map(|pos| inv_freq.iter().map(move |f| pos as f32 * f));
+        let (cos, sin) = angles.map(|a| (a.cos(), a.sin())).unzip();
+        Rope { cos, sin }
+    }
+}
+
 /// Causal multi-head self-attention over sequences of a fixed length.
 #[derive(Debug)]
 pub struct CausalSelfAttention {
-    /// Fused Q, K, V projection `[h, 3h]` (columns: all heads' Q, then K, then V).
+    /// Fused Q, K, V projection `[h, (a + 2·kv)·d]` (columns: all heads' Q, then the K/V
+    /// heads' K, then their V).
     pub qkv: Linear,
     /// Output projection `[h, h]`.
     pub proj: Linear,
     heads: usize,
+    kv_heads: usize,
     seq_len: usize,
-    /// Saved by F for I: (QKV activations `[n, 3h]`, probabilities `[b, heads, s, s]`).
+    rope: Option<Rope>,
+    /// Saved by F for I: (QKV activations `[n, (a + 2·kv)·d]`, probabilities `[b, a, s, s]`).
     core: PassState<(Tensor, Tensor), ()>,
 }
 
 impl CausalSelfAttention {
-    /// New attention layer named `name`; `layers` scales the output projection's
-    /// init (GPT-2's 1/√(2·layers) residual scaling).
-    pub fn new(
-        name: &str,
-        hidden: usize,
-        heads: usize,
-        seq_len: usize,
-        layers: usize,
-        seed: u64,
-    ) -> Self {
+    /// New attention layer named `name` for `config`'s blocks; `config.layers` scales the
+    /// output projection's init (GPT-2's 1/√(2·layers) residual scaling).
+    pub fn new(name: &str, config: &GptConfig, seed: u64) -> Self {
+        let (hidden, heads, kv_heads) = (config.hidden, config.heads, config.kv_heads());
         assert!(
-            heads > 0 && hidden.is_multiple_of(heads),
-            "hidden must be divisible by heads"
+            heads > 0 && hidden.is_multiple_of(heads) && heads.is_multiple_of(kv_heads),
+            "hidden must be divisible by heads, heads by kv_heads"
         );
-        let proj_std = INIT_STD / ((2 * layers.max(1)) as f32).sqrt();
+        let d = hidden / heads;
+        let llama = config.arch == Arch::Llama;
+        let proj_std = INIT_STD / ((2 * config.layers.max(1)) as f32).sqrt();
+        let qkv_width = (heads + 2 * kv_heads) * d;
         CausalSelfAttention {
             qkv: Linear::new(
                 &format!("{name}.qkv"),
                 hidden,
-                3 * hidden,
-                true,
+                qkv_width,
+                !llama,
                 INIT_STD,
                 seed,
             ),
@@ -66,18 +89,40 @@ impl CausalSelfAttention {
                 &format!("{name}.proj"),
                 hidden,
                 hidden,
-                true,
+                !llama,
                 proj_std,
                 seed,
             ),
             heads,
-            seq_len,
+            kv_heads,
+            seq_len: config.seq_len,
+            rope: llama.then(|| Rope::new(config.rope_theta, d, config.seq_len)),
             core: PassState::new(format!("{name}.core")),
         }
     }
 
     fn hidden(&self) -> usize {
         self.proj.in_features()
+    }
+
+    fn head_dim(&self) -> usize {
+        self.hidden() / self.heads
+    }
+
+    /// Width of a QKV row: the query heads, then K and V of the K/V heads.
+    fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim()
+    }
+
+    /// Column where Q, K or V (`which` = 0, 1, 2) of query head `head` starts in a QKV row.
+    fn column(&self, head: usize, which: usize) -> usize {
+        let d = self.head_dim();
+        let kv_head = head / (self.heads / self.kv_heads);
+        match which {
+            0 => head * d,
+            1 => (self.heads + kv_head) * d,
+            _ => (self.heads + self.kv_heads + kv_head) * d,
+        }
     }
 
     /// Rows `r0..r1` of Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`.
@@ -90,10 +135,26 @@ impl CausalSelfAttention {
         r0: usize,
         r1: usize,
     ) -> MatRef<'a> {
-        let (h, s) = (self.hidden(), self.seq_len);
-        let d = h / self.heads;
-        let offset = (seq * s + r0) * 3 * h + which * h + head * d;
-        MatRef::new(qkv, offset, r1 - r0, d, (3 * h) as isize, 1)
+        let (w, s) = (self.qkv_width(), self.seq_len);
+        let offset = (seq * s + r0) * w + self.column(head, which);
+        MatRef::new(qkv, offset, r1 - r0, self.head_dim(), w as isize, 1)
+    }
+
+    /// Rotates Q and K of every row by its position (`inverse`: back, for gradients).
+    fn rotate(&self, be: &dyn Backend, qkv: &mut Tensor, inverse: bool) {
+        if let Some(rope) = &self.rope {
+            let heads = self.heads + self.kv_heads;
+            let (d, s) = (self.head_dim(), self.seq_len);
+            be.rope(qkv, heads, d, s, &rope.cos, &rope.sin, inverse);
+        }
+    }
+
+    /// The output alone (inference: nothing saved).
+    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        let mut qkv = self.qkv.apply(be, x);
+        self.rotate(be, &mut qkv, false);
+        let (ctx, _probs) = self.core_forward(be, &qkv);
+        self.proj.apply(be, &ctx)
     }
 
     /// Scores, causal softmax and context for fused `qkv` rows: `(context, probabilities)`.
@@ -157,12 +218,12 @@ impl CausalSelfAttention {
         probs: &Tensor,
         dctx: &Tensor,
     ) -> Tensor {
-        let (h, s) = (self.hidden(), self.seq_len);
+        let (w, s) = (self.qkv_width(), self.seq_len);
         let n = qkv.rows();
-        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
+        let mut dqkv = Tensor::for_overwrite(&[n, w]);
         let tasks = dqkv
             .data_mut()
-            .chunks_mut(s * 3 * h)
+            .chunks_mut(s * w)
             .enumerate()
             .map(|(seq, dqkv)| -> Task<'_> {
                 Box::new(move |be: &dyn Backend| {
@@ -174,7 +235,8 @@ impl CausalSelfAttention {
         dqkv
     }
 
-    /// [`Self::core_backward`] of sequence `seq`, into its rows `[s, 3h]` of the QKV gradient.
+    /// [`Self::core_backward`] of sequence `seq`, into its rows `[s, (a + 2·kv)·d]` of the
+    /// QKV gradient. Query heads sharing a K/V head add their dK and dV into it in head order.
     fn sequence_backward(
         &self,
         be: &dyn Backend,
@@ -201,8 +263,11 @@ impl CausalSelfAttention {
                     1,
                 )
             };
-            let rs = (3 * h) as isize;
-            let dst = |which: usize, r0: usize| r0 * 3 * h + which * h + head * d;
+            let w = self.qkv_width();
+            let rs = w as isize;
+            let dst = |which: usize, r0: usize| r0 * w + self.column(head, which);
+            // The first query head of a group writes its K/V head's gradient, the others add.
+            let shared = !head.is_multiple_of(self.heads / self.kv_heads);
             // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
             for (r0, r1) in causal_blocks(s) {
                 let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
@@ -221,11 +286,11 @@ impl CausalSelfAttention {
                 let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                 // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
                 let out = MatMut::new(dqkv, dst(2, r0), r1 - r0, d, rs, 1);
-                be.matmul(out, p_cols.t(), dout(r0, s), 1.0, false);
+                be.matmul(out, p_cols.t(), dout(r0, s), 1.0, shared);
                 // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
                 let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
                 let out = MatMut::new(dqkv, dst(1, r0), r1 - r0, d, rs, 1);
-                be.matmul(out, ds_cols.t(), q_rows, scale, false);
+                be.matmul(out, ds_cols.t(), q_rows, scale, shared);
             }
         }
     }
@@ -243,7 +308,8 @@ impl SplitLayer for CausalSelfAttention {
         }
         self.core.check_forward(mb)?;
         self.proj.check_forward(mb)?;
-        let qkv = self.qkv.forward(be, mb, x)?;
+        let mut qkv = self.qkv.forward(be, mb, x)?;
+        self.rotate(be, &mut qkv, false);
         let (ctx, probs) = self.core_forward(be, &qkv);
         self.core.save_forward(mb, (qkv, probs))?;
         self.proj.forward(be, mb, ctx)
@@ -254,8 +320,9 @@ impl SplitLayer for CausalSelfAttention {
         self.qkv.check_input_grad(mb)?;
         let dctx = self.proj.backward_input(be, mb, dy)?;
         let (qkv, probs) = self.core.take_forward(mb)?;
-        let dqkv = self.core_backward(be, &qkv, &probs, &dctx);
+        let mut dqkv = self.core_backward(be, &qkv, &probs, &dctx);
         drop((qkv, probs, dctx));
+        self.rotate(be, &mut dqkv, true);
         self.qkv.backward_input(be, mb, dqkv)
     }
 

@@ -1,9 +1,11 @@
-//! Pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `h + mlp(ln2(h))`.
+//! Pre-norm transformer block: `x + attn(ln1(x))`, then `h + mlp(ln2(h))` — LayerNorm
+//! and GELU for GPT, RMSNorm and SwiGLU for Llama.
 //!
 //! The residual adds need nothing saved; the block's F/I/W are its sub-layers' passes.
 
-use super::{CausalSelfAttention, LayerNorm, Mlp, SplitLayer};
+use super::{Activation, CausalSelfAttention, Mlp, Norm, SplitLayer};
 use crate::backend::Backend;
+use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::param::Param;
 use crate::tensor::Tensor;
@@ -11,42 +13,50 @@ use crate::tensor::Tensor;
 /// One transformer block.
 #[derive(Debug)]
 pub struct Block {
-    /// LayerNorm before attention.
-    pub ln1: LayerNorm,
+    /// Norm before attention.
+    pub ln1: Norm,
     /// Causal self-attention.
     pub attn: CausalSelfAttention,
-    /// LayerNorm before the MLP.
-    pub ln2: LayerNorm,
+    /// Norm before the MLP.
+    pub ln2: Norm,
     /// Feed-forward network.
     pub mlp: Mlp,
 }
 
 impl Block {
-    /// Block number `index` of a model with `layers` blocks; parameter names are
-    /// `blocks.{index}.…`, independent of which stage holds the block.
-    pub fn new(
-        index: usize,
-        hidden: usize,
-        heads: usize,
-        seq_len: usize,
-        layers: usize,
-        eps: f32,
-        seed: u64,
-    ) -> Self {
+    /// Block number `index` of `config`'s model; parameter names are `blocks.{index}.…`,
+    /// independent of which stage holds the block.
+    pub fn new(index: usize, config: &GptConfig, seed: u64) -> Self {
         let name = format!("blocks.{index}");
+        let (h, eps) = (config.hidden, config.ln_eps);
+        let activation = match config.arch {
+            Arch::Gpt => Activation::Gelu,
+            Arch::Llama => Activation::SwiGlu,
+        };
+        let norm =
+            |part: &str| Norm::for_arch(config.arch, &format!("{name}.{part}"), h, eps, seed);
         Block {
-            ln1: LayerNorm::new(&format!("{name}.ln1"), hidden, eps, seed),
-            attn: CausalSelfAttention::new(
-                &format!("{name}.attn"),
-                hidden,
-                heads,
-                seq_len,
-                layers,
+            ln1: norm("ln1"),
+            attn: CausalSelfAttention::new(&format!("{name}.attn"), config, seed),
+            ln2: norm("ln2"),
+            mlp: Mlp::new(
+                &format!("{name}.mlp"),
+                h,
+                config.ffn_hidden(),
+                activation,
+                config.layers,
                 seed,
             ),
-            ln2: LayerNorm::new(&format!("{name}.ln2"), hidden, eps, seed),
-            mlp: Mlp::new(&format!("{name}.mlp"), hidden, layers, seed),
         }
+    }
+
+    /// The output alone (inference: nothing saved).
+    pub(crate) fn apply(&self, be: &dyn Backend, mut x: Tensor) -> Tensor {
+        let a = self.attn.apply(be, &self.ln1.apply(be, &x));
+        be.add_assign(x.data_mut(), a.data());
+        let m = self.mlp.apply(be, &self.ln2.apply(be, &x));
+        be.add_assign(x.data_mut(), m.data());
+        x
     }
 
     /// Hidden size.

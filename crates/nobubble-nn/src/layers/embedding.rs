@@ -1,4 +1,6 @@
-//! Token embedding plus learned absolute positions — the first layer of stage 0.
+//! Token embedding plus (GPT) learned absolute positions — the first layer of stage 0.
+//! Llama blocks rotate their queries and keys instead, so their embedding has no table
+//! of positions.
 //!
 //! F saves the token ids. Tokens are discrete, so I has no input gradient to compute:
 //! it only queues `(tokens, dy)`. W scatter-adds `dy` into both tables in row order.
@@ -14,14 +16,22 @@ use crate::tensor::Tensor;
 pub struct Embedding {
     /// Token table `[vocab, h]` (`embed.tokens`).
     pub tokens: Param,
-    /// Position table `[seq_len, h]` (`embed.positions`).
-    pub positions: Param,
+    /// Position table `[seq_len, h]` (`embed.positions`); `None` with rotary positions.
+    pub positions: Option<Param>,
+    seq_len: usize,
     state: PassState<Vec<u32>, (Vec<u32>, Tensor)>,
 }
 
 impl Embedding {
-    /// New embedding for `vocab` tokens, sequences of `seq_len`, width `hidden`.
-    pub fn new(vocab: usize, seq_len: usize, hidden: usize, seed: u64) -> Self {
+    /// New embedding for `vocab` tokens, sequences of `seq_len`, width `hidden`, with a
+    /// learned position table if `learned_positions`.
+    pub fn new(
+        vocab: usize,
+        seq_len: usize,
+        hidden: usize,
+        learned_positions: bool,
+        seed: u64,
+    ) -> Self {
         Embedding {
             tokens: Param::new(
                 "embed.tokens",
@@ -30,19 +40,28 @@ impl Embedding {
                 false,
                 seed,
             ),
-            positions: Param::new(
-                "embed.positions",
-                &[seq_len, hidden],
-                Init::Normal(super::INIT_STD / 2.0),
-                false,
-                seed,
-            ),
+            positions: learned_positions.then(|| {
+                Param::new(
+                    "embed.positions",
+                    &[seq_len, hidden],
+                    Init::Normal(super::INIT_STD / 2.0),
+                    false,
+                    seed,
+                )
+            }),
+            seq_len,
             state: PassState::new("embed"),
         }
     }
 
     fn seq_len(&self) -> usize {
-        self.positions.value.rows()
+        self.seq_len
+    }
+
+    /// The embedded rows of `tokens` (inference: nothing saved; ids already checked).
+    pub(crate) fn apply(&self, be: &dyn Backend, tokens: &[u32]) -> Tensor {
+        let pos = self.positions.as_ref().map(|p| &p.value);
+        be.embedding_forward(&self.tokens.value, pos, tokens, self.seq_len)
     }
 
     /// F: looks up `tokens` (a whole number of sequences, each id < vocab).
@@ -66,7 +85,7 @@ impl Embedding {
             )));
         }
         self.state.check_forward(mb)?;
-        let x = be.embedding_forward(&self.tokens.value, &self.positions.value, tokens, s);
+        let x = self.apply(be, tokens);
         self.state.save_forward(mb, tokens.to_vec())?;
         Ok(x)
     }
@@ -93,7 +112,7 @@ impl Embedding {
         let s = self.seq_len();
         be.embedding_backward(
             &mut self.tokens.grad,
-            &mut self.positions.grad,
+            self.positions.as_mut().map(|p| &mut p.grad),
             &tokens,
             &dy,
             s,
@@ -126,13 +145,17 @@ impl Embedding {
         self.state.discard(mb);
     }
 
-    /// Parameters: token table, position table.
+    /// Parameters: token table, position table (if any).
     pub fn params(&self) -> Vec<&Param> {
-        vec![&self.tokens, &self.positions]
+        std::iter::once(&self.tokens)
+            .chain(self.positions.as_ref())
+            .collect()
     }
 
     /// Mutable parameters, same order.
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.tokens, &mut self.positions]
+        std::iter::once(&mut self.tokens)
+            .chain(self.positions.as_mut())
+            .collect()
     }
 }

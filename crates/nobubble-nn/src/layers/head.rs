@@ -5,8 +5,9 @@
 //! gradient and frees them. The LM head is a [`Linear`], so its weight gradient is
 //! deferred to W like every other linear.
 
-use super::{LayerNorm, Linear, SplitLayer, INIT_STD};
+use super::{Linear, Norm, SplitLayer, INIT_STD};
 use crate::backend::Backend;
+use crate::config::GptConfig;
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
 use crate::param::Param;
@@ -15,8 +16,8 @@ use crate::tensor::Tensor;
 /// Final norm, vocabulary projection and loss.
 #[derive(Debug)]
 pub struct LmHead {
-    /// Final LayerNorm (`final_ln`).
-    pub final_ln: LayerNorm,
+    /// Final norm (`final_ln`): LayerNorm for GPT, RMSNorm for Llama.
+    pub final_ln: Norm,
     /// Projection to the vocabulary `[h, vocab]` (`lm_head.weight`), untied.
     pub lm_head: Linear,
     /// Scale applied to the loss gradient. 1.0 gives the gradient of this
@@ -27,11 +28,12 @@ pub struct LmHead {
 }
 
 impl LmHead {
-    /// New head for width `hidden` and `vocab` outputs.
-    pub fn new(hidden: usize, vocab: usize, eps: f32, seed: u64) -> Self {
+    /// New head for `config`'s model.
+    pub fn new(config: &GptConfig, seed: u64) -> Self {
+        let (hidden, eps) = (config.hidden, config.ln_eps);
         LmHead {
-            final_ln: LayerNorm::new("final_ln", hidden, eps, seed),
-            lm_head: Linear::new("lm_head", hidden, vocab, false, INIT_STD, seed),
+            final_ln: Norm::for_arch(config.arch, "final_ln", hidden, eps, seed),
+            lm_head: Linear::new("lm_head", hidden, config.vocab, false, INIT_STD, seed),
             loss_grad_scale: 1.0,
             loss: PassState::new("loss"),
         }
@@ -86,6 +88,11 @@ impl LmHead {
         self.final_ln.backward_weight(be, mb)
     }
 
+    /// Logits of `x` alone (inference: nothing saved).
+    pub(crate) fn logits(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        self.lm_head.apply(be, &self.final_ln.apply(be, x))
+    }
+
     /// Errors if F may not run for `mb` now.
     pub fn check_forward(&self, mb: MicrobatchId) -> Result<()> {
         self.final_ln.check_forward(mb)
@@ -113,7 +120,7 @@ impl LmHead {
         self.loss.discard(mb);
     }
 
-    /// Parameters: final LayerNorm γ, β, LM head weight.
+    /// Parameters: final norm γ (and β), LM head weight.
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.final_ln.params();
         p.extend(self.lm_head.params());

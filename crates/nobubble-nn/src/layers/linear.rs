@@ -57,6 +57,24 @@ impl Linear {
         self.weight.value.shape()[0]
     }
 
+    /// `x·W + b` alone (what F computes; inference saves nothing).
+    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        // With a bias, start from the broadcast bias and let gemm accumulate onto it:
+        // one pass over the output instead of a zero-fill plus a bias pass.
+        match &self.bias {
+            Some(b) => {
+                let mut y = be.broadcast_rows(b.value.data(), x.rows());
+                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, true);
+                y
+            }
+            None => {
+                let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
+                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
+                y
+            }
+        }
+    }
+
     /// Output feature count.
     pub fn out_features(&self) -> usize {
         self.weight.value.shape()[1]
@@ -74,20 +92,7 @@ impl SplitLayer for Linear {
             )));
         }
         self.state.check_forward(mb)?;
-        // With a bias, start from the broadcast bias and let gemm accumulate onto it:
-        // one pass over the output instead of a zero-fill plus a bias pass.
-        let y = match &self.bias {
-            Some(b) => {
-                let mut y = be.broadcast_rows(b.value.data(), x.rows());
-                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, true);
-                y
-            }
-            None => {
-                let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
-                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
-                y
-            }
-        };
+        let y = self.apply(be, &x);
         self.state.save_forward(mb, x)?;
         Ok(y)
     }

@@ -1,7 +1,9 @@
-//! Feed-forward block: `fc2(gelu(fc1(x)))` with the usual 4× expansion.
+//! Feed-forward block: `fc2(gelu(fc1(x)))` (GPT, with biases), or SwiGLU
+//! `fc2(silu(gate) ⊙ up)` with `[gate | up] = fc1(x)` fused into one product (Llama, no
+//! biases).
 //!
-//! F saves the GELU pre-activation (the linears save their own inputs). I frees the
-//! pre-activation at once; W is the two linears' weight gradients.
+//! F saves the activation's input (the linears save their own inputs). I frees it at once;
+//! W is the two linears' weight gradients.
 
 use super::{Linear, SplitLayer, INIT_STD};
 use crate::backend::Backend;
@@ -10,60 +12,96 @@ use crate::memory::PassState;
 use crate::param::Param;
 use crate::tensor::Tensor;
 
-/// Two linears with a GELU (tanh approximation) between them.
+/// The nonlinearity between the two linears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// GELU (tanh approximation) of `fc1`'s `f` outputs.
+    Gelu,
+    /// `silu(gate) ⊙ up` of `fc1`'s `2f` outputs `[gate | up]`.
+    SwiGlu,
+}
+
+/// Two linears with an [`Activation`] between them.
 #[derive(Debug)]
 pub struct Mlp {
-    /// Expansion `[h, 4h]`.
+    /// Expansion `[h, f]` (GELU) or `[h, 2f]` (SwiGLU: gate columns, then up columns).
     pub fc1: Linear,
-    /// Contraction `[4h, h]`.
+    /// Contraction `[f, h]`.
     pub fc2: Linear,
-    gelu: PassState<Tensor, ()>,
+    /// What runs between them.
+    pub activation: Activation,
+    act: PassState<Tensor, ()>,
 }
 
 impl Mlp {
-    /// New MLP named `name`; `layers` scales fc2's init (residual scaling).
-    pub fn new(name: &str, hidden: usize, layers: usize, seed: u64) -> Self {
+    /// New MLP named `name` of width `ffn`; `layers` scales fc2's init (residual scaling).
+    /// GELU MLPs have biases, SwiGLU ones none (as in Llama).
+    pub fn new(
+        name: &str,
+        hidden: usize,
+        ffn: usize,
+        activation: Activation,
+        layers: usize,
+        seed: u64,
+    ) -> Self {
         let fc2_std = INIT_STD / ((2 * layers.max(1)) as f32).sqrt();
+        let (fc1_out, bias) = match activation {
+            Activation::Gelu => (ffn, true),
+            Activation::SwiGlu => (2 * ffn, false),
+        };
         Mlp {
             fc1: Linear::new(
                 &format!("{name}.fc1"),
                 hidden,
-                4 * hidden,
-                true,
+                fc1_out,
+                bias,
                 INIT_STD,
                 seed,
             ),
-            fc2: Linear::new(
-                &format!("{name}.fc2"),
-                4 * hidden,
-                hidden,
-                true,
-                fc2_std,
-                seed,
-            ),
-            gelu: PassState::new(format!("{name}.gelu")),
+            fc2: Linear::new(&format!("{name}.fc2"), ffn, hidden, bias, fc2_std, seed),
+            activation,
+            act: PassState::new(format!("{name}.act")),
         }
+    }
+
+    fn activate(&self, be: &dyn Backend, u: &Tensor) -> Tensor {
+        match self.activation {
+            Activation::Gelu => be.gelu_forward(u),
+            Activation::SwiGlu => be.swiglu_forward(u),
+        }
+    }
+
+    /// The output alone (inference: nothing saved).
+    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        let u = self.fc1.apply(be, x);
+        self.fc2.apply(be, &self.activate(be, &u))
     }
 }
 
 impl SplitLayer for Mlp {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        self.gelu.check_forward(mb)?;
+        self.act.check_forward(mb)?;
         self.fc2.check_forward(mb)?;
         let u = self.fc1.forward(be, mb, x)?;
-        let g = be.gelu_forward(&u);
-        self.gelu.save_forward(mb, u)?;
+        let g = self.activate(be, &u);
+        self.act.save_forward(mb, u)?;
         self.fc2.forward(be, mb, g)
     }
 
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
-        self.gelu.check_input_grad(mb)?;
+        self.act.check_input_grad(mb)?;
         self.fc1.check_input_grad(mb)?;
         let mut dg = self.fc2.backward_input(be, mb, dy)?;
-        let u = self.gelu.take_forward(mb)?;
-        be.gelu_backward(&u, &mut dg);
+        let u = self.act.take_forward(mb)?;
+        let du = match self.activation {
+            Activation::Gelu => {
+                be.gelu_backward(&u, &mut dg);
+                dg
+            }
+            Activation::SwiGlu => be.swiglu_backward(&u, &dg),
+        };
         drop(u);
-        self.fc1.backward_input(be, mb, dg)
+        self.fc1.backward_input(be, mb, du)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
@@ -85,12 +123,12 @@ impl SplitLayer for Mlp {
     }
 
     fn held_bytes(&self, mb: MicrobatchId) -> usize {
-        self.fc1.held_bytes(mb) + self.gelu.held_bytes(mb) + self.fc2.held_bytes(mb)
+        self.fc1.held_bytes(mb) + self.act.held_bytes(mb) + self.fc2.held_bytes(mb)
     }
 
     fn discard(&mut self, mb: MicrobatchId) {
         self.fc1.discard(mb);
-        self.gelu.discard(mb);
+        self.act.discard(mb);
         self.fc2.discard(mb);
     }
 

@@ -7,7 +7,7 @@
 //!   queues the rest (for a linear: its input and output gradient).
 //! - W adds this microbatch's weight gradients to the accumulators and frees what I
 //!   queued. *Every* parameter gradient is accumulated in W — including LayerNorm
-//!   γ/β, biases and embeddings — so with W run in microbatch order the accumulated
+//!   and RMSNorm γ/β, biases and embeddings — so with W run in microbatch order the accumulated
 //!   gradients are bit-identical to an unsplit backward in microbatch order, whatever
 //!   order the I passes ran in. (LayerNorm computes its tiny per-microbatch γ/β
 //!   partial sums during I, because they need the large saved `xhat`; only the
@@ -18,17 +18,17 @@ pub mod attention;
 pub mod block;
 pub mod embedding;
 pub mod head;
-pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod norm;
 
 pub use attention::CausalSelfAttention;
 pub use block::Block;
 pub use embedding::Embedding;
 pub use head::LmHead;
-pub use layernorm::LayerNorm;
 pub use linear::Linear;
-pub use mlp::Mlp;
+pub use mlp::{Activation, Mlp};
+pub use norm::Norm;
 
 use crate::backend::Backend;
 use crate::error::{MicrobatchId, Result};
@@ -36,7 +36,7 @@ use crate::param::Param;
 use crate::tensor::Tensor;
 
 /// A layer mapping an activation tensor to an activation tensor with split backward.
-/// Implemented by [`Linear`], [`LayerNorm`], [`CausalSelfAttention`], [`Mlp`] and
+/// Implemented by [`Linear`], [`Norm`], [`CausalSelfAttention`], [`Mlp`] and
 /// [`Block`], so tests and stages can drive them uniformly.
 pub trait SplitLayer {
     /// F: computes the output for microbatch `mb` and saves what I needs.
@@ -65,5 +65,7 @@ pub trait SplitLayer {
 /// GPT-2 style initialization scale for weight matrices.
 pub(crate) const INIT_STD: f32 = 0.02;
 
+#[cfg(test)]
+mod llama_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -4,11 +4,12 @@
 
 use super::*;
 use crate::backend::CpuBackend;
+use crate::config::GptConfig;
 use crate::testutil::*;
 
-type NaiveOut = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+pub(super) type NaiveOut = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
 /// Naive combined forward+backward: (param values, x, dy) → (y, dx, param grads).
-type NaiveFn<'a> = &'a dyn Fn(&[Vec<f64>], &[f64], &[f64]) -> NaiveOut;
+pub(super) type NaiveFn<'a> = &'a dyn Fn(&[Vec<f64>], &[f64], &[f64]) -> NaiveOut;
 
 fn zeros(n: usize) -> Vec<f64> {
     vec![0.0; n]
@@ -73,7 +74,7 @@ fn naive_block(
 }
 
 /// Indices to probe: a spread-out sample of at most `k` positions.
-fn sample(len: usize, k: usize) -> Vec<usize> {
+pub(super) fn sample(len: usize, k: usize) -> Vec<usize> {
     (0..k.min(len)).map(|i| (i * 7919 + 3) % len).collect()
 }
 
@@ -88,14 +89,8 @@ fn assert_fd(what: &str, fd: f64, analytic: f32, scale: f64) {
 /// Runs F, I, W on microbatch 0 and checks outputs and all gradients against the naive
 /// combined backward, then checks I (input gradient) and W (every parameter) against
 /// central finite differences of `Σ dy·F(x)`.
-fn check_layer<L: SplitLayer>(layer: &mut L, x: Tensor, naive: NaiveFn<'_>) {
-    let be = CpuBackend::single_thread();
-    let y = layer.forward(&be, 0, x.clone()).unwrap();
-    let dy = random_tensor(y.shape(), 1.0, 99);
-    let dx = layer.backward_input(&be, 0, dy.clone()).unwrap();
-    layer.backward_weight(&be, 0).unwrap();
-    assert_eq!(layer.held_bytes(0), 0, "W must free everything");
-
+pub(super) fn check_layer<L: SplitLayer>(layer: &mut L, x: Tensor, naive: NaiveFn<'_>) {
+    let (y, dy, dx) = run_passes(layer, &x);
     let values: Vec<Vec<f64>> = layer
         .params()
         .iter()
@@ -107,7 +102,29 @@ fn check_layer<L: SplitLayer>(layer: &mut L, x: Tensor, naive: NaiveFn<'_>) {
     for (p, g) in layer.params().iter().zip(&grads_ref) {
         assert_close(&p.name, p.grad.data(), g, 1e-4);
     }
+    check_finite_differences(layer, &x, &dy, &dx);
+}
 
+/// F, I, W on microbatch 0 with a random output gradient: `(y, dy, dx)`.
+pub(super) fn run_passes<L: SplitLayer>(layer: &mut L, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let be = CpuBackend::single_thread();
+    let y = layer.forward(&be, 0, x.clone()).unwrap();
+    let dy = random_tensor(y.shape(), 1.0, 99);
+    let dx = layer.backward_input(&be, 0, dy.clone()).unwrap();
+    layer.backward_weight(&be, 0).unwrap();
+    assert_eq!(layer.held_bytes(0), 0, "W must free everything");
+    (y, dy, dx)
+}
+
+/// I's input gradient `dx` and W's parameter gradients (accumulated by [`run_passes`])
+/// against central finite differences of `Σ dy·F(x)`.
+pub(super) fn check_finite_differences<L: SplitLayer>(
+    layer: &mut L,
+    x: &Tensor,
+    dy: &Tensor,
+    dx: &Tensor,
+) {
+    let be = CpuBackend::single_thread();
     let mut mb = 1;
     let eps = 1e-2;
     let dx_scale = dx.data().iter().fold(0.0f64, |m, v| m.max(v.abs() as f64));
@@ -145,10 +162,21 @@ fn check_layer<L: SplitLayer>(layer: &mut L, x: Tensor, naive: NaiveFn<'_>) {
     }
 }
 
-const N: usize = 8; // 2 sequences of 4 tokens
-const H: usize = 8;
-const HEADS: usize = 2;
-const S: usize = 4;
+pub(super) const N: usize = 8; // 2 sequences of 4 tokens
+pub(super) const H: usize = 8;
+pub(super) const HEADS: usize = 2;
+pub(super) const S: usize = 4;
+
+/// A GPT model of the test shape: width [`H`], [`HEADS`] heads, sequences of `s`, 2 blocks.
+pub(super) fn config(s: usize) -> GptConfig {
+    GptConfig {
+        layers: 2,
+        hidden: H,
+        heads: HEADS,
+        seq_len: s,
+        ..GptConfig::micro()
+    }
+}
 
 #[test]
 fn linear_matches_naive_and_finite_differences() {
@@ -161,14 +189,14 @@ fn linear_matches_naive_and_finite_differences() {
 
 #[test]
 fn layernorm_matches_naive_and_finite_differences() {
-    let mut l = LayerNorm::new("ln", H, 1e-5, 1);
+    let mut l = Norm::layer_norm("ln", H, 1e-5, 1);
     randomize(l.params_mut(), 3);
     check_layer(&mut l, random_tensor(&[6, H], 1.0, 4), &naive_ln);
 }
 
 #[test]
 fn attention_matches_naive_and_finite_differences() {
-    let mut l = CausalSelfAttention::new("attn", H, HEADS, S, 2, 1);
+    let mut l = CausalSelfAttention::new("attn", &config(S), 1);
     randomize(l.params_mut(), 5);
     check_layer(&mut l, random_tensor(&[N, H], 1.0, 6), &|p, x, dy| {
         naive_attn(p, x, dy, N, HEADS, S)
@@ -180,7 +208,7 @@ fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
     // s = 70 spans three 32-row blocks (the last one partial), so the skipped
     // upper-triangle blocks and the block edges are exercised.
     let (s, n) = (70, 140);
-    let mut l = CausalSelfAttention::new("attn", H, HEADS, s, 2, 1);
+    let mut l = CausalSelfAttention::new("attn", &config(s), 1);
     randomize(l.params_mut(), 24);
     check_layer(&mut l, random_tensor(&[n, H], 1.0, 25), &|p, x, dy| {
         naive_attn(p, x, dy, n, HEADS, s)
@@ -189,7 +217,7 @@ fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
 
 #[test]
 fn mlp_matches_naive_and_finite_differences() {
-    let mut l = Mlp::new("mlp", H, 2, 1);
+    let mut l = Mlp::new("mlp", H, 4 * H, Activation::Gelu, 2, 1);
     randomize(l.params_mut(), 7);
     check_layer(&mut l, random_tensor(&[6, H], 1.0, 8), &|p, x, dy| {
         naive_mlp(p, x, dy, 6)
@@ -198,7 +226,7 @@ fn mlp_matches_naive_and_finite_differences() {
 
 #[test]
 fn block_matches_naive_and_finite_differences() {
-    let mut l = Block::new(0, H, HEADS, S, 2, 1e-5, 1);
+    let mut l = Block::new(0, &config(S), 1);
     randomize(l.params_mut(), 9);
     check_layer(&mut l, random_tensor(&[N, H], 1.0, 10), &|p, x, dy| {
         naive_block(p, x, dy, N, HEADS, S)
@@ -209,13 +237,16 @@ fn block_matches_naive_and_finite_differences() {
 fn embedding_matches_naive_and_finite_differences() {
     let be = CpuBackend::single_thread();
     let (vocab, s) = (11, 4);
-    let mut e = Embedding::new(vocab, s, H, 1);
+    let mut e = Embedding::new(vocab, s, H, true, 1);
     let tokens: Vec<u32> = vec![3, 1, 3, 10, 0, 3, 7, 1];
     let x = e.forward(&be, 0, &tokens).unwrap();
     let dy = random_tensor(x.shape(), 1.0, 11);
     e.backward_input(0, dy.clone()).unwrap();
     e.backward_weight(&be, 0).unwrap();
-    let (tok, pos) = (f64s(e.tokens.value.data()), f64s(e.positions.value.data()));
+    let (tok, pos) = (
+        f64s(e.tokens.value.data()),
+        f64s(e.positions.as_ref().unwrap().value.data()),
+    );
     let mut dtok = vec![0.0; vocab * H];
     let mut dpos = vec![0.0; s * H];
     for (r, &t) in tokens.iter().enumerate() {
@@ -230,7 +261,12 @@ fn embedding_matches_naive_and_finite_differences() {
         }
     }
     assert_close("dtok", e.tokens.grad.data(), &dtok, 1e-6);
-    assert_close("dpos", e.positions.grad.data(), &dpos, 1e-6);
+    assert_close(
+        "dpos",
+        e.positions.as_ref().unwrap().grad.data(),
+        &dpos,
+        1e-6,
+    );
     // Finite differences on a used token row, an unused one, and positions.
     let mut mb = 1;
     for (which, idx) in [(0usize, 3 * H + 2), (0, 5 * H), (1, 2 * H + 1)] {
@@ -281,7 +317,7 @@ fn naive_head(
 fn head_matches_naive_and_finite_differences() {
     let be = CpuBackend::single_thread();
     let vocab = 11;
-    let mut head = LmHead::new(H, vocab, 1e-5, 1);
+    let mut head = LmHead::new(&GptConfig { vocab, ..config(S) }, 1);
     randomize(head.params_mut(), 12);
     let x = random_tensor(&[6, H], 1.0, 13);
     let targets = vec![0u32, 4, 10, 4, 2, 9];
@@ -338,7 +374,7 @@ fn grads_of<L: SplitLayer>(l: &L) -> Vec<Vec<f32>> {
 fn interleaved_microbatches_give_bit_identical_gradients() {
     let be = CpuBackend::single_thread();
     let make = || {
-        let mut b = Block::new(0, H, HEADS, S, 2, 1e-5, 1);
+        let mut b = Block::new(0, &config(S), 1);
         randomize(b.params_mut(), 14);
         b
     };
@@ -392,7 +428,7 @@ fn interleaved_microbatches_give_bit_identical_gradients() {
 #[test]
 fn pass_order_errors() {
     let be = CpuBackend::single_thread();
-    let mut b = Block::new(0, H, HEADS, S, 2, 1e-5, 1);
+    let mut b = Block::new(0, &config(S), 1);
     let x = random_tensor(&[N, H], 1.0, 19);
     let err = b.backward_input(&be, 0, x.clone()).unwrap_err();
     assert!(err.to_string().contains("without a forward"), "{err}");
@@ -427,7 +463,7 @@ fn pass_order_errors() {
 #[test]
 fn block_memory_matches_hand_count() {
     let be = CpuBackend::single_thread();
-    let mut b = Block::new(0, H, HEADS, S, 2, 1e-5, 1);
+    let mut b = Block::new(0, &config(S), 1);
     b.forward(&be, 0, random_tensor(&[N, H], 1.0, 21)).unwrap();
     let after_f = b.held_bytes(0);
     // ln1 xhat+rstd, qkv input, qkv+probs, proj input, ln2 xhat+rstd, fc1 input,
@@ -482,10 +518,10 @@ fn sublayer_memory_matches_hand_counts() {
         footprint(&mut lin, x()),
         [fl(N * H), fl(N * H + N * 3 * H), 0]
     );
-    let mut ln = LayerNorm::new("ln", H, 1e-5, 1);
+    let mut ln = Norm::layer_norm("ln", H, 1e-5, 1);
     assert_eq!(footprint(&mut ln, x()), [fl(N * H + N), fl(2 * H), 0]);
     let seqs = N / S;
-    let mut attn = CausalSelfAttention::new("attn", H, HEADS, S, 2, 1);
+    let mut attn = CausalSelfAttention::new("attn", &config(S), 1);
     assert_eq!(
         footprint(&mut attn, x()),
         [
@@ -494,7 +530,7 @@ fn sublayer_memory_matches_hand_counts() {
             0
         ]
     );
-    let mut mlp = Mlp::new("mlp", H, 2, 1);
+    let mut mlp = Mlp::new("mlp", H, 4 * H, Activation::Gelu, 2, 1);
     assert_eq!(
         footprint(&mut mlp, x()),
         [

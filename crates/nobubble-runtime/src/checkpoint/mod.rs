@@ -177,10 +177,26 @@ impl Checkpoint {
             ("seq_len", m.seq_len, model.seq_len),
             ("microbatch_size", m.microbatch_size, model.microbatch_size),
             ("vocab", m.vocab, model.vocab),
+            ("kv_heads", m.kv_heads(), model.kv_heads()),
+            ("ffn_hidden", m.ffn_hidden(), model.ffn_hidden()),
         ]
         .iter()
         .filter(|(_, a, b)| a != b)
         .map(|(n, a, b)| format!("{n} {b} (checkpoint: {a})"))
+        .chain(
+            (m.arch != model.arch)
+                .then(|| format!("arch {} (checkpoint: {})", model.arch.name(), m.arch.name())),
+        )
+        .chain(
+            (m.arch == nobubble_nn::config::Arch::Llama && m.rope_theta != model.rope_theta).then(
+                || {
+                    format!(
+                        "rope_theta {} (checkpoint: {})",
+                        model.rope_theta, m.rope_theta
+                    )
+                },
+            ),
+        )
         .chain(
             (m.ln_eps != model.ln_eps || m.tie_embeddings != model.tie_embeddings)
                 .then(|| "ln_eps / tie_embeddings".to_string()),

@@ -31,7 +31,7 @@ pub use served::{Metrics, MetricsServer};
 /// Recomputation-free, as this engine is, so model FLOPs and hardware FLOPs agree.
 pub fn model_flops_per_step(model: &GptConfig, microbatches: usize) -> f64 {
     let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
-    let [f, i, w] = nobubble_schedule::flops::block_pass_flops(h, s, b);
+    let [f, i, w] = model.block_shape().pass_flops();
     let head = 3.0 * nobubble_schedule::flops::head_pass_flops(h, model.vocab, s, b);
     microbatches as f64 * (model.layers as f64 * (f + i + w) + head)
 }

@@ -3,11 +3,16 @@
 //! block's dominant matrix shape and the core's FMA peak, and where each pass's time goes.
 
 use nobubble_nn::bench::{engine_bench, EngineBenchConfig};
+use nobubble_nn::config::Arch;
 use nobubble_nn::Simd;
 
 /// Arguments of `bench engine`.
 #[derive(clap::Args, Debug)]
 pub struct EngineBenchArgs {
+    /// Block family: gpt, or llama (RMSNorm, rotary positions, SwiGLU of width 8h/3 rounded
+    /// up to 32, half as many K/V heads).
+    #[arg(long, default_value = "gpt", value_parser = ["gpt", "llama"])]
+    pub arch: String,
     /// Hidden size h.
     #[arg(long, default_value_t = 512)]
     pub hidden: usize,
@@ -38,6 +43,7 @@ pub struct EngineBenchArgs {
 /// Runs the benchmark and prints a table or JSON.
 pub fn run(args: &EngineBenchArgs) -> Result<(), String> {
     let cfg = EngineBenchConfig {
+        arch: Arch::parse(&args.arch).map_err(|e| e.to_string())?,
         hidden: args.hidden,
         heads: args.heads,
         seq_len: args.seq_len,

@@ -8,6 +8,7 @@ pub mod watch;
 
 use crate::train::watch::{Watch, WatchOptions};
 use clap::Args;
+use nobubble_nn::config::Arch;
 use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
 use nobubble_runtime::metrics::{model_flops_per_step, Metrics, MetricsServer};
@@ -56,6 +57,21 @@ pub struct TrainArgs {
     /// Model preset: micro, tiny, small, medium.
     #[arg(long, default_value = "tiny")]
     pub model: String,
+    /// Block family: gpt (LayerNorm, learned positions, GELU, biases) or llama (RMSNorm,
+    /// rotary positions, SwiGLU, grouped-query attention, no biases).
+    #[arg(long, default_value = "gpt", value_parser = ["gpt", "llama"])]
+    pub arch: String,
+    /// Key/value heads of grouped-query attention (llama; a divisor of --heads)
+    /// [default: half the heads when even].
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Width of the MLP's hidden layer [default: 4 × hidden for gpt, 8/3 × hidden rounded
+    /// up to a multiple of 32 for llama].
+    #[arg(long)]
+    pub ffn_hidden: Option<usize>,
+    /// Base θ of the rotary position angles (llama).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub rope_theta: f32,
     #[command(flatten)]
     pub shape: crate::costs::ModelShapeArgs,
     /// Training text (any UTF-8 file); default: the built-in King James Bible excerpt.
@@ -188,6 +204,7 @@ fn runtime_error(e: RuntimeError) -> String {
 }
 
 fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
+    let arch = Arch::parse(&a.arch).map_err(|e| e.to_string())?;
     let mut m = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
     if let Some(v) = a.shape.layers {
         m.layers = v;
@@ -204,6 +221,15 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     if let Some(v) = a.shape.microbatch_size {
         m.microbatch_size = v;
     }
+    let mut m = m.with_arch(arch);
+    if a.kv_heads.is_some() {
+        if arch != Arch::Llama {
+            return Err("--kv-heads needs --arch llama (GPT blocks have a K/V per head)".into());
+        }
+        m.kv_heads = a.kv_heads;
+    }
+    m.ffn_hidden = a.ffn_hidden;
+    m.rope_theta = a.rope_theta;
     m.validate().map_err(|e| e.to_string())?;
     // Guard against typos that would try to allocate the machine away.
     let activation = m.tokens_per_microbatch() as f64 * m.hidden as f64 * 4.0;
@@ -666,8 +692,12 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Some(s) => format!("{} (from {}, {} stages)", s.name, a.schedule, s.stages),
         None => job.session.kind.name().to_string(),
     };
+    let heads = match model.arch {
+        Arch::Llama => format!("{} heads, {} K/V heads", model.heads, model.kv_heads()),
+        Arch::Gpt => format!("{} heads", model.heads),
+    };
     eprintln!(
-        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} bytes, model {} ({} layers, h {}, {} heads, {:.2} M parameters), {}",
+        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} bytes, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
         job.session.ranks,
         job.session.run.train.threads,
         if job.session.run.train.threads == 1 { "" } else { "s" },
@@ -675,10 +705,10 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         job.session.run.train.microbatches,
         model.microbatch_size,
         model.seq_len,
+        model.arch.name(),
         a.model,
         model.layers,
         model.hidden,
-        model.heads,
         model.parameter_count() as f64 / 1e6,
         if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
     );

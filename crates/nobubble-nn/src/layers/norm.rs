@@ -1,12 +1,14 @@
-//! LayerNorm over the feature dimension.
+//! Normalization over the feature dimension: LayerNorm (GPT) or RMSNorm (Llama).
 //!
 //! F saves `xhat` and `rstd`. I computes `dx` and, because it has `xhat` and `dy` at
-//! hand, this microbatch's γ/β partial sums (2·h floats); it then frees `xhat`/`rstd`
-//! immediately and queues only the partial sums. W adds them to the accumulators.
-//! This keeps M_W tiny while every accumulation still happens in W (bit-identity).
+//! hand, this microbatch's γ (and β) partial sums (h floats each); it then frees
+//! `xhat`/`rstd` immediately and queues only the partial sums. W adds them to the
+//! accumulators. This keeps M_W tiny while every accumulation still happens in W
+//! (bit-identity).
 
 use super::SplitLayer;
-use crate::backend::Backend;
+use crate::backend::{Backend, NormForward};
+use crate::config::Arch;
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
 use crate::param::{Init, Param};
@@ -14,25 +16,46 @@ use crate::tensor::Tensor;
 
 /// F → I: normalized input `xhat` and per-row `rstd`.
 type SavedForInput = (Tensor, Vec<f32>);
-/// I → W: this microbatch's γ and β gradient partial sums.
+/// I → W: this microbatch's γ and β gradient partial sums (β's empty for RMSNorm).
 type SavedForWeight = (Vec<f32>, Vec<f32>);
 
-/// LayerNorm with learned scale γ and shift β.
+/// LayerNorm (`(x − mean)·rstd·γ + β`) or RMSNorm (`x·rstd·γ`, no mean, no β).
 #[derive(Debug)]
-pub struct LayerNorm {
+pub struct Norm {
     /// Scale γ `[h]`, initialized to 1.
     pub gamma: Param,
-    /// Shift β `[h]`, initialized to 0.
-    pub beta: Param,
-    /// Added to the variance for numerical safety.
+    /// Shift β `[h]`, initialized to 0; `None` for RMSNorm.
+    pub beta: Option<Param>,
+    /// Added to the variance (or mean square) for numerical safety.
     pub eps: f32,
     state: PassState<SavedForInput, SavedForWeight>,
 }
 
-impl LayerNorm {
+impl Norm {
+    /// The norm of `arch`'s blocks: LayerNorm for GPT, RMSNorm for Llama.
+    pub fn for_arch(arch: Arch, name: &str, hidden: usize, eps: f32, seed: u64) -> Self {
+        match arch {
+            Arch::Gpt => Self::layer_norm(name, hidden, eps, seed),
+            Arch::Llama => Self::rms_norm(name, hidden, eps, seed),
+        }
+    }
+
     /// New LayerNorm named `name` over `hidden` features.
-    pub fn new(name: &str, hidden: usize, eps: f32, seed: u64) -> Self {
-        LayerNorm {
+    pub fn layer_norm(name: &str, hidden: usize, eps: f32, seed: u64) -> Self {
+        let mut norm = Self::rms_norm(name, hidden, eps, seed);
+        norm.beta = Some(Param::new(
+            format!("{name}.beta"),
+            &[hidden],
+            Init::Constant(0.0),
+            false,
+            seed,
+        ));
+        norm
+    }
+
+    /// New RMSNorm named `name` over `hidden` features.
+    pub fn rms_norm(name: &str, hidden: usize, eps: f32, seed: u64) -> Self {
+        Norm {
             gamma: Param::new(
                 format!("{name}.gamma"),
                 &[hidden],
@@ -40,15 +63,22 @@ impl LayerNorm {
                 false,
                 seed,
             ),
-            beta: Param::new(
-                format!("{name}.beta"),
-                &[hidden],
-                Init::Constant(0.0),
-                false,
-                seed,
-            ),
+            beta: None,
             eps,
             state: PassState::new(name),
+        }
+    }
+
+    /// The normalized output alone (inference: nothing saved).
+    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        self.normalize(be, x).y
+    }
+
+    fn normalize(&self, be: &dyn Backend, x: &Tensor) -> NormForward {
+        let gamma = self.gamma.value.data();
+        match &self.beta {
+            Some(beta) => be.layernorm_forward(x, gamma, beta.value.data(), self.eps),
+            None => be.rmsnorm_forward(x, gamma, self.eps),
         }
     }
 
@@ -68,14 +98,13 @@ impl LayerNorm {
             )));
         }
         self.state.check_forward(mb)?;
-        let out =
-            be.layernorm_forward(x, self.gamma.value.data(), self.beta.value.data(), self.eps);
+        let out = self.normalize(be, x);
         self.state.save_forward(mb, (out.xhat, out.rstd))?;
         Ok(out.y)
     }
 }
 
-impl SplitLayer for LayerNorm {
+impl SplitLayer for Norm {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
         self.forward_ref(be, mb, &x)
     }
@@ -101,7 +130,11 @@ impl SplitLayer for LayerNorm {
             )));
         }
         let (xhat, rstd) = self.state.take_forward(mb)?;
-        let out = be.layernorm_backward(&dy, &xhat, &rstd, self.gamma.value.data());
+        let gamma = self.gamma.value.data();
+        let out = match self.beta {
+            Some(_) => be.layernorm_backward(&dy, &xhat, &rstd, gamma),
+            None => be.rmsnorm_backward(&dy, &xhat, &rstd, gamma),
+        };
         drop((xhat, rstd));
         self.state.queue_weight_grad(mb, (out.dgamma, out.dbeta));
         Ok(out.dx)
@@ -110,7 +143,9 @@ impl SplitLayer for LayerNorm {
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
         let (dgamma, dbeta) = self.state.take_weight_grad(mb)?;
         be.add_assign(self.gamma.grad.data_mut(), &dgamma);
-        be.add_assign(self.beta.grad.data_mut(), &dbeta);
+        if let Some(beta) = &mut self.beta {
+            be.add_assign(beta.grad.data_mut(), &dbeta);
+        }
         Ok(())
     }
 
@@ -135,10 +170,14 @@ impl SplitLayer for LayerNorm {
     }
 
     fn params(&self) -> Vec<&Param> {
-        vec![&self.gamma, &self.beta]
+        std::iter::once(&self.gamma)
+            .chain(self.beta.as_ref())
+            .collect()
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.gamma, &mut self.beta]
+        std::iter::once(&mut self.gamma)
+            .chain(self.beta.as_mut())
+            .collect()
     }
 }

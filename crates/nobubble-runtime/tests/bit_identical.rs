@@ -2,7 +2,7 @@
 //! weights, bit for bit.
 
 mod common;
-use nobubble_nn::config::block_counts;
+use nobubble_nn::config::{block_counts, Arch};
 use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::{Compute, Pipeline, RunConfig};
 use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
@@ -42,9 +42,14 @@ fn corpus() -> ByteCorpus {
     ByteCorpus::builtin().prefix(200_000).unwrap()
 }
 
-fn reference(stages: usize, m: usize, steps: usize) -> (Vec<u32>, Vec<(String, Vec<u32>)>) {
-    let counts = block_counts(model().layers, stages, &StageLayout::Even).unwrap();
-    let mut r = ReferenceTrainer::new(&model(), &train(m), corpus(), &counts).unwrap();
+fn reference(
+    model: &GptConfig,
+    stages: usize,
+    m: usize,
+    steps: usize,
+) -> (Vec<u32>, Vec<(String, Vec<u32>)>) {
+    let counts = block_counts(model.layers, stages, &StageLayout::Even).unwrap();
+    let mut r = ReferenceTrainer::new(model, &train(m), corpus(), &counts).unwrap();
     let losses = (0..steps)
         .map(|_| r.train_step().unwrap().loss.to_bits())
         .collect();
@@ -54,11 +59,20 @@ fn reference(stages: usize, m: usize, steps: usize) -> (Vec<u32>, Vec<(String, V
 
 #[test]
 fn every_schedule_trains_bit_identically_to_the_reference() {
+    every_schedule_trains_bit_identically(&model());
+}
+
+#[test]
+fn every_schedule_trains_llama_blocks_bit_identically_to_the_reference() {
+    every_schedule_trains_bit_identically(&model().with_arch(Arch::Llama));
+}
+
+fn every_schedule_trains_bit_identically(model: &GptConfig) {
     let (p, m, steps) = (2, 4, 3);
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     for kind in ScheduleKind::ALL {
         let schedule = generate(&Request::new(kind, p, m), &spec).unwrap();
-        let config = run_config(model(), m);
+        let config = run_config(model.clone(), m);
         let mut pipe = Pipeline::start(config, &schedule, corpus()).unwrap();
         let losses: Vec<u32> = (0..steps)
             .map(|_| pipe.train_step(&schedule).unwrap().loss.to_bits())
@@ -69,7 +83,7 @@ fn every_schedule_trains_bit_identically_to_the_reference() {
             .into_iter()
             .map(|(n, v)| (n, v.iter().map(|x| x.to_bits()).collect()))
             .collect();
-        let (ref_losses, ref_weights) = reference(schedule.stages, m, steps);
+        let (ref_losses, ref_weights) = reference(model, schedule.stages, m, steps);
         assert_eq!(losses, ref_losses, "{}: losses differ", kind.name());
         assert_eq!(weights.len(), ref_weights.len());
         for ((n, w), (rn, rw)) in weights.iter().zip(&ref_weights) {

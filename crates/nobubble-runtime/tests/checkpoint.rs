@@ -3,6 +3,7 @@
 //! mismatched checkpoints are refused with a message naming the problem; an interrupted
 //! save leaves the previous checkpoint loadable.
 
+use nobubble_nn::config::Arch;
 use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::checkpoint_fs::{load, previous_dir, save, staging_dir};
 use nobubble_runtime::worker::Rollback;
@@ -89,6 +90,16 @@ fn checkpoint_at(steps: u64) -> Checkpoint {
 
 #[test]
 fn resume_continues_bit_for_bit() {
+    resume_continues_bit_for_bit_with(model());
+}
+
+#[test]
+fn resume_of_llama_blocks_continues_bit_for_bit() {
+    resume_continues_bit_for_bit_with(model().with_arch(Arch::Llama));
+}
+
+fn resume_continues_bit_for_bit_with(model: GptConfig) {
+    let model = || model.clone();
     let (total, k) = (7u64, 3u64);
     let (mut full, s) = start(ScheduleKind::ZbH1, 2, model());
     let want: Vec<u32> = (0..total)
@@ -100,7 +111,7 @@ fn resume_continues_bit_for_bit() {
     for _ in 0..k {
         first.train_step(&s).unwrap();
     }
-    let dir = temp_dir("resume").join("ckpt");
+    let dir = temp_dir(&format!("resume-{}", model().arch.name())).join("ckpt");
     save(
         &dir,
         &Checkpoint::new(first.export_state().unwrap(), &model(), &train(), "zb-h1"),
@@ -118,6 +129,12 @@ fn resume_continues_bit_for_bit() {
         let ckpt = load(&dir).unwrap();
         assert_eq!(ckpt.meta.step, k);
         assert!(ckpt.check_resume(&model(), &train()).unwrap().is_empty());
+        let other = match model().arch {
+            Arch::Gpt => model().with_arch(Arch::Llama),
+            Arch::Llama => model().with_arch(Arch::Gpt),
+        };
+        let err = ckpt.check_resume(&other, &train()).unwrap_err().to_string();
+        assert!(err.contains("arch"), "{err}");
         let (mut resumed, s) = start_with(kind, ranks, model(), post);
         resumed.import_state(ckpt.state).unwrap();
         assert_eq!(resumed.steps_taken(), k);

@@ -3,7 +3,7 @@
 //! with synchronous and post-validated steps, clipped steps and a skipped (NaN) step.
 
 mod common;
-use nobubble_nn::config::block_counts;
+use nobubble_nn::config::{block_counts, Arch};
 use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Compute, Fault, Pipeline, RunConfig};
@@ -35,6 +35,7 @@ type Run = (Vec<(u32, u32, bool)>, Vec<(String, Vec<u32>)>);
 /// (loss bits, clip-scale bits, skipped) per step, and the final weights' bits.
 #[allow(clippy::too_many_arguments)]
 fn pipelined(
+    model: &GptConfig,
     kind: ScheduleKind,
     p: usize,
     d: usize,
@@ -47,7 +48,7 @@ fn pipelined(
     let spec = CostSpec::uniform(RankCost::default(), 0.0);
     let schedule = generate(&Request::new(kind, p, m), &spec).unwrap();
     let config = RunConfig {
-        model: model(),
+        model: model.clone(),
         train: train(m, max_norm),
         layout: StageLayout::Even,
         compute: Compute::Real,
@@ -72,9 +73,9 @@ fn pipelined(
     (steps, weights)
 }
 
-fn reference(stages: usize, m: usize, steps: usize, max_norm: f32) -> Run {
-    let counts = block_counts(model().layers, stages, &StageLayout::Even).unwrap();
-    let mut r = ReferenceTrainer::new(&model(), &train(m, max_norm), corpus(), &counts).unwrap();
+fn reference(model: &GptConfig, stages: usize, m: usize, steps: usize, max_norm: f32) -> Run {
+    let counts = block_counts(model.layers, stages, &StageLayout::Even).unwrap();
+    let mut r = ReferenceTrainer::new(model, &train(m, max_norm), corpus(), &counts).unwrap();
     let steps = (0..steps)
         .map(|_| {
             let s = r.train_step().unwrap();
@@ -98,7 +99,7 @@ fn same(a: &Run, b: &Run, what: &str) {
 fn replicas_reproduce_one_pipeline_and_the_reference_bit_for_bit() {
     let steps = 3;
     // Clipping binds (max norm 0.5): the reduced norm must be the reference's to the bit.
-    let want = reference(2, 8, steps, 0.5);
+    let want = reference(&model(), 2, 8, steps, 0.5);
     assert!(
         want.0.iter().any(|s| f32::from_bits(s.1) < 1.0),
         "clipping should bind"
@@ -108,16 +109,26 @@ fn replicas_reproduce_one_pipeline_and_the_reference_bit_for_bit() {
         ScheduleKind::ZbH1,
         ScheduleKind::Zb2p,
     ] {
-        let one = pipelined(kind, 2, 1, 8, steps, 0.5, None, None);
+        let one = pipelined(&model(), kind, 2, 1, 8, steps, 0.5, None, None);
         same(&one, &want, &format!("{} p=2 m=8", kind.name()));
-        let two = pipelined(kind, 2, 2, 4, steps, 0.5, None, None);
+        let two = pipelined(&model(), kind, 2, 2, 4, steps, 0.5, None, None);
         same(&two, &want, &format!("{} p=2 × D=2 m=4", kind.name()));
     }
-    let four = pipelined(ScheduleKind::ZbH1, 2, 4, 2, steps, 0.5, None, None);
+    let four = pipelined(
+        &model(),
+        ScheduleKind::ZbH1,
+        2,
+        4,
+        2,
+        steps,
+        0.5,
+        None,
+        None,
+    );
     same(&four, &want, "zb-h1 p=2 × D=4 m=2");
     // A V schedule: 4 stages on 2 ranks.
-    let want_v = reference(4, 8, steps, 0.5);
-    let v = pipelined(ScheduleKind::ZbV, 2, 2, 4, steps, 0.5, None, None);
+    let want_v = reference(&model(), 4, 8, steps, 0.5);
+    let v = pipelined(&model(), ScheduleKind::ZbV, 2, 2, 4, steps, 0.5, None, None);
     same(&v, &want_v, "zb-v p=2 × D=2 m=4");
 }
 
@@ -126,20 +137,67 @@ fn post_validated_replicas_keep_the_bits_through_clipped_and_skipped_steps() {
     let steps = 3;
     let kind = ScheduleKind::ZbH1;
     // Clipped steps: redone with the global clip factor.
-    let sync = pipelined(kind, 2, 2, 4, steps, 0.5, None, None);
-    same(&sync, &reference(2, 8, steps, 0.5), "synchronous");
-    let post = pipelined(kind, 2, 2, 4, steps, 0.5, Some(Rollback::Copy), None);
+    let sync = pipelined(&model(), kind, 2, 2, 4, steps, 0.5, None, None);
+    same(&sync, &reference(&model(), 2, 8, steps, 0.5), "synchronous");
+    let post = pipelined(
+        &model(),
+        kind,
+        2,
+        2,
+        4,
+        steps,
+        0.5,
+        Some(Rollback::Copy),
+        None,
+    );
     same(&post, &sync, "post-validated, clipped");
     // A NaN in replica 0's gradient at step 1: every replica skips that step.
     let nan = Some(Fault::NanGradAt(1));
-    let sync_nan = pipelined(kind, 2, 2, 4, steps, 0.5, None, nan.clone());
+    let sync_nan = pipelined(&model(), kind, 2, 2, 4, steps, 0.5, None, nan.clone());
     assert_eq!(
         sync_nan.0.iter().map(|s| s.2).collect::<Vec<_>>(),
         [false, true, false]
     );
-    let post_nan = pipelined(kind, 2, 2, 4, steps, 0.5, Some(Rollback::Copy), nan);
+    let post_nan = pipelined(
+        &model(),
+        kind,
+        2,
+        2,
+        4,
+        steps,
+        0.5,
+        Some(Rollback::Copy),
+        nan,
+    );
     same(&post_nan, &sync_nan, "post-validated, NaN skipped");
     // The one-pipeline run with the same NaN skips the same step with the same weights.
-    let one_nan = pipelined(kind, 2, 1, 8, steps, 0.5, None, Some(Fault::NanGradAt(1)));
+    let one_nan = pipelined(
+        &model(),
+        kind,
+        2,
+        1,
+        8,
+        steps,
+        0.5,
+        None,
+        Some(Fault::NanGradAt(1)),
+    );
     same(&one_nan, &sync_nan, "one pipeline, NaN skipped");
+}
+
+/// Llama blocks (grouped-query attention, rotary positions): two replicas of a V pipeline,
+/// synchronous and post-validated, give the reference's bits over the global batch.
+#[test]
+fn llama_blocks_keep_the_bits_under_data_parallelism_and_post_validation() {
+    let llama = model().with_arch(Arch::Llama);
+    let steps = 3;
+    let want = reference(&llama, 4, 8, steps, 0.5);
+    for post in [None, Some(Rollback::Copy)] {
+        let got = pipelined(&llama, ScheduleKind::ZbV, 2, 2, 4, steps, 0.5, post, None);
+        same(
+            &got,
+            &want,
+            &format!("llama zb-v, post-validation {post:?}"),
+        );
+    }
 }

@@ -185,6 +185,35 @@ fn processes_train_bit_identically_to_threads_under_every_kind_of_schedule() {
 }
 
 #[test]
+fn llama_blocks_train_bit_identically_over_processes_and_threads() {
+    let dir = temp("llama");
+    for s in ["zb-h1", "zb-v"] {
+        let rest = [
+            "-s",
+            s,
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--layers",
+            "4",
+            "--steps",
+            "3",
+            "--arch",
+            "llama",
+            "--data-parallel",
+            "2",
+        ];
+        threads(&dir, &format!("{s}-t"), &rest);
+        let out = processes(4, &dir, &format!("{s}-p"), &rest);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("model llama micro"), "{stderr}");
+        same_run(&dir, &format!("{s}-t"), &format!("{s}-p"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn data_parallel_processes_equal_one_pipeline_of_the_global_batch() {
     let dir = temp("dp");
     let one = ["-s", "zb-h1", "-p", "2", "-m", "8", "--steps", "3"];

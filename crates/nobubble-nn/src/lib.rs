@@ -16,6 +16,7 @@ mod cpu;
 pub mod data;
 pub mod error;
 pub mod generate;
+pub mod hf;
 mod kernels;
 pub mod layers;
 pub mod memory;

@@ -7,12 +7,14 @@ mod bench;
 mod check;
 mod compare;
 mod costs;
+mod export;
 mod forecast;
 mod output;
 mod plan;
 mod progress;
 mod report;
 mod sample;
+mod score;
 mod signals;
 mod train;
 
@@ -49,6 +51,10 @@ enum Command {
     Forecast(forecast::ForecastArgs),
     /// Continue a prompt with a model saved by `train --save`.
     Sample(sample::SampleArgs),
+    /// Loss, perplexity and logits of a text under a checkpoint or a Hugging Face model.
+    Score(score::ScoreArgs),
+    /// Write a checkpoint in Hugging Face's format (transformers loads the directory).
+    Export(export::ExportArgs),
     /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -80,6 +86,8 @@ fn main() -> ExitCode {
         },
         Command::Forecast(a) => forecast::run(a),
         Command::Sample(a) => sample::run(a),
+        Command::Score(a) => score::run(a),
+        Command::Export(a) => export::run(a),
         Command::Bench(b) => bench::run(b),
     };
     match result {

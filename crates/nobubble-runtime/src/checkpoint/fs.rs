@@ -64,7 +64,7 @@ pub(super) fn io_err(what: &str, path: &Path, e: std::io::Error) -> RuntimeError
     RuntimeError::io(path, format!("cannot {what} {}: {e}", path.display()))
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     let mut f = File::create(path).map_err(|e| io_err("create", path, e))?;
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
@@ -77,11 +77,13 @@ pub(super) fn sync_dir(path: &Path) -> Result<(), RuntimeError> {
         .map_err(|e| io_err("sync directory", path, e))
 }
 
-fn le_bytes(t: &[f32]) -> Vec<u8> {
+pub(super) fn le_bytes(t: &[f32]) -> Vec<u8> {
     t.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn serialize(tensors: Vec<(String, Vec<usize>, Vec<u8>)>) -> Result<Vec<u8>, RuntimeError> {
+pub(super) fn serialize(
+    tensors: Vec<(String, Vec<usize>, Vec<u8>)>,
+) -> Result<Vec<u8>, RuntimeError> {
     let views = tensors
         .iter()
         .map(|(n, shape, bytes)| {

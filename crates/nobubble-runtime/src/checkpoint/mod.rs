@@ -14,6 +14,7 @@
 //! is `state.rs`; its form on the wire between ranks, `wire.rs`.
 
 pub mod fs;
+pub mod hf;
 pub mod runs;
 mod state;
 mod wire;

@@ -43,6 +43,30 @@ impl TrainingRun<'_, '_> {
         Ok(step)
     }
 
+    /// Rank 0 reads the weights of the Hugging Face model in `dir` into the freshly built
+    /// state (step 0, zero optimizer moments) and every rank imports them (collectives).
+    pub(super) fn init_from(&mut self, dir: &Path) -> Result<(), RuntimeError> {
+        let fresh = self.session.rank.export_state(0, 0)?;
+        let mut state = None;
+        let mut verdict = Ok(());
+        if let Some(mut fresh) = fresh {
+            match crate::checkpoint::hf::load_params(dir, &self.job.session.run.model) {
+                Ok(params) => {
+                    fresh.params = params;
+                    state = Some(fresh);
+                }
+                Err(e) => verdict = Err(e),
+            }
+        }
+        self.agree(verdict)?;
+        self.session
+            .rank
+            .import_state(0, state.as_ref())
+            .map_err(|e| e.prefixed(&format!("--init-from {}", dir.display())))?;
+        self.note(&format!("initialized from {}", dir.display()));
+        Ok(())
+    }
+
     /// Checkpoint: saves at the last step and every `save_every` steps. Every rank knows the
     /// step's loss (post-validation: once settled), so all refuse alike to save a diverged
     /// state as the newest checkpoint.

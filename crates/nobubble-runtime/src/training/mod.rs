@@ -53,6 +53,9 @@ pub struct TrainJob {
     pub keep_last: usize,
     /// Continue from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// Start from the weights of this Hugging Face model directory (step 0, fresh optimizer
+    /// state; the model config must be the directory's, see `checkpoint::hf::read_config`).
+    pub init_from: Option<PathBuf>,
     /// Training text.
     pub corpus: Arc<ByteCorpus>,
     /// Held-out text.
@@ -229,6 +232,8 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
         };
         if let Some(dir) = &job.resume {
             run.first_step = run.resume(dir)?;
+        } else if let Some(dir) = &job.init_from {
+            run.init_from(dir)?;
         }
         run.session.step = run.first_step;
         run.plan_first_step = run.first_step;

@@ -86,6 +86,7 @@ fn train(
         save_every: 0,
         keep_last: 0,
         resume: None,
+        init_from: None,
         corpus: Arc::new(ByteCorpus::builtin()),
         eval: Arc::new(ByteCorpus::builtin()),
         stop: None,

@@ -167,6 +167,12 @@ pub struct TrainArgs {
     /// count; the model flags and --microbatches must match the checkpoint's).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start from the weights of a Hugging Face Llama model directory (`config.json` and
+    /// `model.safetensors`, as `save_pretrained` or `nobubble export --format hf` write them):
+    /// fine-tuning. The model comes from its config.json (--seq-len defaults to its
+    /// max_position_embeddings); the optimizer starts fresh at step 0.
+    #[arg(long, conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Post-validated optimizer steps: each rank steps at once with what it knows and the
     /// full gradient-norm check undoes the step afterwards if needed (copy: exact rollback
     /// from a saved copy; analytic: invert AdamW).
@@ -203,9 +209,40 @@ fn runtime_error(e: RuntimeError) -> String {
     }
 }
 
+/// The model of `--init-from DIR`: its config.json, with this run's sequence shape. Flags
+/// that would describe another model are refused rather than ignored.
+fn init_from_config(a: &TrainArgs, dir: &Path) -> Result<GptConfig, String> {
+    let s = &a.shape;
+    let set = [
+        ("--layers", s.layers.is_some()),
+        ("--hidden", s.hidden.is_some()),
+        ("--heads", s.heads.is_some()),
+        ("--kv-heads", a.kv_heads.is_some()),
+        ("--ffn-hidden", a.ffn_hidden.is_some()),
+        ("--arch llama", a.arch != "gpt"),
+        ("--rope-theta", a.rope_theta != 10_000.0),
+    ];
+    if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "--init-from takes the model from {}; drop {flag}",
+            dir.join("config.json").display()
+        ));
+    }
+    let preset = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
+    let b = s.microbatch_size.unwrap_or(preset.microbatch_size);
+    nobubble_runtime::checkpoint::hf::read_config(dir, s.seq_len, b)
+        .map_err(|e| format!("--init-from: {e}"))
+}
+
 fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     let arch = Arch::parse(&a.arch).map_err(|e| e.to_string())?;
-    let mut m = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
+    let mut m = match &a.init_from {
+        Some(dir) => init_from_config(a, dir)?,
+        None => GptConfig::preset(&a.model).map_err(|e| e.to_string())?,
+    };
+    if a.init_from.is_some() {
+        return checked_size(m);
+    }
     if let Some(v) = a.shape.layers {
         m.layers = v;
     }
@@ -231,7 +268,11 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     m.ffn_hidden = a.ffn_hidden;
     m.rope_theta = a.rope_theta;
     m.validate().map_err(|e| e.to_string())?;
-    // Guard against typos that would try to allocate the machine away.
+    checked_size(m)
+}
+
+/// Guards against typos that would try to allocate the machine away.
+fn checked_size(m: GptConfig) -> Result<GptConfig, String> {
     let activation = m.tokens_per_microbatch() as f64 * m.hidden as f64 * 4.0;
     if activation > (1u64 << 32) as f64 || m.parameter_count() > 1 << 31 {
         return Err(format!(
@@ -463,6 +504,7 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         save_every: a.save_every,
         keep_last: a.keep_last,
         resume: a.resume.clone(),
+        init_from: a.init_from.clone(),
         corpus: Arc::new(corpus),
         eval: Arc::new(eval),
         stop: None,

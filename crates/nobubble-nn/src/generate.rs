@@ -73,63 +73,106 @@ pub fn next_token_logits(stages: &[Stage], be: &dyn Backend, context: &[u32]) ->
     Ok(logits.data()[row * vocab..(row + 1) * vocab].to_vec())
 }
 
-/// Picks a token from `logits`: the arg-max (first one on ties) for `temperature` 0,
-/// otherwise a draw from `softmax(logits / temperature)` using one value of `rng`.
-/// Errors on a negative or non-finite temperature, or non-finite logits.
-pub fn sample_token(logits: &[f32], temperature: f32, rng: &mut SplitMix64) -> Result<u32> {
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(NnError::BadInput(format!(
-            "temperature must be 0 (greedy) or positive, got {temperature}"
-        )));
+/// How to pick the next token from the logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Softmax temperature; 0 always picks the most likely token (greedy).
+    pub temperature: f32,
+    /// Draw only among the `top_k` most likely tokens (0: no limit).
+    pub top_k: usize,
+    /// Draw only among the most likely tokens whose probabilities (after the temperature
+    /// and `top_k`) reach `top_p` together — nucleus sampling (1: no limit).
+    pub top_p: f32,
+}
+
+impl Sampling {
+    /// A plain draw from `softmax(logits / temperature)`.
+    pub fn with_temperature(temperature: f32) -> Self {
+        Sampling {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+        }
     }
+
+    /// Errors on a negative or non-finite temperature or a `top_p` outside (0, 1].
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(NnError::BadInput(format!(
+                "temperature must be 0 (greedy) or positive, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(NnError::BadInput(format!(
+                "top-p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Picks a token from `logits`: the arg-max (first one on ties) for temperature 0, otherwise
+/// a draw from `softmax(logits / temperature)` restricted by `top_k` and `top_p`, using one
+/// value of `rng`. Errors on bad settings ([`Sampling::check`]) or non-finite logits.
+pub fn sample_token(logits: &[f32], how: &Sampling, rng: &mut SplitMix64) -> Result<u32> {
+    how.check()?;
     if logits.is_empty() || logits.iter().any(|l| !l.is_finite()) {
         return Err(NnError::BadInput(
             "the model produced non-finite logits (is the checkpoint damaged?)".into(),
         ));
     }
-    let argmax = logits
-        .iter()
-        .enumerate()
-        .fold(0, |best, (i, &l)| if l > logits[best] { i } else { best });
-    if temperature == 0.0 {
-        return Ok(argmax as u32);
+    // Most likely first; ties in token order, so the choice is a function of the logits.
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if how.temperature == 0.0 {
+        return Ok(order[0] as u32);
     }
-    let t = temperature as f64;
-    let max = logits[argmax] as f64;
-    let weights: Vec<f64> = logits
+    if how.top_k > 0 {
+        order.truncate(how.top_k);
+    }
+    let t = how.temperature as f64;
+    let max = logits[order[0]] as f64;
+    let weights: Vec<f64> = order
         .iter()
-        .map(|&l| ((l as f64 - max) / t).exp())
+        .map(|&i| ((logits[i] as f64 - max) / t).exp())
         .collect();
     let total: f64 = weights.iter().sum();
+    // The nucleus: the shortest most-likely prefix holding top_p of the probability.
+    let mut kept = weights.len();
+    if how.top_p < 1.0 {
+        let mut mass = 0.0;
+        for (n, w) in weights.iter().enumerate() {
+            mass += w / total;
+            if mass >= how.top_p as f64 {
+                kept = n + 1;
+                break;
+            }
+        }
+    }
+    let total: f64 = weights[..kept].iter().sum();
     let mut u = rng.next_unit() * total;
-    for (i, w) in weights.iter().enumerate() {
+    for (&i, w) in order.iter().zip(&weights[..kept]) {
         u -= w;
         if u <= 0.0 {
             return Ok(i as u32);
         }
     }
-    Ok(argmax as u32)
+    Ok(order[kept - 1] as u32)
 }
 
 /// Appends `count` sampled tokens to `prompt` and returns only the new ones.
-/// Deterministic: the same weights, prompt, temperature and `seed` give the same bytes.
+/// Deterministic: the same weights, prompt, sampling settings and `seed` give the same bytes.
 pub fn generate(
     stages: &[Stage],
     be: &dyn Backend,
     prompt: &[u32],
     count: usize,
-    temperature: f32,
+    how: &Sampling,
     seed: u64,
 ) -> Result<Vec<u32>> {
-    generate_with(
-        stages,
-        be,
-        prompt,
-        count,
-        temperature,
-        seed,
-        &mut |_| Ok(()),
-    )
+    generate_with(stages, be, prompt, count, how, seed, &mut |_| Ok(()))
 }
 
 /// [`generate`], handing each token to `on_token` as soon as it is sampled (to stream it);
@@ -139,7 +182,7 @@ pub fn generate_with(
     be: &dyn Backend,
     prompt: &[u32],
     count: usize,
-    temperature: f32,
+    how: &Sampling,
     seed: u64,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<Vec<u32>> {
@@ -148,7 +191,7 @@ pub fn generate_with(
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let logits = next_token_logits(stages, be, &context)?;
-        let t = sample_token(&logits, temperature, &mut rng)?;
+        let t = sample_token(&logits, how, &mut rng)?;
         context.push(t);
         out.push(t);
         on_token(t)?;

@@ -1,7 +1,7 @@
 //! The inference path: its logits are training's, it leaves no state behind, sampling is
 //! deterministic per seed, and a briefly trained model continues a repetition.
 
-use nobubble_nn::generate::{forward_logits, generate, next_token_logits, sample_token};
+use nobubble_nn::generate::{forward_logits, generate, next_token_logits, sample_token, Sampling};
 use nobubble_nn::param::SplitMix64;
 use nobubble_nn::reference::forward_loss;
 use nobubble_nn::{build_stages, ByteCorpus, CpuBackend, GptConfig, ReferenceTrainer, TrainConfig};
@@ -73,9 +73,33 @@ fn sampling_is_deterministic_per_seed() {
     let stages = build_stages(&model, 3, &[2]).unwrap();
     let be = CpuBackend::single_thread();
     let prompt = bytes("In the");
-    let a = generate(&stages, &be, &prompt, 24, 1.0, 7).unwrap();
-    let b = generate(&stages, &be, &prompt, 24, 1.0, 7).unwrap();
-    let c = generate(&stages, &be, &prompt, 24, 1.0, 8).unwrap();
+    let a = generate(
+        &stages,
+        &be,
+        &prompt,
+        24,
+        &Sampling::with_temperature(1.0),
+        7,
+    )
+    .unwrap();
+    let b = generate(
+        &stages,
+        &be,
+        &prompt,
+        24,
+        &Sampling::with_temperature(1.0),
+        7,
+    )
+    .unwrap();
+    let c = generate(
+        &stages,
+        &be,
+        &prompt,
+        24,
+        &Sampling::with_temperature(1.0),
+        8,
+    )
+    .unwrap();
     assert_eq!(a, b, "same seed, same bytes");
     assert_ne!(
         a, c,
@@ -83,18 +107,99 @@ fn sampling_is_deterministic_per_seed() {
     );
     // The split does not matter.
     let split = build_stages(&model, 3, &[1, 1]).unwrap();
-    assert_eq!(a, generate(&split, &be, &prompt, 24, 1.0, 7).unwrap());
+    assert_eq!(
+        a,
+        generate(
+            &split,
+            &be,
+            &prompt,
+            24,
+            &Sampling::with_temperature(1.0),
+            7
+        )
+        .unwrap()
+    );
     // Temperature draws follow the softmax: logits (0, ln 3) give P(1) = 3/4.
     let mut rng = SplitMix64::new(1);
     let ones = (0..4000)
-        .filter(|_| sample_token(&[0.0, 3f32.ln()], 1.0, &mut rng).unwrap() == 1)
+        .filter(|_| {
+            sample_token(
+                &[0.0, 3f32.ln()],
+                &Sampling::with_temperature(1.0),
+                &mut rng,
+            )
+            .unwrap()
+                == 1
+        })
         .count();
     assert!((ones as f64 / 4000.0 - 0.75).abs() < 0.03, "{ones}");
-    assert_eq!(sample_token(&[0.0, 2.0, 2.0], 0.0, &mut rng).unwrap(), 1);
-    let err = sample_token(&[0.0], -1.0, &mut rng)
+    assert_eq!(
+        sample_token(&[0.0, 2.0, 2.0], &Sampling::with_temperature(0.0), &mut rng).unwrap(),
+        1
+    );
+    let err = sample_token(&[0.0], &Sampling::with_temperature(-1.0), &mut rng)
         .unwrap_err()
         .to_string();
     assert!(err.contains("temperature"), "{err}");
+}
+
+#[test]
+fn top_k_and_top_p_keep_only_the_most_likely_tokens_in_proportion() {
+    // Probabilities 1/10, 2/10, 3/10, 4/10.
+    let logits: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|p| p.ln()).collect();
+    let draws = |how: Sampling| {
+        let mut rng = SplitMix64::new(5);
+        let mut counts = [0usize; 4];
+        for _ in 0..7000 {
+            counts[sample_token(&logits, &how, &mut rng).unwrap() as usize] += 1;
+        }
+        counts.map(|c| c as f64 / 7000.0)
+    };
+    let plain = Sampling::with_temperature(1.0);
+    for (how, want) in [
+        (
+            Sampling { top_k: 2, ..plain },
+            [0.0, 0.0, 3.0 / 7.0, 4.0 / 7.0],
+        ),
+        // 0.4 + 0.3 reaches 0.65: the same two.
+        (
+            Sampling {
+                top_p: 0.65,
+                ..plain
+            },
+            [0.0, 0.0, 3.0 / 7.0, 4.0 / 7.0],
+        ),
+        (
+            Sampling {
+                top_p: 0.35,
+                ..plain
+            },
+            [0.0, 0.0, 0.0, 1.0],
+        ),
+        (
+            Sampling {
+                top_k: 3,
+                top_p: 0.99,
+                ..plain
+            },
+            [0.0, 2.0 / 9.0, 3.0 / 9.0, 4.0 / 9.0],
+        ),
+        (plain, [0.1, 0.2, 0.3, 0.4]),
+    ] {
+        let got = draws(how);
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 0.025, "{how:?}: {got:?} vs {want:?}");
+        }
+    }
+    let mut rng = SplitMix64::new(1);
+    let bad = Sampling {
+        top_p: 0.0,
+        ..plain
+    };
+    let err = sample_token(&logits, &bad, &mut rng)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("top-p"), "{err}");
 }
 
 #[test]
@@ -116,7 +221,15 @@ fn greedy_continues_a_learned_repetition() {
         "training on abcabc… should reach a low loss, got {last}"
     );
     let be = CpuBackend::single_thread();
-    let out = generate(r.stages(), &be, &bytes("abcab"), 7, 0.0, 0).unwrap();
+    let out = generate(
+        r.stages(),
+        &be,
+        &bytes("abcab"),
+        7,
+        &Sampling::with_temperature(0.0),
+        0,
+    )
+    .unwrap();
     let text = String::from_utf8(out.iter().map(|&t| t as u8).collect()).unwrap();
     assert!(
         text.starts_with("cabc"),

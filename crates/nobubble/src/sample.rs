@@ -3,8 +3,9 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use nobubble_nn::generate::generate_with;
+use nobubble_nn::generate::{generate_with, Sampling};
 use nobubble_nn::CpuBackend;
+use nobubble_runtime::checkpoint::hf;
 use nobubble_runtime::checkpoint_fs::load_resolved;
 use std::io::IsTerminal;
 use std::io::Write;
@@ -13,7 +14,8 @@ use std::path::PathBuf;
 /// Arguments of `sample`.
 #[derive(Args, Debug)]
 pub struct SampleArgs {
-    /// Checkpoint directory written by `nobubble train --save DIR`.
+    /// Checkpoint directory written by `nobubble train --save DIR`, or a Hugging Face model
+    /// directory (`config.json` + `model.safetensors`).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Text to continue; only its last seq-len bytes are the model's context.
@@ -25,7 +27,14 @@ pub struct SampleArgs {
     /// Sampling temperature; 0 picks the most likely byte every time (greedy).
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
-    /// Seed of the sampler: the same checkpoint, prompt, temperature and seed give the
+    /// Sample only among the K most likely bytes (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: only among the most likely bytes whose probabilities reach P
+    /// together (1 = all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same checkpoint, prompt, sampling settings and seed give the
     /// same text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -38,19 +47,34 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
             "--prompt must not be empty: the model needs at least one byte of context".into(),
         );
     }
+    let how = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+    };
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         return Err(format!(
             "--temperature must be 0 (greedy) or positive, got {}",
             a.temperature
         ));
     }
-    let (_, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
-    let stage = ckpt.build_model().map_err(|e| e.to_string())?;
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(format!("--top-p must be in (0, 1], got {}", a.top_p));
+    }
+    let (stage, origin) = if hf::is_model_dir(&a.checkpoint) {
+        let (_, stage) =
+            hf::build_model(&a.checkpoint, None).map_err(|e| format!("--checkpoint: {e}"))?;
+        (stage, "Hugging Face model".to_string())
+    } else {
+        let (_, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
+        let stage = ckpt.build_model().map_err(|e| e.to_string())?;
+        (stage, format!("checkpoint at step {}", ckpt.meta.step))
+    };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let m = &ckpt.meta.model;
+    let m = stage.config();
     eprintln!(
-        "nobubble sample: checkpoint at step {} ({} layers, h {}, context {} bytes), temperature {}, seed {}",
-        ckpt.meta.step, m.layers, m.hidden, m.seq_len, a.temperature, a.seed
+        "nobubble sample: {origin} ({} {} layers, h {}, context {} bytes), temperature {}, top-k {}, top-p {}, seed {}",
+        m.arch.name(), m.layers, m.hidden, m.seq_len, a.temperature, a.top_k, a.top_p, a.seed
     );
     let prompt: Vec<u32> = a.prompt.bytes().map(u32::from).collect();
     let be = CpuBackend::with_threads(threads);
@@ -82,7 +106,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         &be,
         &prompt,
         a.tokens,
-        a.temperature,
+        &how,
         a.seed,
         &mut |t| {
             bar.inc(1);

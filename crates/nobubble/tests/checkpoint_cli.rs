@@ -185,5 +185,33 @@ fn save_resume_and_sample() {
         e.contains("--temperature must be 0 (greedy) or positive"),
         "{e}"
     );
+    let e = fails(&[
+        "sample",
+        "--checkpoint",
+        c,
+        "--prompt",
+        "x",
+        "--top-p",
+        "1.5",
+    ]);
+    assert!(e.contains("--top-p must be in (0, 1]"), "{e}");
+    // Top-k 1 is greedy, whatever the temperature and seed.
+    let greedy = |extra: &[&str]| {
+        let mut a = vec![
+            "sample",
+            "--checkpoint",
+            c,
+            "--prompt",
+            "In the",
+            "--tokens",
+            "12",
+        ];
+        a.extend(extra);
+        ok(&a)
+    };
+    assert_eq!(
+        greedy(&["--temperature", "0"]),
+        greedy(&["--top-k", "1", "--temperature", "1.5", "--seed", "9"])
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p nobubble-nn --example train_reference -- [preset] [steps] [microbatches] [threads]`
 
-use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, ReferenceTrainer, TrainConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads: args.get(4).map(|s| s.parse()).transpose()?.unwrap_or(1),
         ..TrainConfig::default()
     };
-    let mut t = ReferenceTrainer::new(&model, &train, ByteCorpus::builtin(), &[model.layers])?;
+    let mut t = ReferenceTrainer::new(&model, &train, Corpus::builtin(), &[model.layers])?;
     let start = std::time::Instant::now();
     for _ in 0..steps {
         let r = t.train_step()?;

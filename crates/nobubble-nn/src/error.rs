@@ -31,6 +31,15 @@ pub enum NnError {
 }
 
 impl NnError {
+    /// The message alone, without the kind's prefix (for front ends that add their own
+    /// context, e.g. `--data: FILE:3: not valid JSON`).
+    pub fn message(&self) -> String {
+        match self {
+            NnError::BadInput(m) | NnError::Config(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+
     pub(crate) fn pass(layer: &str, microbatch: MicrobatchId, message: impl Into<String>) -> Self {
         NnError::PassOrder {
             layer: layer.to_string(),

@@ -36,7 +36,7 @@ mod testutil;
 
 pub use backend::{Backend, CpuBackend};
 pub use config::{GptConfig, StageLayout};
-pub use data::ByteCorpus;
+pub use data::Corpus;
 pub use error::{MicrobatchId, NnError, Result};
 pub use model::{
     build_stages, build_stages_where, split_model, split_model_v, Stage, StageInput, StageOutput,

@@ -3,14 +3,14 @@
 //! and the reference trainer's learning and determinism.
 
 use crate::config::{Arch, GptConfig, StageLayout};
-use crate::data::ByteCorpus;
+use crate::data::Corpus;
 use crate::model::{build_stages, split_model, split_model_v, Stage, StageInput};
 use crate::reference::{forward_loss, run_microbatch, ReferenceTrainer, TrainConfig};
 use crate::testutil::{central_difference, randomize};
 use crate::{NnError, Tensor};
 
 fn micro_data(cfg: &GptConfig, step: u64, mb: usize) -> crate::data::Microbatch {
-    ByteCorpus::builtin()
+    Corpus::builtin()
         .microbatch(3, step, mb, cfg.microbatch_size, cfg.seq_len)
         .unwrap()
 }
@@ -369,7 +369,7 @@ fn trainer(cfg: &GptConfig, split: &[usize], max_grad_norm: Option<f32>) -> Refe
         max_grad_norm,
         ..TrainConfig::default()
     };
-    ReferenceTrainer::new(cfg, &train, ByteCorpus::builtin(), split).unwrap()
+    ReferenceTrainer::new(cfg, &train, Corpus::builtin(), split).unwrap()
 }
 
 #[test]
@@ -426,7 +426,7 @@ fn more_threads_per_rank_do_not_change_a_bit_for(arch: Arch) {
             threads,
             ..TrainConfig::default()
         };
-        let mut t = ReferenceTrainer::new(&cfg, &train, ByteCorpus::builtin(), &[2]).unwrap();
+        let mut t = ReferenceTrainer::new(&cfg, &train, Corpus::builtin(), &[2]).unwrap();
         let losses: Vec<f32> = (0..3).map(|_| t.train_step().unwrap().loss).collect();
         (losses, all_params(t.stages()))
     };
@@ -513,7 +513,7 @@ fn a_pipelined_pass_order_reproduces_the_reference_for(arch: Arch) {
         max_grad_norm: Some(0.5),
         ..TrainConfig::default()
     };
-    let mut reference = ReferenceTrainer::new(&cfg, &train, ByteCorpus::builtin(), &split).unwrap();
+    let mut reference = ReferenceTrainer::new(&cfg, &train, Corpus::builtin(), &split).unwrap();
     let mut stages = build_stages(&cfg, train.seed, &split).unwrap();
     for s in &mut stages {
         s.set_loss_grad_scale(1.0 / m as f32);

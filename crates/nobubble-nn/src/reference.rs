@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::CpuBackend;
 use crate::config::GptConfig;
-use crate::data::{ByteCorpus, Microbatch};
+use crate::data::{Corpus, Microbatch};
 use crate::error::{NnError, Result};
 use crate::model::{build_stages, Stage, StageInput};
 use crate::optim::{clip_scale, grad_norm_sq, AdamW, AdamWConfig};
@@ -97,7 +97,7 @@ pub struct StepReport {
 pub struct ReferenceTrainer {
     stages: Vec<Stage>,
     optimizers: Vec<AdamW>,
-    corpus: ByteCorpus,
+    corpus: Corpus,
     model: GptConfig,
     train: TrainConfig,
     step: u64,
@@ -109,7 +109,7 @@ impl ReferenceTrainer {
     pub fn new(
         model: &GptConfig,
         train: &TrainConfig,
-        corpus: ByteCorpus,
+        corpus: Corpus,
         stage_blocks: &[usize],
     ) -> Result<Self> {
         if train.microbatches == 0 {

@@ -4,7 +4,7 @@
 use nobubble_nn::generate::{forward_logits, generate, next_token_logits, sample_token, Sampling};
 use nobubble_nn::param::SplitMix64;
 use nobubble_nn::reference::forward_loss;
-use nobubble_nn::{build_stages, ByteCorpus, CpuBackend, GptConfig, ReferenceTrainer, TrainConfig};
+use nobubble_nn::{build_stages, Corpus, CpuBackend, GptConfig, ReferenceTrainer, TrainConfig};
 
 fn bytes(s: &str) -> Vec<u32> {
     s.bytes().map(u32::from).collect()
@@ -37,7 +37,7 @@ fn inference_logits_give_the_training_loss_and_leave_no_state() {
         microbatches: 2,
         ..TrainConfig::default()
     };
-    let corpus = ByteCorpus::builtin().prefix(50_000).unwrap();
+    let corpus = Corpus::builtin().prefix(50_000).unwrap();
     let mut r = ReferenceTrainer::new(&model, &train, corpus, &[1, 2]).unwrap();
     for _ in 0..3 {
         r.train_step().unwrap();
@@ -210,7 +210,7 @@ fn greedy_continues_a_learned_repetition() {
         warmup_steps: 10,
         ..TrainConfig::default()
     };
-    let corpus = ByteCorpus::from_bytes("abc".repeat(500).into_bytes()).unwrap();
+    let corpus = Corpus::from_bytes("abc".repeat(500).into_bytes()).unwrap();
     let mut r = ReferenceTrainer::new(&model, &train, corpus, &[2]).unwrap();
     let mut last = f32::NAN;
     for _ in 0..150 {

@@ -9,7 +9,7 @@ use crate::error::{nearest_cause, RuntimeError};
 use crate::rank::Rank;
 use crate::transport::InProcess;
 use crate::worker::{RankStep, StepSummary};
-use nobubble_nn::ByteCorpus;
+use nobubble_nn::Corpus;
 use nobubble_schedule::Schedule;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -70,7 +70,7 @@ impl Pipeline {
     pub fn start(
         config: RunConfig,
         schedule: &Schedule,
-        corpus: ByteCorpus,
+        corpus: Corpus,
     ) -> Result<Pipeline, RuntimeError> {
         let eval = corpus.clone();
         Self::start_with_eval(config, schedule, corpus, eval)
@@ -80,8 +80,8 @@ impl Pipeline {
     pub fn start_with_eval(
         config: RunConfig,
         schedule: &Schedule,
-        corpus: ByteCorpus,
-        eval: ByteCorpus,
+        corpus: Corpus,
+        eval: Corpus,
     ) -> Result<Pipeline, RuntimeError> {
         let world = schedule.ranks * config.data_parallel.max(1);
         let (corpus, eval) = (Arc::new(corpus), Arc::new(eval));

@@ -13,7 +13,7 @@ use crate::worker::{
 };
 use nobubble_nn::config::block_counts;
 use nobubble_nn::optim::AdamW;
-use nobubble_nn::{build_stages_where, ByteCorpus, CpuBackend};
+use nobubble_nn::{build_stages_where, Corpus, CpuBackend};
 use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -123,8 +123,8 @@ impl Rank {
         config: &RunConfig,
         schedule: &Schedule,
         ctx: RankContext,
-        corpus: Arc<ByteCorpus>,
-        eval: Arc<ByteCorpus>,
+        corpus: Arc<Corpus>,
+        eval: Arc<Corpus>,
     ) -> Result<Rank, RuntimeError> {
         check_runnable(schedule, config.train.microbatches)?;
         if config.train.microbatches >= 1 << 24 {

@@ -10,7 +10,7 @@ use crate::rank::Rank;
 use crate::run::{Compute, RunConfig, StepRecord};
 use crate::worker::{MeasuredSlot, RankStep};
 use nobubble_nn::config::StageLayout;
-use nobubble_nn::{ByteCorpus, GptConfig};
+use nobubble_nn::{Corpus, GptConfig};
 use nobubble_schedule::flops;
 use nobubble_schedule::split::LayerCosts;
 use nobubble_schedule::validate::peak_memory;
@@ -157,8 +157,8 @@ impl Session {
     pub fn start(
         opts: SessionOptions,
         ctx: RankContext,
-        corpus: Arc<ByteCorpus>,
-        eval: Arc<ByteCorpus>,
+        corpus: Arc<Corpus>,
+        eval: Arc<Corpus>,
     ) -> Result<Session, RuntimeError> {
         opts.mem_limit
             .check(opts.ranks)

@@ -3,7 +3,7 @@
 
 mod common;
 use nobubble_nn::config::{block_counts, Arch};
-use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::{Compute, Pipeline, RunConfig};
 use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
 use std::time::Duration;
@@ -38,8 +38,8 @@ fn run_config(model: GptConfig, m: usize) -> RunConfig {
     }
 }
 
-fn corpus() -> ByteCorpus {
-    ByteCorpus::builtin().prefix(200_000).unwrap()
+fn corpus() -> Corpus {
+    Corpus::builtin().prefix(200_000).unwrap()
 }
 
 fn reference(

@@ -4,7 +4,7 @@
 //! save leaves the previous checkpoint loadable.
 
 use nobubble_nn::config::Arch;
-use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::checkpoint_fs::{load, previous_dir, save, staging_dir};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Checkpoint, Compute, Pipeline, RunConfig, TrainingState};
@@ -28,8 +28,8 @@ fn train() -> TrainConfig {
     }
 }
 
-fn corpus() -> ByteCorpus {
-    ByteCorpus::builtin().prefix(100_000).unwrap()
+fn corpus() -> Corpus {
+    Corpus::builtin().prefix(100_000).unwrap()
 }
 
 fn start_with(

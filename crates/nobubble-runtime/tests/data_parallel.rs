@@ -4,7 +4,7 @@
 
 mod common;
 use nobubble_nn::config::{block_counts, Arch};
-use nobubble_nn::{ByteCorpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, ReferenceTrainer, StageLayout, TrainConfig};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Compute, Fault, Pipeline, RunConfig};
 use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
@@ -26,8 +26,8 @@ fn train(m: usize, max_norm: f32) -> TrainConfig {
     }
 }
 
-fn corpus() -> ByteCorpus {
-    ByteCorpus::builtin().prefix(200_000).unwrap()
+fn corpus() -> Corpus {
+    Corpus::builtin().prefix(200_000).unwrap()
 }
 
 type Run = (Vec<(u32, u32, bool)>, Vec<(String, Vec<u32>)>);

@@ -1,7 +1,7 @@
 //! Measured activation memory equals the planner's prediction from measured bytes; faults
 //! stop the run with a clear error, fast.
 
-use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::{Compute, Fault, Pipeline, RunConfig, RuntimeError};
 use nobubble_schedule::validate::peak_memory;
 use nobubble_schedule::{
@@ -28,8 +28,8 @@ fn config(m: usize, fault: Option<Fault>, timeout: Duration) -> RunConfig {
     }
 }
 
-fn corpus() -> ByteCorpus {
-    ByteCorpus::builtin().prefix(100_000).unwrap()
+fn corpus() -> Corpus {
+    Corpus::builtin().prefix(100_000).unwrap()
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Post-validated optimizer steps: each rank steps optimistically, the full reduction
 //! decides afterwards. The result must equal the synchronous step.
 
-use nobubble_nn::{ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::worker::Rollback;
 use nobubble_runtime::{Compute, Fault, Pipeline, RunConfig};
 use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
@@ -43,7 +43,7 @@ fn run(post: Option<Rollback>, max_norm: f32, fault: Option<Fault>) -> Run {
     let mut p = Pipeline::start(
         config,
         &schedule,
-        ByteCorpus::builtin().prefix(100_000).unwrap(),
+        Corpus::builtin().prefix(100_000).unwrap(),
     )
     .unwrap();
     let recs: Vec<_> = (0..4).map(|_| p.train_step(&schedule).unwrap()).collect();
@@ -175,7 +175,7 @@ fn overlapped_post_validated_steps_redo_speculative_forwards_exactly() {
                 post_validate: post,
                 data_parallel: 1,
             };
-            let mut p = Pipeline::start(config, &schedule, ByteCorpus::builtin()).unwrap();
+            let mut p = Pipeline::start(config, &schedule, Corpus::builtin()).unwrap();
             let recs = p.train_steps_overlapped(&schedule, 3).unwrap();
             let w: Vec<Vec<u32>> = p
                 .params()

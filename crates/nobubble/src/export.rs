@@ -41,8 +41,13 @@ pub fn run(a: &ExportArgs) -> Result<(), String> {
     for f in &done.files {
         println!("{}", f.display());
     }
+    let ids = if ckpt.meta.tokenizer.is_some() {
+        "its tokenizer.json: PreTrainedTokenizerFast(tokenizer_file=…)"
+    } else {
+        "token ids are bytes: 0–255"
+    };
     eprintln!(
-        "load it with: AutoModelForCausalLM.from_pretrained(\"{}\") (token ids are bytes: 0–255)",
+        "load it with: AutoModelForCausalLM.from_pretrained(\"{}\") ({ids})",
         a.out.display()
     );
     Ok(())

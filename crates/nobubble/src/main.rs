@@ -9,6 +9,7 @@ mod compare;
 mod costs;
 mod export;
 mod forecast;
+mod model_source;
 mod output;
 mod plan;
 mod progress;

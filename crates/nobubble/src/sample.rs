@@ -3,10 +3,9 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use nobubble_nn::data::Codec;
 use nobubble_nn::generate::{generate_with, Sampling};
 use nobubble_nn::CpuBackend;
-use nobubble_runtime::checkpoint::hf;
-use nobubble_runtime::checkpoint_fs::load_resolved;
 use std::io::IsTerminal;
 use std::io::Write;
 use std::path::PathBuf;
@@ -61,22 +60,34 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         return Err(format!("--top-p must be in (0, 1], got {}", a.top_p));
     }
-    let (stage, origin) = if hf::is_model_dir(&a.checkpoint) {
-        let (_, stage) =
-            hf::build_model(&a.checkpoint, None).map_err(|e| format!("--checkpoint: {e}"))?;
-        (stage, "Hugging Face model".to_string())
-    } else {
-        let (_, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
-        let stage = ckpt.build_model().map_err(|e| e.to_string())?;
-        (stage, format!("checkpoint at step {}", ckpt.meta.step))
-    };
+    let model = crate::model_source::open(&a.checkpoint, None)?;
+    let stage = model.stage;
+    let origin = model.origin;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let m = stage.config();
     eprintln!(
-        "nobubble sample: {origin} ({} {} layers, h {}, context {} bytes), temperature {}, top-k {}, top-p {}, seed {}",
-        m.arch.name(), m.layers, m.hidden, m.seq_len, a.temperature, a.top_k, a.top_p, a.seed
+        "nobubble sample: {origin} ({} {} layers, h {}, context {} tokens, {}), temperature {}, top-k {}, top-p {}, seed {}",
+        m.arch.name(),
+        m.layers,
+        m.hidden,
+        m.seq_len,
+        if model.codec.is_bytes() { "bytes" } else { "BPE tokenizer" },
+        a.temperature,
+        a.top_k,
+        a.top_p,
+        a.seed
     );
-    let prompt: Vec<u32> = a.prompt.bytes().map(u32::from).collect();
+    let prompt = model.codec.encode(&a.prompt).map_err(|e| e.message())?;
+    if prompt.is_empty() {
+        return Err("--prompt encodes to no tokens".into());
+    }
+    let vocab = stage.config().vocab;
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(format!(
+            "--prompt holds id {t}, outside the model's vocabulary of {vocab} (is this the \
+             model's tokenizer?)"
+        ));
+    }
     let be = CpuBackend::with_threads(threads);
     // The bytes are streamed as they come; a progress bar on stderr only when stdout goes
     // elsewhere (a file, a pipe) and stderr is a terminal.
@@ -101,6 +112,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         .map_err(write_failed)?;
     let mut io_error = None;
     let mut pending = Vec::new();
+    let (mut generated, mut shown) = (Vec::new(), 0);
     let streamed = generate_with(
         std::slice::from_ref(&stage),
         &be,
@@ -110,8 +122,15 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         a.seed,
         &mut |t| {
             bar.inc(1);
-            pending.push(t as u8);
-            let text = take_decoded(&mut pending, false);
+            let text = match &model.codec {
+                Codec::Bytes => {
+                    if t < 256 {
+                        pending.push(t as u8);
+                    }
+                    take_decoded(&mut pending, false)
+                }
+                codec => bpe_text(codec, &mut generated, &mut shown, t)?,
+            };
             stdout
                 .write_all(text.as_bytes())
                 .and_then(|_| stdout.flush())
@@ -131,6 +150,24 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
     writeln!(stdout, "{rest}")
         .and_then(|_| stdout.flush())
         .map_err(write_failed)
+}
+
+/// The text a BPE token adds: all generated ids decoded again, less what was shown, held back
+/// while it ends in an incomplete character (shown as U+FFFD until its last byte comes).
+fn bpe_text(
+    codec: &Codec,
+    generated: &mut Vec<u32>,
+    shown: &mut usize,
+    t: u32,
+) -> nobubble_nn::Result<String> {
+    generated.push(t);
+    let text = codec.decode(generated)?;
+    if text.ends_with(char::REPLACEMENT_CHARACTER) || !text.is_char_boundary(*shown) {
+        return Ok(String::new());
+    }
+    let new = text[*shown..].to_string();
+    *shown = text.len();
+    Ok(new)
 }
 
 /// Takes what of `pending` decodes as UTF-8 now: complete characters, and U+FFFD for each

@@ -6,7 +6,6 @@ use clap::Args;
 use nobubble_nn::generate::forward_logits;
 use nobubble_nn::{CpuBackend, Stage, Tensor};
 use nobubble_runtime::checkpoint::hf;
-use nobubble_runtime::checkpoint_fs::load_resolved;
 use std::path::PathBuf;
 
 /// Arguments of `score`.
@@ -16,7 +15,8 @@ pub struct ScoreArgs {
     /// (`config.json` + `model.safetensors`).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The text to score (its bytes are the token ids).
+    /// The text to score (tokenized by the model's tokenizer; without one its bytes are the
+    /// ids).
     #[arg(long, conflicts_with = "file", required_unless_present = "file")]
     pub text: Option<String>,
     /// A file whose bytes to score.
@@ -25,7 +25,7 @@ pub struct ScoreArgs {
     /// Window length for a Hugging Face model [default: its max_position_embeddings].
     #[arg(long)]
     pub seq_len: Option<usize>,
-    /// Write the logits `[tokens − 1, vocab]` (row r predicts byte r + 1) to this
+    /// Write the logits `[tokens − 1, vocab]` (row r predicts token r + 1) to this
     /// safetensors file, as tensor `logits`.
     #[arg(long)]
     pub logits: Option<PathBuf>,
@@ -43,30 +43,27 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
         }
         (None, None) => return Err("give --text or --file".into()),
     };
-    if bytes.len() < 2 {
-        return Err("the text needs at least 2 bytes: one to predict from, one to predict".into());
-    }
-    let stage = if hf::is_model_dir(&a.checkpoint) {
-        hf::build_model(&a.checkpoint, a.seq_len)
-            .map_err(|e| format!("--checkpoint: {e}"))?
-            .1
+    let model = crate::model_source::open(&a.checkpoint, a.seq_len)?;
+    let stage = model.stage;
+    let text = String::from_utf8_lossy(&bytes);
+    let ids = if model.codec.is_bytes() {
+        bytes.iter().map(|&b| b as u32).collect()
     } else {
-        if a.seq_len.is_some() {
-            return Err("--seq-len is for Hugging Face models; a checkpoint has its own".into());
-        }
-        let (_, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("--checkpoint: {e}"))?;
-        ckpt.build_model().map_err(|e| e.to_string())?
+        model.codec.encode(&text).map_err(|e| e.message())?
     };
+    if ids.len() < 2 {
+        return Err("the text needs at least 2 tokens: one to predict from, one to predict".into());
+    }
     let vocab = stage.config().vocab;
-    if let Some(b) = bytes.iter().find(|&&b| b as usize >= vocab) {
+    if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(format!(
-            "the text holds byte {b}, outside the model's vocabulary of {vocab} ids"
+            "the text holds id {t}, outside the model's vocabulary of {vocab} ids"
         ));
     }
-    let inputs: Vec<u32> = bytes[..bytes.len() - 1].iter().map(|&b| b as u32).collect();
-    let targets: Vec<u32> = bytes[1..].iter().map(|&b| b as u32).collect();
-    let logits = window_logits(&stage, &inputs)?;
-    let loss = mean_cross_entropy(&logits, &targets);
+    let inputs = &ids[..ids.len() - 1];
+    let targets = &ids[1..];
+    let logits = window_logits(&stage, inputs)?;
+    let loss = mean_cross_entropy(&logits, targets);
     if let Some(path) = &a.logits {
         hf::write_tensors(path, &[("logits", &logits)]).map_err(|e| e.to_string())?;
     }
@@ -79,7 +76,7 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
         println!("{out}");
     } else {
         println!(
-            "{} tokens: loss {loss:.4} nats/byte, perplexity {:.3}",
+            "{} tokens: loss {loss:.4} nats/token, perplexity {:.3}",
             targets.len(),
             loss.exp()
         );

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 const CONFIG: &str = "config.json";
 const WEIGHTS: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
+const TOKENIZER: &str = "tokenizer.json";
 
 /// Whether `dir` looks like a Hugging Face model directory (a `config.json`, and no
 /// nobubble `checkpoint.json`).
@@ -173,6 +174,17 @@ pub fn write_tensors(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<(), Run
     std::fs::rename(&tmp, path).map_err(|e| io_err("rename into", path, e))
 }
 
+/// The `tokenizer.json` of the model directory `dir`, if it has one.
+pub fn read_tokenizer(dir: &Path) -> Result<Option<String>, RuntimeError> {
+    let path = dir.join(TOKENIZER);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    std::fs::read_to_string(&path)
+        .map(Some)
+        .map_err(|e| io_err("read", &path, e))
+}
+
 /// What [`export`] wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Exported {
@@ -182,7 +194,8 @@ pub struct Exported {
     pub parameters: usize,
 }
 
-/// Writes `ckpt`'s weights to `dir` as a Hugging Face Llama model directory. `dir` may be
+/// Writes `ckpt`'s weights to `dir` as a Hugging Face Llama model directory, with its
+/// `tokenizer.json` if the checkpoint has one. `dir` may be
 /// missing or empty; a directory already holding `config.json` or `model.safetensors` is
 /// replaced only with `overwrite`, and one holding anything else is refused (nothing a user
 /// has is lost). Each file is written to a temporary name and renamed into place.
@@ -196,7 +209,7 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
         for entry in entries {
             let name = entry.map_err(|e| io_err("read", dir, e))?.file_name();
             let name = name.to_string_lossy();
-            let ours = name == CONFIG || name == WEIGHTS;
+            let ours = name == CONFIG || name == WEIGHTS || name == TOKENIZER;
             if !ours {
                 return Err(RuntimeError::io(
                     dir,
@@ -227,7 +240,20 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
     )?;
     let text = serde_json::to_vec_pretty(&json).expect("JSON values serialize");
     let mut files = Vec::new();
-    for (name, bytes) in [(CONFIG, text), (WEIGHTS, weights)] {
+    let tokenizer = ckpt
+        .meta
+        .tokenizer
+        .as_ref()
+        .map(|t| (TOKENIZER, t.as_bytes().to_vec()));
+    let stale = dir.join(TOKENIZER);
+    if tokenizer.is_none() && stale.exists() {
+        // A model exported before with a tokenizer: this one has none (bytes).
+        std::fs::remove_file(&stale).map_err(|e| io_err("remove", &stale, e))?;
+    }
+    for (name, bytes) in [(CONFIG, text), (WEIGHTS, weights)]
+        .into_iter()
+        .chain(tokenizer)
+    {
         let tmp = dir.join(format!(".{name}.partial"));
         write_synced(&tmp, &bytes)?;
         let path = dir.join(name);

@@ -23,7 +23,7 @@ pub(crate) use state::{assemble, export_engine, extra_params, import_engine, loa
 pub(crate) use wire::{decode_parts, decode_state, encode_parts, encode_state};
 
 use crate::error::RuntimeError;
-use nobubble_nn::{AdamWConfig, AdamWState, ByteCorpus, GptConfig, Stage, Tensor, TrainConfig};
+use nobubble_nn::{AdamWConfig, AdamWState, Corpus, GptConfig, Stage, Tensor, TrainConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -81,6 +81,9 @@ pub struct CheckpointMeta {
     /// checkpoints written before nobubble recorded them: those load unverified).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub files: BTreeMap<String, FileSum>,
+    /// The `tokenizer.json` the run's data was tokenized with (`None`: bytes are the ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
 }
 
 /// A file's size and SHA-256, hex.
@@ -106,11 +109,16 @@ impl CheckpointMeta {
 
 /// Length and FNV-1a hash of a corpus: cheap, and enough to notice that a resumed run
 /// reads other text than the run it continues.
-pub fn corpus_fingerprint(corpus: &ByteCorpus) -> String {
+pub fn corpus_fingerprint(corpus: &Corpus) -> String {
+    let unit = if corpus.bytes().is_some() {
+        "bytes"
+    } else {
+        "tokens"
+    };
     format!(
-        "{} bytes, fnv1a {:016x}",
+        "{} {unit}, fnv1a {:016x}",
         corpus.len(),
-        nobubble_nn::param::fnv1a(corpus.bytes())
+        corpus.content_hash()
     )
 }
 
@@ -149,14 +157,21 @@ impl Checkpoint {
                 parameters: state.params.len(),
                 saved_from: saved_from.into(),
                 data: None,
+                tokenizer: None,
                 files: BTreeMap::new(),
             },
             state,
         }
     }
 
-    /// Records the training text's fingerprint ([`corpus_fingerprint`]).
-    pub fn with_data(mut self, corpus: &ByteCorpus) -> Self {
+    /// Records the tokenizer's `tokenizer.json` (sampling, scoring and export use it).
+    pub fn with_tokenizer(mut self, tokenizer: Option<&str>) -> Self {
+        self.meta.tokenizer = tokenizer.map(str::to_string);
+        self
+    }
+
+    /// Records the training data's fingerprint ([`corpus_fingerprint`]).
+    pub fn with_data(mut self, corpus: &Corpus) -> Self {
         self.meta.data = Some(corpus_fingerprint(corpus));
         self
     }

@@ -170,6 +170,14 @@ fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
     sync_dir(run)
 }
 
+/// The `tokenizer.json` recorded in the checkpoint at `dir` (a run or step directory), read
+/// from its `checkpoint.json` alone; `None` if it has none or cannot be read (the full load
+/// reports that).
+pub fn peek_tokenizer(dir: &Path) -> Option<String> {
+    let meta = super::fs::meta_json(&resolve(dir).ok()?)?;
+    meta.get("tokenizer")?.as_str().map(str::to_string)
+}
+
 /// The checkpoint directory `dir` names: `dir` itself when it is one (a step directory, or
 /// the single-directory layout), else the step `dir/latest` points to.
 pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {

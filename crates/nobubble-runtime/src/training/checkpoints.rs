@@ -146,7 +146,8 @@ impl TrainingRun<'_, '_> {
                 from.push_str(&format!(", {d} data-parallel replicas"));
             }
             let ckpt = Checkpoint::new(state, &job.session.run.model, &global_train(job), &from)
-                .with_data(&job.corpus);
+                .with_data(&job.corpus)
+                .with_tokenizer(job.tokenizer.as_deref());
             match checkpoint_fs::save_run(dir, &ckpt, job.keep_last) {
                 Ok(at) => self.note(&format!(
                     "saved checkpoint at step {step} to {}",

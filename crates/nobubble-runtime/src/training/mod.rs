@@ -26,7 +26,7 @@ use crate::run::StepRecord;
 use crate::session::{Plan, Session, SessionOptions};
 use crate::worker::{CommStats, RankStep, StepSummary};
 use nobubble_nn::config::StageLayout;
-use nobubble_nn::ByteCorpus;
+use nobubble_nn::Corpus;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,10 +56,13 @@ pub struct TrainJob {
     /// Start from the weights of this Hugging Face model directory (step 0, fresh optimizer
     /// state; the model config must be the directory's, see `checkpoint::hf::read_config`).
     pub init_from: Option<PathBuf>,
-    /// Training text.
-    pub corpus: Arc<ByteCorpus>,
+    /// Training data.
+    pub corpus: Arc<Corpus>,
+    /// The `tokenizer.json` the data was tokenized with (saved with every checkpoint);
+    /// `None`: bytes are the token ids.
+    pub tokenizer: Option<String>,
     /// Held-out text.
-    pub eval: Arc<ByteCorpus>,
+    pub eval: Arc<Corpus>,
     /// Set (to the signal's number) to ask the job to stop: rank 0's value is read between
     /// steps and agreed by every rank, so all stop after the same step. `None`: never asked.
     pub stop: Option<Arc<AtomicUsize>>,

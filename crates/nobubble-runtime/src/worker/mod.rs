@@ -19,7 +19,7 @@ use crate::launch::RankContext;
 use crate::run::RunConfig;
 use crate::transport::{Key, Message, Transport};
 use nobubble_nn::optim::{AdamW, AdamWSnapshot};
-use nobubble_nn::{ByteCorpus, GptConfig, Stage, TrainConfig};
+use nobubble_nn::{Corpus, GptConfig, Stage, TrainConfig};
 use nobubble_schedule::{Action, CostModel};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -187,9 +187,9 @@ pub(crate) struct Worker {
     /// Set when another in-process rank failed: every wait gives up.
     abort: Arc<AtomicBool>,
     recv_timeout: Duration,
-    corpus: Arc<ByteCorpus>,
+    corpus: Arc<Corpus>,
     /// Held-out text for evaluation steps.
-    eval_corpus: Arc<ByteCorpus>,
+    eval_corpus: Arc<Corpus>,
     model: GptConfig,
     train: TrainConfig,
     fault: Option<Fault>,
@@ -218,8 +218,8 @@ pub(crate) struct WorkerSetup<'a> {
     pub layout: Layout,
     pub latency: Latency,
     pub ctx: RankContext,
-    pub corpus: Arc<ByteCorpus>,
-    pub eval_corpus: Arc<ByteCorpus>,
+    pub corpus: Arc<Corpus>,
+    pub eval_corpus: Arc<Corpus>,
 }
 
 impl Worker {

@@ -2,7 +2,7 @@
 //! on 8–16 ranks, and real compute on 2 ranks.
 
 use clap::Args;
-use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_nn::{AdamWConfig, Corpus, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::training::{self, TrainJob, TrainReport};
 use nobubble_runtime::{launch, median_pass_ms, Compute, RunConfig, SessionOptions, StepRecord};
 use nobubble_schedule::{
@@ -87,8 +87,9 @@ fn train(
         keep_last: 0,
         resume: None,
         init_from: None,
-        corpus: Arc::new(ByteCorpus::builtin()),
-        eval: Arc::new(ByteCorpus::builtin()),
+        tokenizer: None,
+        corpus: Arc::new(Corpus::builtin()),
+        eval: Arc::new(Corpus::builtin()),
         stop: None,
         max_nan_steps: 0,
         overwrite: false,

@@ -3,13 +3,14 @@
 //! (`mpirun -np N nobubble train …`) — runs [`nobubble_runtime::training::run`] on each, and
 //! prints rank 0's progress and report.
 
+pub mod data;
 pub mod report;
 pub mod watch;
 
 use crate::train::watch::{Watch, WatchOptions};
 use clap::Args;
 use nobubble_nn::config::Arch;
-use nobubble_nn::{AdamWConfig, ByteCorpus, GptConfig, StageLayout, TrainConfig};
+use nobubble_nn::{AdamWConfig, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch::{self, RankContext};
 use nobubble_runtime::metrics::{model_flops_per_step, Metrics, MetricsServer};
 #[cfg(feature = "mpi")]
@@ -74,9 +75,19 @@ pub struct TrainArgs {
     pub rope_theta: f32,
     #[command(flatten)]
     pub shape: crate::costs::ModelShapeArgs,
-    /// Training text (any UTF-8 file); default: the built-in King James Bible excerpt.
+    /// Training data: a text file, a directory of files, or JSON lines with a "text" field
+    /// (.jsonl); documents are tokenized, each ended by an end-of-text token, and packed into
+    /// windows; the last tenth is held out [default: the built-in King James Bible excerpt].
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// BPE tokenizer: a tokenizer.json (Hugging Face's format) [default: bytes are the ids;
+    /// on --resume the checkpoint's; with --init-from DIR, DIR/tokenizer.json if present].
+    #[arg(long, conflicts_with = "train_tokenizer")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE tokenizer of this many ids on the training data at start (saved
+    /// with the checkpoints).
+    #[arg(long)]
+    pub train_tokenizer: Option<usize>,
     /// Optimizer steps.
     #[arg(long, default_value_t = 150)]
     pub steps: u64,
@@ -285,27 +296,6 @@ fn checked_size(m: GptConfig) -> Result<GptConfig, String> {
     Ok(m)
 }
 
-/// Splits the text: the last tenth is held out for the validation loss.
-fn corpora(a: &TrainArgs, m: &GptConfig) -> Result<(ByteCorpus, ByteCorpus), String> {
-    let bytes = match &a.data {
-        Some(path) => std::fs::read(path)
-            .map_err(|e| format!("cannot read --data {}: {e}", path.display()))?,
-        None => ByteCorpus::builtin().bytes().to_vec(),
-    };
-    let min = 10 * (m.seq_len + 1);
-    if bytes.len() < min {
-        return Err(format!(
-            "the training text has {} bytes; with --seq-len {} it needs at least {min}",
-            bytes.len(),
-            m.seq_len
-        ));
-    }
-    let cut = bytes.len() - bytes.len() / 10;
-    let train = ByteCorpus::from_bytes(bytes[..cut].to_vec()).map_err(|e| e.to_string())?;
-    let eval = ByteCorpus::from_bytes(bytes[cut..].to_vec()).map_err(|e| e.to_string())?;
-    Ok((train, eval))
-}
-
 /// The job the flags describe, checked before anything starts.
 fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     let (kind, file) = schedule_choice(a)?;
@@ -324,8 +314,10 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             stages, a.data_parallel
         ));
     }
-    let model = model_config(a)?;
-    let (corpus, eval) = corpora(a, &model)?;
+    let mut model = model_config(a)?;
+    let data = data::load(a, &mut model)?;
+    let model = checked_size(model)?;
+    eprintln!("{}", data.description);
     let emulated = match a.compute.as_str() {
         "emulated" => {
             let t: Vec<f64> = a
@@ -505,8 +497,9 @@ fn job(a: &TrainArgs) -> Result<TrainJob, String> {
         keep_last: a.keep_last,
         resume: a.resume.clone(),
         init_from: a.init_from.clone(),
-        corpus: Arc::new(corpus),
-        eval: Arc::new(eval),
+        corpus: Arc::new(data.corpus),
+        eval: Arc::new(data.eval),
+        tokenizer: data.tokenizer,
         stop: None,
         max_nan_steps: a.max_nan_steps,
         overwrite: a.overwrite,
@@ -739,7 +732,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Gpt => format!("{} heads", model.heads),
     };
     eprintln!(
-        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} bytes, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
+        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
         job.session.ranks,
         job.session.run.train.threads,
         if job.session.run.train.threads == 1 { "" } else { "s" },

@@ -122,14 +122,13 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         a.seed,
         &mut |t| {
             bar.inc(1);
-            let text = match &model.codec {
-                Codec::Bytes => {
-                    if t < 256 {
-                        pending.push(t as u8);
-                    }
-                    take_decoded(&mut pending, false)
+            let text = if model.codec.is_bytes() {
+                if t < 256 {
+                    pending.push(t as u8);
                 }
-                codec => bpe_text(codec, &mut generated, &mut shown, t)?,
+                take_decoded(&mut pending, false)
+            } else {
+                bpe_text(&model.codec, &mut generated, &mut shown, t)?
             };
             stdout
                 .write_all(text.as_bytes())

@@ -20,6 +20,7 @@ pub struct TrainingData {
 }
 
 /// Where a tokenizer comes from.
+#[cfg_attr(not(feature = "tokenizers"), allow(dead_code))]
 enum TokenizerSource {
     /// Bytes are the ids.
     Bytes,
@@ -85,7 +86,7 @@ pub fn load(a: &TrainArgs, model: &mut GptConfig) -> Result<TrainingData, String
     if let Some(path) = &a.data {
         if !path.exists() {
             return Err(format!(
-                "--data {}: no such file or directory",
+                "cannot read --data {}: no such file or directory",
                 path.display()
             ));
         }

@@ -164,6 +164,6 @@ fn what_cannot_be_exported_or_initialized_from_is_refused_naming_the_problem() {
     assert!(err.contains("config.json"), "{err}");
 
     let err = fails(&["score", "--checkpoint", s(&llama), "--text", "a"]);
-    assert!(err.contains("at least 2 bytes"), "{err}");
+    assert!(err.contains("at least 2 tokens"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }

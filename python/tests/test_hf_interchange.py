@@ -112,3 +112,23 @@ def test_train_init_from_a_transformers_llama_starts_from_its_weights(tmp_path: 
     theirs, _ = transformers_logits(again)
     ours, _ = nobubble_logits(tmp_path / "run", tmp_path)
     assert np.abs(ours - theirs).max() < 1e-4
+
+
+def test_a_model_trained_with_a_bpe_tokenizer_exports_both_for_transformers(tmp_path: Path):
+    run, hf = tmp_path / "run", tmp_path / "hf"
+    nobubble("train", "--model", "micro", "--arch", "llama", "--seq-len", "48",
+             "--train-tokenizer", "400", "--steps", "4", "--eval-sets", "0",
+             "--save", str(run))  # fmt: skip
+    nobubble("export", str(run), str(hf))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf / "tokenizer.json"))
+    assert len(tokenizer) == 400
+    ids = tokenizer.encode(TEXT.decode())
+    assert tokenizer.decode(ids) == TEXT.decode()
+    assert len(ids) < len(TEXT), "merges learned"
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    assert model.config.vocab_size == 400
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids[:-1]])).logits[0].numpy()
+    ours, _ = nobubble_logits(run, tmp_path)
+    assert ours.shape == theirs.shape == (len(ids) - 1, 400)
+    assert np.abs(ours - theirs).max() < 1e-4

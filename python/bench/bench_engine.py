@@ -1,10 +1,11 @@
 """nobubble's own engine and runtime against PyTorch, side by side, alternating, in one run.
 
-    python python/bench/bench_engine.py [--rounds 3] [--steps 8] [--nobubble PATH]
+    python python/bench/bench_engine.py [--arch gpt|llama] [--rounds 3] [--steps 8]
 
 The workload (the PyTorch comparison's): a byte-level GPT, 4 blocks, hidden 256, 4 heads,
-sequence 128, 8 microbatches of 8 sequences per step (8192 tokens), fp32, AdamW. Each round
-runs, in a rotated order:
+sequence 128, 8 microbatches of 8 sequences per step (8192 tokens), fp32, AdamW; with
+``--arch llama`` the same shape with Llama blocks (RMSNorm, rotary positions, SwiGLU of width
+704, 2 K/V heads, no biases) on both sides. Each round runs, in a rotated order:
 
 - ``nobubble train`` on 2 ranks × 1 thread under zb-auto (the default), zb-v and 1f1b; zb-auto
   again with ``NOBUBBLE_SIMD=avx2`` (the AVX2 kernels on the same CPU); and 1 rank × 2 threads
@@ -46,10 +47,13 @@ NATIVE = {
 }
 
 
-def native_step_ms(binary: str, args: list[str], env: dict[str, str], steps: int) -> float:
+def native_step_ms(
+    binary: str, arch: str, args: list[str], env: dict[str, str], steps: int
+) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
-        cmd = [binary, "train", *MODEL, *args, "--steps", str(steps), "--warmup", "2"]
+        cmd = [binary, "train", *MODEL, "--arch", arch, *args, "--steps", str(steps)]
+        cmd += ["--warmup", "2"]
         cmd += ["--threads-per-rank", "1"] if "--threads-per-rank" not in args else []
         cmd += ["--eval-sets", "1", "--log", str(log)]
         done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
@@ -59,14 +63,14 @@ def native_step_ms(binary: str, args: list[str], env: dict[str, str], steps: int
     return statistics.median(r["step_seconds"] for r in rows[3:]) * 1e3
 
 
-def torch_single_step_ms(steps: int) -> float:
+def torch_single_step_ms(arch: str, steps: int) -> float:
     """PyTorch in this process's child: 2 threads, the whole batch at once."""
     code = f"""
 import statistics, time, torch
 from torch import nn
 from nobubble.torch.models import SAMPLE_TEXT, GPTConfig, byte_batches, gpt_layers, lm_loss
 torch.set_num_threads(2)
-cfg = GPTConfig(vocab=256, hidden=256, heads=4, blocks=4, seq_len=128)
+cfg = GPTConfig(vocab=256, hidden=256, heads=4, blocks=4, seq_len=128, arch="{arch}")
 model = nn.Sequential(*gpt_layers(cfg, seed=0))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 batches = byte_batches(SAMPLE_TEXT, 64, 128, 4, seed=2)
@@ -86,10 +90,11 @@ print(statistics.median(times[3:]) * 1e3)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def torch_pipeline_step_ms() -> dict[str, float]:
+def torch_pipeline_step_ms(arch: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "torch.jsonl"
         cmd = [sys.executable, str(ROOT / "python/bench/bench_torch.py"), "--variants", "uniform"]
+        cmd += ["--arch", arch]
         cmd += ["--rounds", "1", "--steps", "3", "--skip-planned-cut", "--json", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0:
@@ -101,6 +106,7 @@ def torch_pipeline_step_ms() -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="gpt", choices=["gpt", "llama"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="steps per nobubble run")
     parser.add_argument("--nobubble", default=str(ROOT / "target/release/nobubble"))
@@ -110,16 +116,18 @@ def main() -> None:
         sys.exit("--steps must be at least 5 (the first 3 are warm-up) and --rounds at least 1")
     if not Path(args.nobubble).exists():
         sys.exit(f"{args.nobubble} does not exist; build it with `cargo build --release`")
-    jobs = [(name, lambda a=a, e=e: native_step_ms(args.nobubble, a, e, args.steps))
+    jobs = [(name, lambda a=a, e=e: native_step_ms(args.nobubble, args.arch, a, e, args.steps))
             for name, (a, e) in NATIVE.items()]  # fmt: skip
-    jobs.append(("PyTorch 1 process × 2 threads", lambda: torch_single_step_ms(args.steps + 3)))
+    jobs.append(
+        ("PyTorch 1 process × 2 threads", lambda: torch_single_step_ms(args.arch, args.steps + 3))
+    )
     jobs.append(("torch pipeline", None))
     times: dict[str, list[float]] = {}
     for r in range(args.rounds):
         order = jobs[r % len(jobs) :] + jobs[: r % len(jobs)]
         for name, job in order:
             start = time.perf_counter()
-            results = torch_pipeline_step_ms() if job is None else {name: job()}
+            results = torch_pipeline_step_ms(args.arch) if job is None else {name: job()}
             for k, v in results.items():
                 times.setdefault(k, []).append(v)
             took = time.perf_counter() - start

@@ -3,7 +3,8 @@
     python python/bench/bench_torch.py                 # spawns 2 ranks itself
     torchrun --nproc-per-node 2 python/bench/bench_torch.py
 
-The workload: a byte-level GPT (4 blocks, hidden 256, 4 heads, sequence 128), microbatches of
+The workload: a byte-level GPT (4 blocks, hidden 256, 4 heads, sequence 128; ``--arch llama``:
+Llama blocks, 2 K/V heads, SwiGLU of width 704), microbatches of
 8 sequences, 8 microbatches per step, fp32, AdamW, 2 ranks of 1 thread each (CPU, gloo).
 The model is cut into 4 chunks (embedding + block 0, block 1, block 2, block 3 + head) and
 the same chunks run under
@@ -262,7 +263,9 @@ def worker(rank: int, world: int, store: str | None, args: argparse.Namespace) -
     try:
         for variant in args.variants.split(","):
             vocab = 256 if variant == "uniform" else args.hetero_vocab
-            cfg = GPTConfig(vocab=vocab, hidden=256, heads=4, blocks=4, seq_len=args.seq_len)
+            cfg = GPTConfig(
+                vocab=vocab, hidden=256, heads=4, blocks=4, seq_len=args.seq_len, arch=args.arch
+            )
             run_variant(variant, cfg, args, rank)
     finally:
         dist.destroy_process_group()
@@ -271,6 +274,9 @@ def worker(rank: int, world: int, store: str | None, args: argparse.Namespace) -
 def main() -> None:
     parser = argparse.ArgumentParser(description="nobubble vs PyTorch pipeline schedules")
     parser.add_argument("--variants", default="uniform,hetero")
+    parser.add_argument(
+        "--arch", default="gpt", choices=["gpt", "llama"], help="GPT blocks or Llama blocks"
+    )
     parser.add_argument("--hetero-vocab", type=int, default=32000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="steps per schedule per round")

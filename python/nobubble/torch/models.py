@@ -1,8 +1,10 @@
-"""A small byte-level GPT cut into layers, for tests, benchmarks and trying things out.
+"""A small byte-level GPT or Llama cut into layers, for tests, benchmarks and trying things out.
 
 Deterministic from a seed, no downloads, no dropout (so pipelined and unpipelined runs can
 be compared bit for bit). ``gpt_layers`` returns the model as a list of layers in order
-(embedding, blocks, head) to cut with :func:`nobubble.torch.split_layers`.
+(embedding, blocks, head) to cut with :func:`nobubble.torch.split_layers`. With
+``arch="llama"`` the blocks are Llama's (RMSNorm, rotary positions, SwiGLU, grouped-query
+attention, no biases), the shape of nobubble's ``train --arch llama``.
 """
 
 from __future__ import annotations
@@ -21,19 +23,77 @@ class GPTConfig:
     heads: int = 4
     blocks: int = 4
     seq_len: int = 32
+    #: "gpt" or "llama".
+    arch: str = "gpt"
+    #: Llama: K/V heads (None: half the heads, as nobubble's default).
+    kv_heads: int | None = None
+    #: Llama: rotary base.
+    rope_theta: float = 10_000.0
+
+    @property
+    def ffn(self) -> int:
+        """MLP width: 4h for GPT; 8h/3 rounded up to 32 for Llama (nobubble's default)."""
+        if self.arch == "llama":
+            thirds = (8 * self.hidden + 2) // 3  # ⌈8h/3⌉
+            return (thirds + 31) // 32 * 32
+        return 4 * self.hidden
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or (self.heads // 2 if self.heads % 2 == 0 else self.heads)
 
 
 class Embedding(nn.Module):
-    """Token plus learned position embedding: byte ids (B, S) → activations (B, S, H)."""
+    """Token plus (GPT) learned position embedding: byte ids (B, S) → activations (B, S, H)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.arch == "gpt" else None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.pos is None:
+            return self.tok(ids)
         positions = torch.arange(ids.shape[1], device=ids.device)
         return self.tok(ids) + self.pos(positions)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions, pairs (j, j + d/2) of each head (transformers' rotate_half)."""
+    lo, hi = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-hi, lo), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """Llama block: RMSNorm, rotary grouped-query attention, SwiGLU MLP, no biases."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden, cfg.hidden // cfg.heads
+        self.heads, self.kv = cfg.heads, cfg.kv
+        self.ln1 = nn.RMSNorm(h, eps=1e-5)
+        self.qkv = nn.Linear(h, (cfg.heads + 2 * cfg.kv) * d, bias=False)
+        self.proj = nn.Linear(h, h, bias=False)
+        self.ln2 = nn.RMSNorm(h, eps=1e-5)
+        self.gate_up = nn.Linear(h, 2 * cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, h, bias=False)
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2).float() / d)
+        angles = torch.outer(torch.arange(cfg.seq_len).float(), inv).repeat(1, 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        d = h // self.heads
+        q, k, v = self.qkv(self.ln1(x)).split([h, self.kv * d, self.kv * d], dim=-1)
+        q = q.view(b, s, self.heads, d).transpose(1, 2)
+        k, v = (t.view(b, s, self.kv, d).transpose(1, 2) for t in (k, v))
+        cos, sin = self.cos[:s], self.sin[:s]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+        gate, up = self.gate_up(self.ln2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -63,7 +123,9 @@ class Head(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.ln = nn.LayerNorm(cfg.hidden)
+        self.ln = (
+            nn.LayerNorm(cfg.hidden) if cfg.arch == "gpt" else nn.RMSNorm(cfg.hidden, eps=1e-5)
+        )
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +138,8 @@ def gpt_layers(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
     torch.manual_seed(seed)
     try:
         layers: list[nn.Module] = [Embedding(cfg)]
-        layers += [Block(cfg) for _ in range(cfg.blocks)]
+        block = LlamaBlock if cfg.arch == "llama" else Block
+        layers += [block(cfg) for _ in range(cfg.blocks)]
         layers.append(Head(cfg))
     finally:
         torch.random.set_rng_state(generator_state)

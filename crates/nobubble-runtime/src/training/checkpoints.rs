@@ -43,6 +43,36 @@ impl TrainingRun<'_, '_> {
         Ok(step)
     }
 
+    /// Every rank must train on the same ids: processes of an MPI job each read and tokenize
+    /// the data themselves, so a file that differs between machines, or a tokenizer trained
+    /// differently, would otherwise train silently on other data (a collective).
+    pub(super) fn check_same_data(&mut self) -> Result<(), RuntimeError> {
+        let job = self.job;
+        let tokenizer = job
+            .tokenizer
+            .as_deref()
+            .map(|t| format!("{:016x}", nobubble_nn::param::fnv1a(t.as_bytes())));
+        let mine = (
+            corpus_fingerprint(&job.corpus),
+            corpus_fingerprint(&job.eval),
+            tokenizer,
+        );
+        let bytes = serde_json::to_vec(&mine).map_err(fail)?;
+        let all = self.session.rank.all_gather(bytes)?;
+        for (rank, part) in all.iter().enumerate() {
+            if *part != all[0] {
+                return Err(RuntimeError::Config(format!(
+                    "rank {rank} reads other training data than rank 0 ({} against {}): give \
+                     every process the same --data, and a --tokenizer file rather than \
+                     --train-tokenizer if they tokenize differently",
+                    String::from_utf8_lossy(part),
+                    String::from_utf8_lossy(&all[0])
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Rank 0 reads the weights of the Hugging Face model in `dir` into the freshly built
     /// state (step 0, zero optimizer moments) and every rank imports them (collectives).
     pub(super) fn init_from(&mut self, dir: &Path) -> Result<(), RuntimeError> {

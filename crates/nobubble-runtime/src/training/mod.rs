@@ -233,6 +233,7 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
             saved_at: None,
             remote_stop: 0,
         };
+        run.check_same_data()?;
         if let Some(dir) = &job.resume {
             run.first_step = run.resume(dir)?;
         } else if let Some(dir) = &job.init_from {

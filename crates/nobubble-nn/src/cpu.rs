@@ -74,6 +74,67 @@ impl CpuBackend {
         self.simd
     }
 
+    /// A row-wise norm's forward, `kernel(x, y, xhat, rstd)` on all rows or, with several
+    /// threads, on row groups in parallel (rows are independent: the same bits).
+    fn norm_forward_rows(
+        &self,
+        x: &Tensor,
+        kernel: impl Fn(&[f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
+    ) -> NormForward {
+        let mut y = Tensor::for_overwrite(x.shape());
+        let mut xhat = Tensor::for_overwrite(x.shape());
+        let mut rstd = vec![0.0f32; x.rows()];
+        let h = x.cols();
+        let rows = self.rows_per_group(x.rows(), h);
+        if rows >= x.rows() {
+            kernel(x.data(), y.data_mut(), xhat.data_mut(), &mut rstd);
+            return NormForward { y, xhat, rstd };
+        }
+        (y.data_mut().par_chunks_mut(rows * h))
+            .zip(xhat.data_mut().par_chunks_mut(rows * h))
+            .zip(rstd.par_chunks_mut(rows))
+            .zip(x.data().par_chunks(rows * h))
+            .for_each(|(((y, xhat), rstd), x)| kernel(x, y, xhat, rstd));
+        NormForward { y, xhat, rstd }
+    }
+
+    /// A row-wise norm's backward, `kernel(dy, xhat, rstd, dx, dgamma, dbeta)` (`dbeta` empty
+    /// without β). Split over threads: dx by row groups (their partial sums dropped), then the
+    /// γ/β sums by column groups ([`Self::norm_partial_sums`]) — the bits of one thread.
+    fn norm_backward_rows(
+        &self,
+        dy: &Tensor,
+        xhat: &Tensor,
+        rstd: &[f32],
+        with_beta: bool,
+        kernel: impl Fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
+    ) -> NormBackward {
+        assert_eq!(dy.shape(), xhat.shape());
+        assert_eq!(rstd.len(), dy.rows());
+        let h = dy.cols();
+        let mut dx = Tensor::for_overwrite(dy.shape());
+        let mut dgamma = vec![0.0f32; h];
+        let mut dbeta = vec![0.0f32; if with_beta { h } else { 0 }];
+        let rows = self.rows_per_group(dy.rows(), h);
+        if rows >= dy.rows() {
+            let (dyd, xd) = (dy.data(), xhat.data());
+            kernel(dyd, xd, rstd, dx.data_mut(), &mut dgamma, &mut dbeta);
+            return NormBackward { dx, dgamma, dbeta };
+        }
+        let beta_len = dbeta.len();
+        (dx.data_mut().par_chunks_mut(rows * h))
+            .zip(dy.data().par_chunks(rows * h))
+            .zip(xhat.data().par_chunks(rows * h))
+            .zip(rstd.par_chunks(rows))
+            .for_each(|(((dx, dy), xhat), rstd)| {
+                let (mut g, mut b) = (vec![0.0f32; h], vec![0.0f32; beta_len]);
+                kernel(dy, xhat, rstd, dx, &mut g, &mut b);
+            });
+        let beta = with_beta.then_some(dbeta.as_mut_slice());
+        self.norm_partial_sums(dy, xhat, &mut dgamma, beta);
+        NormBackward { dx, dgamma, dbeta }
+    }
+
     /// The γ (and β) partial sums of a norm's backward split over columns, each column
     /// summed over all rows in row order: the bits of one thread's row-wise kernel.
     fn norm_partial_sums(
@@ -249,24 +310,9 @@ impl Backend for CpuBackend {
 
     fn layernorm_forward(&self, x: &Tensor, gamma: &[f32], beta: &[f32], eps: f32) -> NormForward {
         assert!(gamma.len() == x.cols() && beta.len() == x.cols());
-        let mut y = Tensor::for_overwrite(x.shape());
-        let mut xhat = Tensor::for_overwrite(x.shape());
-        let mut rstd = vec![0.0f32; x.rows()];
-        let h = x.cols();
-        let rows = self.rows_per_group(x.rows(), h);
-        if rows >= x.rows() {
-            let (yd, xd) = (y.data_mut(), xhat.data_mut());
-            kernels::layernorm_forward(self.simd, x.data(), gamma, beta, eps, yd, xd, &mut rstd);
-            return NormForward { y, xhat, rstd };
-        }
-        (y.data_mut().par_chunks_mut(rows * h))
-            .zip(xhat.data_mut().par_chunks_mut(rows * h))
-            .zip(rstd.par_chunks_mut(rows))
-            .zip(x.data().par_chunks(rows * h))
-            .for_each(|(((y, xhat), rstd), x)| {
-                kernels::layernorm_forward(self.simd, x, gamma, beta, eps, y, xhat, rstd)
-            });
-        NormForward { y, xhat, rstd }
+        self.norm_forward_rows(x, |x, y, xhat, rstd| {
+            kernels::layernorm_forward(self.simd, x, gamma, beta, eps, y, xhat, rstd)
+        })
     }
 
     fn layernorm_backward(
@@ -276,60 +322,17 @@ impl Backend for CpuBackend {
         rstd: &[f32],
         gamma: &[f32],
     ) -> NormBackward {
-        assert_eq!(dy.shape(), xhat.shape());
-        assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
-        let h = dy.cols();
-        let mut dx = Tensor::for_overwrite(dy.shape());
-        let mut dgamma = vec![0.0f32; h];
-        let mut dbeta = vec![0.0f32; h];
-        let rows = self.rows_per_group(dy.rows(), h);
-        if rows >= dy.rows() {
-            kernels::layernorm_backward(
-                self.simd,
-                dy.data(),
-                xhat.data(),
-                rstd,
-                gamma,
-                dx.data_mut(),
-                &mut dgamma,
-                &mut dbeta,
-            );
-            return NormBackward { dx, dgamma, dbeta };
-        }
-        // Split: dx by row groups (their γ/β partial sums are dropped), then γ/β by column
-        // groups, each column summed over all rows in row order — the bits of one thread.
-        (dx.data_mut().par_chunks_mut(rows * h))
-            .zip(dy.data().par_chunks(rows * h))
-            .zip(xhat.data().par_chunks(rows * h))
-            .zip(rstd.par_chunks(rows))
-            .for_each(|(((dx, dy), xhat), rstd)| {
-                let (mut g, mut b) = (vec![0.0f32; h], vec![0.0f32; h]);
-                kernels::layernorm_backward(self.simd, dy, xhat, rstd, gamma, dx, &mut g, &mut b);
-            });
-        self.norm_partial_sums(dy, xhat, &mut dgamma, Some(&mut dbeta));
-        NormBackward { dx, dgamma, dbeta }
+        assert_eq!(gamma.len(), dy.cols());
+        self.norm_backward_rows(dy, xhat, rstd, true, |dy, xhat, rstd, dx, dg, db| {
+            kernels::layernorm_backward(self.simd, dy, xhat, rstd, gamma, dx, dg, db)
+        })
     }
 
     fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward {
         assert_eq!(gamma.len(), x.cols());
-        let mut y = Tensor::for_overwrite(x.shape());
-        let mut xhat = Tensor::for_overwrite(x.shape());
-        let mut rstd = vec![0.0f32; x.rows()];
-        let h = x.cols();
-        let rows = self.rows_per_group(x.rows(), h);
-        if rows >= x.rows() {
-            let (yd, xd) = (y.data_mut(), xhat.data_mut());
-            kernels::rmsnorm_forward(self.simd, x.data(), gamma, eps, yd, xd, &mut rstd);
-            return NormForward { y, xhat, rstd };
-        }
-        (y.data_mut().par_chunks_mut(rows * h))
-            .zip(xhat.data_mut().par_chunks_mut(rows * h))
-            .zip(rstd.par_chunks_mut(rows))
-            .zip(x.data().par_chunks(rows * h))
-            .for_each(|(((y, xhat), rstd), x)| {
-                kernels::rmsnorm_forward(self.simd, x, gamma, eps, y, xhat, rstd)
-            });
-        NormForward { y, xhat, rstd }
+        self.norm_forward_rows(x, |x, y, xhat, rstd| {
+            kernels::rmsnorm_forward(self.simd, x, gamma, eps, y, xhat, rstd)
+        })
     }
 
     fn rmsnorm_backward(
@@ -339,36 +342,10 @@ impl Backend for CpuBackend {
         rstd: &[f32],
         gamma: &[f32],
     ) -> NormBackward {
-        assert_eq!(dy.shape(), xhat.shape());
-        assert!(rstd.len() == dy.rows() && gamma.len() == dy.cols());
-        let h = dy.cols();
-        let mut dx = Tensor::for_overwrite(dy.shape());
-        let mut dgamma = vec![0.0f32; h];
-        let rows = self.rows_per_group(dy.rows(), h);
-        let (dyd, xd) = (dy.data(), xhat.data());
-        if rows >= dy.rows() {
-            let dxd = dx.data_mut();
-            kernels::rmsnorm_backward(self.simd, dyd, xd, rstd, gamma, dxd, &mut dgamma);
-            return NormBackward {
-                dx,
-                dgamma,
-                dbeta: Vec::new(),
-            };
-        }
-        (dx.data_mut().par_chunks_mut(rows * h))
-            .zip(dyd.par_chunks(rows * h))
-            .zip(xd.par_chunks(rows * h))
-            .zip(rstd.par_chunks(rows))
-            .for_each(|(((dx, dy), xhat), rstd)| {
-                let mut g = vec![0.0f32; h];
-                kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, dx, &mut g);
-            });
-        self.norm_partial_sums(dy, xhat, &mut dgamma, None);
-        NormBackward {
-            dx,
-            dgamma,
-            dbeta: Vec::new(),
-        }
+        assert_eq!(gamma.len(), dy.cols());
+        self.norm_backward_rows(dy, xhat, rstd, false, |dy, xhat, rstd, dx, dg, _| {
+            kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, dx, dg)
+        })
     }
 
     fn swiglu_forward(&self, u: &Tensor) -> Tensor {
@@ -547,104 +524,5 @@ impl Backend for CpuBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut c = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let mut s = 0.0f64;
-                for p in 0..k {
-                    s += a[i * k + p] as f64 * b[p * n + j] as f64;
-                }
-                c[i * n + j] = s as f32;
-            }
-        }
-        c
-    }
-
-    #[test]
-    fn matmul_matches_naive_including_transposed_views_and_accumulate() {
-        let be = CpuBackend::single_thread();
-        let (m, k, n) = (7, 5, 3);
-        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
-        let bt = Tensor::from_vec(&[k, n], b.clone()).unwrap();
-        let mut c = Tensor::zeros(&[m, n]);
-        be.matmul(c.mat_mut(), at.mat(), bt.mat(), 1.0, false);
-        let want = naive(&a, &b, m, k, n);
-        for (x, y) in c.data().iter().zip(&want) {
-            assert!((x - y).abs() < 1e-5);
-        }
-        // accumulate: c += 2·a·b  → 3·want
-        be.matmul(c.mat_mut(), at.mat(), bt.mat(), 2.0, true);
-        for (x, y) in c.data().iter().zip(&want) {
-            assert!((x - 3.0 * y).abs() < 1e-4);
-        }
-        // (bᵀ aᵀ) = (a b)ᵀ
-        let mut ct = Tensor::zeros(&[n, m]);
-        be.matmul(ct.mat_mut(), bt.mat().t(), at.mat().t(), 1.0, false);
-        for i in 0..m {
-            for j in 0..n {
-                assert!((ct.data()[j * m + i] - want[i * n + j]).abs() < 1e-5);
-            }
-        }
-    }
-
-    #[test]
-    fn every_simd_level_multiplies_correctly_and_threads_do_not_change_bits() {
-        // Odd sizes exercise every edge micro-kernel; a strided (transposed) operand too.
-        let (m, k, n) = (131, 257, 97); // above gemm's threading threshold
-        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
-        let bt = Tensor::from_vec(
-            &[n, k],
-            (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(),
-        )
-        .unwrap();
-        let want = naive(&a, &b, m, k, n);
-        let mut levels = 0;
-        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
-            let mut one = Tensor::zeros(&[m, n]);
-            let be = CpuBackend::single_thread().with_simd(simd).unwrap();
-            assert!(be.describe().contains(simd.name()));
-            be.matmul(one.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
-            for (x, y) in one.data().iter().zip(&want) {
-                assert!((x - y).abs() < 2e-4, "{simd}: {x} vs {y}");
-            }
-            let mut two = Tensor::zeros(&[m, n]);
-            let be2 = CpuBackend::with_threads(2).with_simd(simd).unwrap();
-            be2.matmul(two.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
-            assert_eq!(one.data(), two.data(), "{simd}: 2 threads changed the bits");
-            levels += 1;
-        }
-        assert!(levels >= 1);
-        if !Simd::Avx512.is_supported() {
-            assert!(CpuBackend::single_thread().with_simd(Simd::Avx512).is_err());
-        }
-    }
-
-    #[test]
-    fn causal_softmax_masks_and_normalizes() {
-        let be = CpuBackend::single_thread();
-        let mut s = vec![1.0, 2.0, 3.0, 0.5, -1.0, 7.0, 0.0, 0.0, 0.0];
-        be.causal_softmax(&mut s, 3);
-        assert_eq!(&s[..3], &[1.0, 0.0, 0.0]);
-        assert_eq!(s[5], 0.0);
-        let e = (0.5f32).exp() / ((0.5f32).exp() + (-1.0f32).exp());
-        assert!((s[3] - e).abs() < 1e-6);
-        assert!((s[6..].iter().sum::<f32>() - 1.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn cross_entropy_of_uniform_logits_is_ln_vocab() {
-        let be = CpuBackend::single_thread();
-        let logits = Tensor::zeros(&[4, 256]);
-        let (loss, probs) = be.cross_entropy_forward(&logits, &[0, 1, 2, 255]);
-        assert!((loss - (256f32).ln()).abs() < 1e-5);
-        assert!((probs.data()[0] - 1.0 / 256.0).abs() < 1e-7);
-    }
-}
+#[path = "cpu_tests.rs"]
+mod tests;

@@ -367,6 +367,16 @@ mod tests {
     use super::*;
     use crate::model::build_stages;
 
+    /// Every parameter of `cfg`'s model, freshly initialized, by name.
+    fn params_of(cfg: &GptConfig) -> BTreeMap<String, Tensor> {
+        let stages = build_stages(cfg, 3, &[cfg.layers]).unwrap();
+        stages[0]
+            .params()
+            .into_iter()
+            .map(|p| (p.name.clone(), p.value.clone()))
+            .collect()
+    }
+
     fn llama() -> GptConfig {
         GptConfig {
             layers: 2,
@@ -378,12 +388,7 @@ mod tests {
     #[test]
     fn tensors_round_trip_and_take_transformers_layouts() {
         let cfg = llama();
-        let stages = build_stages(&cfg, 3, &[2]).unwrap();
-        let params: BTreeMap<String, Tensor> = stages[0]
-            .params()
-            .into_iter()
-            .map(|p| (p.name.clone(), p.value.clone()))
-            .collect();
+        let params = params_of(&cfg);
         let hf = to_hf(&cfg, &params).unwrap();
         assert_eq!(hf.len(), 3 + 9 * cfg.layers);
         let (h, d, f) = (cfg.hidden, cfg.head_dim(), cfg.ffn_hidden());
@@ -454,12 +459,7 @@ mod tests {
     #[test]
     fn missing_and_foreign_tensors_are_refused() {
         let cfg = llama();
-        let stages = build_stages(&cfg, 3, &[2]).unwrap();
-        let params: BTreeMap<String, Tensor> = stages[0]
-            .params()
-            .into_iter()
-            .map(|p| (p.name.clone(), p.value.clone()))
-            .collect();
+        let params = params_of(&cfg);
         let mut hf: BTreeMap<String, Tensor> = to_hf(&cfg, &params).unwrap().into_iter().collect();
         hf.insert(
             "model.layers.0.self_attn.q_proj.bias".into(),

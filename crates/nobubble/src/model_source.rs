@@ -18,10 +18,23 @@ pub struct Model {
     pub origin: String,
 }
 
-/// Opens `--checkpoint DIR`; `seq_len` only applies to Hugging Face directories.
+/// Longest default context for a Hugging Face directory: every token recomputes its whole
+/// window (no KV cache), and attention holds `heads × s²` floats per layer.
+pub const DEFAULT_HF_CONTEXT: usize = 1024;
+
+/// Opens `--checkpoint DIR`; `seq_len` only applies to Hugging Face directories (default:
+/// their `max_position_embeddings`, at most [`DEFAULT_HF_CONTEXT`]).
 pub fn open(dir: &Path, seq_len: Option<usize>) -> Result<Model, String> {
     let (stage, tokenizer, origin) = if hf::is_model_dir(dir) {
-        let (_, stage) = hf::build_model(dir, seq_len).map_err(|e| format!("--checkpoint: {e}"))?;
+        let seq_len = match seq_len {
+            Some(s) => s,
+            None => hf::read_config(dir, None, 1)
+                .map_err(|e| format!("--checkpoint: {e}"))?
+                .seq_len
+                .min(DEFAULT_HF_CONTEXT),
+        };
+        let (_, stage) =
+            hf::build_model(dir, Some(seq_len)).map_err(|e| format!("--checkpoint: {e}"))?;
         let tokenizer = hf::read_tokenizer(dir).map_err(|e| e.to_string())?;
         (stage, tokenizer, "Hugging Face model".to_string())
     } else {

@@ -17,22 +17,26 @@ pub struct SampleArgs {
     /// directory (`config.json` + `model.safetensors`).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Text to continue; only its last seq-len bytes are the model's context.
+    /// Text to continue; only its last seq-len tokens are the model's context.
     #[arg(long)]
     pub prompt: String,
-    /// Bytes to generate.
+    /// Tokens to generate (bytes, or the model's tokenizer's).
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
     /// Sampling temperature; 0 picks the most likely byte every time (greedy).
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
-    /// Sample only among the K most likely bytes (0 = all).
+    /// Sample only among the K most likely tokens (0 = all).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    /// Nucleus sampling: only among the most likely bytes whose probabilities reach P
+    /// Nucleus sampling: only among the most likely tokens whose probabilities reach P
     /// together (1 = all).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Context window for a Hugging Face model directory [default: its
+    /// max_position_embeddings, at most 1024].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
     /// Seed of the sampler: the same checkpoint, prompt, sampling settings and seed give the
     /// same text.
     #[arg(long, default_value_t = 0)]
@@ -60,7 +64,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         return Err(format!("--top-p must be in (0, 1], got {}", a.top_p));
     }
-    let model = crate::model_source::open(&a.checkpoint, None)?;
+    let model = crate::model_source::open(&a.checkpoint, a.seq_len)?;
     let stage = model.stage;
     let origin = model.origin;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -112,7 +116,14 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         .map_err(write_failed)?;
     let mut io_error = None;
     let mut pending = Vec::new();
-    let (mut generated, mut shown) = (Vec::new(), 0);
+    // BPE: the prompt's and the new ids decoded together (a decoder may treat the first token
+    // differently), printed from where the prompt's text ends.
+    let mut generated = prompt.clone();
+    let mut shown = if model.codec.is_bytes() {
+        0
+    } else {
+        model.codec.decode(&prompt).map_err(|e| e.message())?.len()
+    };
     let streamed = generate_with(
         std::slice::from_ref(&stage),
         &be,
@@ -145,14 +156,20 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         return Err(e);
     }
     streamed.map_err(|e| e.to_string())?;
-    let rest = take_decoded(&mut pending, true);
+    let rest = if model.codec.is_bytes() {
+        take_decoded(&mut pending, true)
+    } else {
+        let text = model.codec.decode(&generated).map_err(|e| e.message())?;
+        text.get(shown..).unwrap_or("").to_string()
+    };
     writeln!(stdout, "{rest}")
         .and_then(|_| stdout.flush())
         .map_err(write_failed)
 }
 
-/// The text a BPE token adds: all generated ids decoded again, less what was shown, held back
-/// while it ends in an incomplete character (shown as U+FFFD until its last byte comes).
+/// The text a BPE token adds: the prompt and all generated ids decoded again, less what was
+/// shown, held back while it ends in an incomplete character (U+FFFD until its last byte
+/// comes; what is still held at the end is printed then).
 fn bpe_text(
     codec: &Codec,
     generated: &mut Vec<u32>,

@@ -22,7 +22,8 @@ pub struct ScoreArgs {
     /// A file whose bytes to score.
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Window length for a Hugging Face model [default: its max_position_embeddings].
+    /// Window length for a Hugging Face model [default: its max_position_embeddings, at most
+    /// 1024].
     #[arg(long)]
     pub seq_len: Option<usize>,
     /// Write the logits `[tokens − 1, vocab]` (row r predicts token r + 1) to this
@@ -62,9 +63,15 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
     }
     let inputs = &ids[..ids.len() - 1];
     let targets = &ids[1..];
-    let logits = window_logits(&stage, inputs)?;
-    let loss = mean_cross_entropy(&logits, targets);
-    if let Some(path) = &a.logits {
+    let keep = a.logits.is_some();
+    if keep && inputs.len() * vocab * 4 > 1 << 30 {
+        return Err(format!(
+            "--logits: {} tokens × {vocab} ids is more than 1 GiB of logits; score a shorter text",
+            inputs.len()
+        ));
+    }
+    let (loss, logits) = score_windows(&stage, inputs, targets, keep)?;
+    if let (Some(path), Some(logits)) = (&a.logits, logits) {
         hf::write_tensors(path, &[("logits", &logits)]).map_err(|e| e.to_string())?;
     }
     if a.json {
@@ -84,33 +91,47 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Logits of `tokens` in windows of the model's sequence length (each window its own
-/// context, as in training); the last window is padded on the right, which causal attention
-/// keeps from reaching the rows kept.
-fn window_logits(stage: &Stage, tokens: &[u32]) -> Result<Tensor, String> {
+/// The mean cross-entropy of `targets` after `tokens`, window by window of the model's
+/// sequence length (each window its own context, as in training; the last one padded on the
+/// right, which causal attention keeps from reaching the rows kept), and all logits if `keep`.
+fn score_windows(
+    stage: &Stage,
+    tokens: &[u32],
+    targets: &[u32],
+    keep: bool,
+) -> Result<(f64, Option<Tensor>), String> {
     let s = stage.config().seq_len;
-    let mut padded = tokens.to_vec();
-    padded.resize(tokens.len().div_ceil(s) * s, 0);
     let be = CpuBackend::with_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let all =
-        forward_logits(std::slice::from_ref(stage), &be, &padded).map_err(|e| e.to_string())?;
-    let v = all.cols();
-    Tensor::from_vec(&[tokens.len(), v], all.data()[..tokens.len() * v].to_vec())
-        .map_err(|e| e.to_string())
+    let (mut total, mut kept) = (0.0, Vec::new());
+    let mut vocab = 0;
+    for (window, want) in tokens.chunks(s).zip(targets.chunks(s)) {
+        let mut padded = window.to_vec();
+        padded.resize(s, 0);
+        let all =
+            forward_logits(std::slice::from_ref(stage), &be, &padded).map_err(|e| e.to_string())?;
+        vocab = all.cols();
+        let rows = &all.data()[..window.len() * vocab];
+        total += cross_entropy_sum(rows, vocab, want);
+        if keep {
+            kept.extend_from_slice(rows);
+        }
+    }
+    let logits = keep
+        .then(|| Tensor::from_vec(&[tokens.len(), vocab], kept))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok((total / targets.len() as f64, logits))
 }
 
-/// Mean of `−log softmax(row)[target]`, in f64.
-fn mean_cross_entropy(logits: &Tensor, targets: &[u32]) -> f64 {
-    let v = logits.cols();
-    let total: f64 = logits
-        .data()
-        .chunks_exact(v)
+/// Sum over rows of `−log softmax(row)[target]`, in f64.
+fn cross_entropy_sum(logits: &[f32], vocab: usize, targets: &[u32]) -> f64 {
+    logits
+        .chunks_exact(vocab)
         .zip(targets)
         .map(|(row, &t)| {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
             let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
             z.ln() + max - row[t as usize] as f64
         })
-        .sum();
-    total / targets.len() as f64
+        .sum()
 }

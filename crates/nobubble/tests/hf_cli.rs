@@ -97,6 +97,8 @@ fn an_exported_model_scores_and_trains_on_exactly_where_the_checkpoint_left_off(
     // Exporting again needs --overwrite; a directory with other files is never touched.
     let err = fails(&["export", s(&run), s(&hf)]);
     assert!(err.contains("--overwrite"), "{err}");
+    // A leftover of an interrupted export is no obstacle.
+    std::fs::write(hf.join(".model.safetensors.partial"), "cut off").unwrap();
     ok(&["export", s(&run), s(&hf), "--overwrite"]);
     std::fs::write(d.join("notes.txt"), "mine").unwrap();
     let err = fails(&["export", s(&run), s(&d), "--overwrite"]);

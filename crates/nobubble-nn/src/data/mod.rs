@@ -146,6 +146,8 @@ pub struct Corpus {
     range: Range<usize>,
     /// Ids are below this (256 for bytes).
     vocab: usize,
+    /// [`Corpus::content_hash`], computed once (a pass over the data) and shared by clones.
+    hash: Arc<std::sync::OnceLock<u64>>,
 }
 
 impl std::fmt::Debug for Corpus {
@@ -167,6 +169,7 @@ impl Corpus {
             storage: Arc::new(storage),
             range: 0..len,
             vocab,
+            hash: Arc::default(),
         })
     }
 
@@ -250,6 +253,10 @@ impl Corpus {
     /// FNV-1a of the corpus's bytes (for a corpus of bytes) or of its ids' little-endian
     /// bytes: a cheap fingerprint to notice that a resumed run reads other data.
     pub fn content_hash(&self) -> u64 {
+        *self.hash.get_or_init(|| self.compute_hash())
+    }
+
+    fn compute_hash(&self) -> u64 {
         if let Some(bytes) = self.bytes() {
             return crate::param::fnv1a(bytes);
         }
@@ -291,6 +298,7 @@ impl Corpus {
             storage: self.storage.clone(),
             range: self.range.start + range.start..self.range.start + range.end,
             vocab: self.vocab,
+            hash: Arc::default(),
         })
     }
 

@@ -15,10 +15,10 @@ use crate::error::{NnError, Result};
 pub enum Format {
     /// One document: the whole file.
     Text,
-    /// JSON lines (`.jsonl`, `.ndjson`, `.json`): one document per line, its `text` field.
+    /// JSON lines (`.jsonl`, `.ndjson`): one document per line, its `text` field.
     JsonLines,
-    /// Every file below the directory, in path order (hidden ones skipped), each read by its
-    /// own extension.
+    /// Every file below the directory, in path order (hidden ones and `.json` metadata files
+    /// skipped), each read by its own extension.
     Directory,
 }
 
@@ -29,7 +29,7 @@ impl Format {
             return Format::Directory;
         }
         match path.extension().and_then(|e| e.to_str()) {
-            Some("jsonl" | "ndjson" | "json") => Format::JsonLines,
+            Some("jsonl" | "ndjson") => Format::JsonLines,
             _ => Format::Text,
         }
     }
@@ -44,14 +44,20 @@ impl Format {
     }
 }
 
-/// One document and where it came from (`FILE` or `FILE:LINE`, for messages).
+/// One document, or a piece of one (a long text file is read a piece at a time), and where it
+/// came from (`FILE` or `FILE:LINE`, for messages).
 #[derive(Debug)]
 pub struct Document<'a> {
     /// Where it came from.
     pub origin: String,
     /// Its contents (UTF-8 for JSON lines; any bytes for text files).
     pub text: Cow<'a, [u8]>,
+    /// Whether this is the document's last piece (the end-of-text id follows it).
+    pub ends: bool,
 }
+
+/// A text file is read in pieces of about this many bytes, each ending at a line break.
+pub const PIECE_BYTES: usize = 1 << 20;
 
 impl Document<'_> {
     /// The text as UTF-8, or an error naming the document and the first bad byte.
@@ -77,11 +83,9 @@ fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).map_err(|e| read_error(&d, e))? {
             let path = entry.map_err(|e| read_error(&d, e))?.path();
-            let hidden = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.'));
-            if hidden {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            // Hidden files, and the `.json` metadata dataset tools write beside their data.
+            if name.starts_with('.') || (path.is_file() && name.ends_with(".json")) {
                 continue;
             }
             if path.is_dir() {
@@ -103,14 +107,14 @@ pub fn for_each_document(
     each: &mut dyn FnMut(&Document<'_>) -> Result<()>,
 ) -> Result<usize> {
     match Format::of(path) {
-        Format::Text => {
-            let text = std::fs::read(path).map_err(|e| read_error(path, e))?;
-            each(&Document {
-                origin: path.display().to_string(),
-                text: Cow::Owned(text),
-            })?;
-            Ok(1)
+        Format::Text if path.extension().is_some_and(|e| e == "json") => {
+            Err(NnError::BadInput(format!(
+                "{}: a .json file is not read as data; give JSON lines (.jsonl, one object \
+                 with a \"text\" field per line) or text",
+                path.display()
+            )))
         }
+        Format::Text => text_pieces(path, each),
         Format::JsonLines => json_lines(path, each),
         Format::Directory => {
             let files = files_below(path)?;
@@ -125,6 +129,32 @@ pub fn for_each_document(
                 docs += for_each_document(&f, each)?;
             }
             Ok(docs)
+        }
+    }
+}
+
+/// A text file as one document, in pieces of about [`PIECE_BYTES`] ending at line breaks, so
+/// a file larger than memory is never read whole.
+fn text_pieces(path: &Path, each: &mut dyn FnMut(&Document<'_>) -> Result<()>) -> Result<usize> {
+    let file = std::fs::File::open(path).map_err(|e| read_error(path, e))?;
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    let origin = path.display().to_string();
+    let mut piece = Vec::with_capacity(PIECE_BYTES + 1024);
+    loop {
+        let n = reader
+            .read_until(b'\n', &mut piece)
+            .map_err(|e| read_error(path, e))?;
+        let end = n == 0;
+        if piece.len() >= PIECE_BYTES || end {
+            let text = Cow::Owned(std::mem::take(&mut piece));
+            each(&Document {
+                origin: origin.clone(),
+                text,
+                ends: end,
+            })?;
+            if end {
+                return Ok(1);
+            }
         }
     }
 }
@@ -148,6 +178,7 @@ fn json_lines(path: &Path, each: &mut dyn FnMut(&Document<'_>) -> Result<()>) ->
         each(&Document {
             origin,
             text: Cow::Borrowed(text.as_bytes()),
+            ends: true,
         })?;
         docs += 1;
     }
@@ -178,36 +209,28 @@ pub fn pack(
     eot: u32,
     vocab: usize,
 ) -> Result<Packed> {
-    let (file, written) = temporary_token_file()?;
+    let file = temporary_token_file()?;
     let mut out = std::io::BufWriter::new(file);
     let write_failed =
         |e: std::io::Error| NnError::BadInput(format!("cannot write the token file: {e}"));
     let documents = for_each_document(path, &mut |doc| {
-        for id in encode(doc)?.into_iter().chain([eot]) {
+        let end = doc.ends.then_some(eot);
+        for id in encode(doc)?.into_iter().chain(end) {
             out.write_all(&id.to_le_bytes()).map_err(write_failed)?;
         }
         Ok(())
     })?;
     let file = out.into_inner().map_err(|e| write_failed(e.into_error()))?;
-    drop(written);
     Ok(Packed {
         corpus: Corpus::from_token_file(&file, vocab)?,
         documents,
     })
 }
 
-/// Removes the named file when dropped (the open file and its map stay valid on Unix).
-struct Unlink(PathBuf);
-
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A new file in the temporary directory, open for reading and writing, named only until the
-/// returned guard drops.
-fn temporary_token_file() -> Result<(std::fs::File, Unlink)> {
+/// A new file in the temporary directory (`$TMPDIR`, else `/tmp`), open for reading and
+/// writing and already unlinked: it has no name a stopped run could leave behind, and its space
+/// is freed when the job's map of it goes.
+fn temporary_token_file() -> Result<std::fs::File> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let name = format!(
@@ -222,7 +245,9 @@ fn temporary_token_file() -> Result<(std::fs::File, Unlink)> {
         .create_new(true)
         .open(&path)
         .map_err(|e| NnError::BadInput(format!("cannot create {}: {e}", path.display())))?;
-    Ok((file, Unlink(path)))
+    std::fs::remove_file(&path)
+        .map_err(|e| NnError::BadInput(format!("cannot unlink {}: {e}", path.display())))?;
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -253,6 +278,7 @@ mod tests {
         std::fs::create_dir(d.join("c")).unwrap();
         std::fs::write(d.join("c").join("x.txt"), "c").unwrap();
         std::fs::write(d.join(".hidden"), "never").unwrap();
+        std::fs::write(d.join("dataset_info.json"), "{\"meta\": 1}").unwrap();
         let packed = pack(&d, &mut bytes_of, 256, 257).unwrap();
         assert_eq!(packed.documents, 4);
         let ids = packed.corpus.ids(0..packed.corpus.len());
@@ -264,6 +290,35 @@ mod tests {
         assert_eq!(packed.corpus.vocab(), 257);
         assert_eq!(Format::of(&d.join("a.jsonl")), Format::JsonLines);
         assert_eq!(Format::of(&d.join("b.txt")), Format::Text);
+        let err = pack(&d.join("dataset_info.json"), &mut bytes_of, 256, 257).unwrap_err();
+        assert!(err.to_string().contains(".jsonl"), "{err}");
+    }
+
+    #[test]
+    fn a_long_text_file_is_read_in_pieces_at_line_breaks_ending_once() {
+        let d = dir("pieces");
+        let f = d.join("long.txt");
+        let line = "x".repeat(999) + "\n";
+        let text = line.repeat(3 * PIECE_BYTES / 1000 + 7);
+        std::fs::write(&f, &text).unwrap();
+        let mut pieces = Vec::new();
+        for_each_document(&f, &mut |doc| {
+            pieces.push((doc.text.len(), doc.ends, doc.text.last().copied()));
+            Ok(())
+        })
+        .unwrap();
+        assert!(pieces.len() >= 3, "{}", pieces.len());
+        assert!(pieces[..pieces.len() - 1]
+            .iter()
+            .all(|&(n, e, last)| n >= PIECE_BYTES && !e && last == Some(b'\n')));
+        assert!(pieces.last().unwrap().1);
+        assert_eq!(pieces.iter().map(|p| p.0).sum::<usize>(), text.len());
+        let packed = pack(&f, &mut bytes_of, 256, 257).unwrap();
+        assert_eq!(
+            packed.corpus.len(),
+            text.len() + 1,
+            "one end-of-text for the one document"
+        );
     }
 
     #[test]
@@ -308,6 +363,7 @@ mod tests {
         let doc = Document {
             origin: "x.txt".into(),
             text: Cow::Borrowed(&[0x61, 0xff]),
+            ends: true,
         };
         assert!(doc.utf8().unwrap_err().to_string().contains("x.txt"));
     }

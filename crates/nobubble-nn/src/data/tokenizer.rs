@@ -26,10 +26,10 @@ fn err(what: impl std::fmt::Display) -> NnError {
     NnError::BadInput(what.to_string())
 }
 
-/// A BPE tokenizer and its end-of-text id.
+/// A BPE tokenizer and its end-of-text id (needed only to pack documents).
 pub struct TextTokenizer {
     inner: Tokenizer,
-    eot: u32,
+    eot: Option<u32>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -57,14 +57,7 @@ impl TextTokenizer {
         let eot = [END_OF_TEXT]
             .iter()
             .chain(&OTHER_END_NAMES)
-            .find_map(|name| inner.token_to_id(name))
-            .ok_or_else(|| {
-                err(format!(
-                    "the tokenizer has no end-of-text token ({END_OF_TEXT}, {}): documents \
-                     could not be told apart; add one to its added_tokens",
-                    OTHER_END_NAMES.join(", ")
-                ))
-            })?;
+            .find_map(|name| inner.token_to_id(name));
         Ok(TextTokenizer { inner, eot })
     }
 
@@ -81,14 +74,28 @@ impl TextTokenizer {
         }
         let mut docs = Vec::new();
         let mut total = 0;
-        for_each_document(data, &mut |doc| {
-            if total < TRAINING_TEXT_LIMIT {
-                let text = doc.utf8()?;
-                total += text.len();
-                docs.push(text.to_string());
+        // Reading stops at the limit: an error from the callback that only means "enough".
+        let enough = || err("enough text for the tokenizer");
+        let read = for_each_document(data, &mut |doc| {
+            let text = doc.utf8()?;
+            let take = text.len().min(TRAINING_TEXT_LIMIT - total);
+            let cut = (0..=take)
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
+            docs.push(text[..cut].to_string());
+            total += cut;
+            if total >= TRAINING_TEXT_LIMIT {
+                return Err(enough());
             }
             Ok(())
-        })?;
+        });
+        match read {
+            Err(e) if e == enough() => {}
+            other => {
+                other?;
+            }
+        }
         let mut trainer = BpeTrainerBuilder::new()
             .vocab_size(vocab_size)
             .min_frequency(2)
@@ -124,8 +131,8 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// The end-of-text id, written after every document.
-    pub fn eot(&self) -> u32 {
+    /// The end-of-text id, written after every document, if the tokenizer has one.
+    pub fn eot(&self) -> Option<u32> {
         self.eot
     }
 
@@ -155,7 +162,14 @@ impl TextTokenizer {
     /// `data`'s documents tokenized and packed, each followed by the end-of-text id.
     pub fn pack(&self, data: &Path) -> Result<Packed> {
         let vocab = self.vocab_size();
-        pack(data, &mut |doc| self.encode(doc.utf8()?), self.eot, vocab)
+        let eot = self.eot.ok_or_else(|| {
+            err(format!(
+                "the tokenizer has no end-of-text token ({END_OF_TEXT}, {}): documents could \
+                 not be told apart; add one to its added_tokens",
+                OTHER_END_NAMES.join(", ")
+            ))
+        })?;
+        pack(data, &mut |doc| self.encode(doc.utf8()?), eot, vocab)
     }
 }
 
@@ -191,7 +205,7 @@ mod tests {
         let packed = tk.pack(&f).unwrap();
         assert_eq!(packed.documents, 1);
         let all = packed.corpus.ids(0..packed.corpus.len());
-        assert_eq!(*all.last().unwrap(), tk.eot());
+        assert_eq!(Some(*all.last().unwrap()), tk.eot());
         assert_eq!(
             all[..all.len() - 1],
             tk.encode(std::str::from_utf8(&crate::data::BUILTIN_CORPUS[..200_000]).unwrap())

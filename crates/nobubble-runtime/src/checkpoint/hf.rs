@@ -100,10 +100,17 @@ fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
         let map = index["weight_map"]
             .as_object()
             .ok_or_else(|| bad(&path, "has no `weight_map`"))?;
-        let mut shards: Vec<PathBuf> = map
-            .values()
-            .filter_map(|v| v.as_str().map(|f| dir.join(f)))
-            .collect();
+        let mut shards = Vec::new();
+        for shard in map.values() {
+            let name = shard.as_str().unwrap_or("");
+            if name.is_empty() || name.contains('/') || name.contains('\\') || name == ".." {
+                return Err(bad(
+                    &path,
+                    format!("names the shard {shard}, not a file beside it"),
+                ));
+            }
+            shards.push(dir.join(name));
+        }
         shards.sort();
         shards.dedup();
         shards
@@ -129,7 +136,9 @@ fn read_weights(dir: &Path) -> Result<BTreeMap<String, Tensor>, RuntimeError> {
                 ));
             }
             let t = Tensor::from_vec(view.shape(), data).map_err(|e| bad(&path, e))?;
-            out.insert(name.to_string(), t);
+            if out.insert(name.to_string(), t).is_some() {
+                return Err(bad(&path, format!("tensor `{name}` is in two shards")));
+            }
         }
     }
     Ok(out)
@@ -205,12 +214,14 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
     let tensors =
         hf::to_hf(config, &ckpt.state.params).map_err(|e| RuntimeError::Config(e.to_string()))?;
     if dir.exists() {
-        let entries = std::fs::read_dir(dir).map_err(|e| io_err("read", dir, e))?;
-        for entry in entries {
+        let mut ours = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| io_err("read", dir, e))? {
             let name = entry.map_err(|e| io_err("read", dir, e))?.file_name();
-            let name = name.to_string_lossy();
-            let ours = name == CONFIG || name == WEIGHTS || name == TOKENIZER;
-            if !ours {
+            let name = name.to_string_lossy().into_owned();
+            let leftover = name.starts_with('.') && name.ends_with(".partial");
+            if [CONFIG, WEIGHTS, TOKENIZER].contains(&name.as_str()) {
+                ours.push(name);
+            } else if !leftover {
                 return Err(RuntimeError::io(
                     dir,
                     format!(
@@ -219,15 +230,15 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
                     ),
                 ));
             }
-            if !overwrite {
-                return Err(RuntimeError::io(
-                    dir,
-                    format!(
-                        "{} already holds an exported model ({name}); pass --overwrite to replace it",
-                        dir.display()
-                    ),
-                ));
-            }
+        }
+        if let (Some(name), false) = (ours.first(), overwrite) {
+            return Err(RuntimeError::io(
+                dir,
+                format!(
+                    "{} already holds a model ({name}); pass --overwrite to replace it",
+                    dir.display()
+                ),
+            ));
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
@@ -245,11 +256,7 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
         .tokenizer
         .as_ref()
         .map(|t| (TOKENIZER, t.as_bytes().to_vec()));
-    let stale = dir.join(TOKENIZER);
-    if tokenizer.is_none() && stale.exists() {
-        // A model exported before with a tokenizer: this one has none (bytes).
-        std::fs::remove_file(&stale).map_err(|e| io_err("remove", &stale, e))?;
-    }
+    let stale = tokenizer.is_none().then(|| dir.join(TOKENIZER));
     for (name, bytes) in [(CONFIG, text), (WEIGHTS, weights)]
         .into_iter()
         .chain(tokenizer)
@@ -259,6 +266,10 @@ pub fn export(ckpt: &Checkpoint, dir: &Path, overwrite: bool) -> Result<Exported
         let path = dir.join(name);
         std::fs::rename(&tmp, &path).map_err(|e| io_err("rename into", &path, e))?;
         files.push(path);
+    }
+    // A model exported here before with a tokenizer: this one has none (bytes are its ids).
+    if let Some(stale) = stale.filter(|p| p.exists()) {
+        std::fs::remove_file(&stale).map_err(|e| io_err("remove", &stale, e))?;
     }
     sync_dir(dir)?;
     Ok(Exported { files, parameters })

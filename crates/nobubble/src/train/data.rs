@@ -31,11 +31,13 @@ enum TokenizerSource {
 }
 
 fn tokenizer_source(a: &TrainArgs) -> Result<TokenizerSource, String> {
-    if let Some(path) = &a.tokenizer {
-        let json = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --tokenizer {}: {e}", path.display()))?;
-        return Ok(TokenizerSource::Json(json, path.display().to_string()));
-    }
+    let given = match &a.tokenizer {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --tokenizer {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     if let Some(dir) = &a.resume {
         if a.train_tokenizer.is_some() {
             return Err(
@@ -43,12 +45,21 @@ fn tokenizer_source(a: &TrainArgs) -> Result<TokenizerSource, String> {
                     .into(),
             );
         }
-        if let Some(json) = nobubble_runtime::checkpoint_fs::peek_tokenizer(dir) {
-            return Ok(TokenizerSource::Json(
-                json,
-                format!("{} (the checkpoint's)", dir.display()),
+        let saved = nobubble_runtime::checkpoint_fs::peek_tokenizer(dir);
+        if given.is_some() && given != saved {
+            return Err(format!(
+                "--tokenizer differs from the tokenizer {} was trained with: the ids would mean \
+                 other text; drop --tokenizer (a resumed run keeps its checkpoint's)",
+                dir.display()
             ));
         }
+        if let Some(json) = saved {
+            let from = format!("{} (the checkpoint's)", dir.display());
+            return Ok(TokenizerSource::Json(json, from));
+        }
+    }
+    if let (Some(json), Some(path)) = (given, &a.tokenizer) {
+        return Ok(TokenizerSource::Json(json, path.display().to_string()));
     }
     if let Some(vocab) = a.train_tokenizer {
         return Ok(TokenizerSource::Train(vocab));
@@ -64,12 +75,24 @@ fn tokenizer_source(a: &TrainArgs) -> Result<TokenizerSource, String> {
     Ok(TokenizerSource::Bytes)
 }
 
-/// The built-in excerpt as a file, for the paths that read documents from one.
-fn builtin_file() -> Result<PathBuf, String> {
-    let path = std::env::temp_dir().join(format!("nobubble-builtin-{}.txt", std::process::id()));
-    std::fs::write(&path, nobubble_nn::data::BUILTIN_CORPUS)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(path)
+/// The built-in excerpt as a file, for the paths that read documents from one; removed when
+/// dropped, whatever happens in between.
+struct BuiltinFile(PathBuf);
+
+impl BuiltinFile {
+    fn write() -> Result<Self, String> {
+        let name = format!("nobubble-builtin-{}.txt", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, nobubble_nn::data::BUILTIN_CORPUS)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(BuiltinFile(path))
+    }
+}
+
+impl Drop for BuiltinFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Reads, tokenizes and splits the data the flags name; sets the model's vocabulary to the
@@ -98,11 +121,18 @@ pub fn load(a: &TrainArgs, model: &mut GptConfig) -> Result<TrainingData, String
     if a.init_from.is_some() {
         if corpus.vocab() > model.vocab {
             return Err(format!(
-                "the data's ids go up to {} but the --init-from model has a vocabulary of {}; \
-                 pass the model's own tokenizer with --tokenizer",
-                corpus.vocab() - 1,
+                "the tokenizer has {} ids but the --init-from model a vocabulary of {}; pass \
+                 the model's own tokenizer with --tokenizer",
+                corpus.vocab(),
                 model.vocab
             ));
+        }
+        if tokenizer.is_none() && model.vocab > 257 {
+            eprintln!(
+                "warning: --init-from: the model has a vocabulary of {} but no tokenizer.json \
+                 was found or given: it trains on bytes as ids 0–255",
+                model.vocab
+            );
         }
     } else {
         model.vocab = corpus.vocab();
@@ -163,8 +193,8 @@ fn tokenized(data: Option<&Path>, source: TokenizerSource) -> Result<Made, Strin
     let path = match data {
         Some(p) => p,
         None => {
-            builtin = builtin_file()?;
-            builtin.as_path()
+            builtin = BuiltinFile::write()?;
+            builtin.0.as_path()
         }
     };
     let (tk, how) = match source {
@@ -178,9 +208,10 @@ fn tokenized(data: Option<&Path>, source: TokenizerSource) -> Result<Made, Strin
             eprintln!("training a byte-level BPE tokenizer of {vocab} ids on {name} …");
             let tk = TextTokenizer::train(path, vocab).map_err(|e| e.message())?;
             let took = started.elapsed().as_secs_f64();
+            let ids = tk.vocab_size();
             (
                 tk,
-                format!("byte-level BPE of {vocab} ids trained in {took:.1} s"),
+                format!("byte-level BPE of {ids} ids trained in {took:.1} s"),
             )
         }
         TokenizerSource::Bytes => unreachable!("bytes are handled by bytes_corpus"),
@@ -188,9 +219,6 @@ fn tokenized(data: Option<&Path>, source: TokenizerSource) -> Result<Made, Strin
     let packed = tk
         .pack(path)
         .map_err(|e| format!("--data: {}", e.message()))?;
-    if data.is_none() {
-        let _ = std::fs::remove_file(path);
-    }
     let json = tk.to_json().map_err(|e| e.to_string())?;
     let how = format!("{how}, {} documents", packed.documents);
     Ok((packed.corpus, Some(json), how))
@@ -198,7 +226,7 @@ fn tokenized(data: Option<&Path>, source: TokenizerSource) -> Result<Made, Strin
 
 #[cfg(not(feature = "tokenizers"))]
 fn tokenized(_: Option<&Path>, _: TokenizerSource) -> Result<Made, String> {
-    let _ = builtin_file;
+    let _ = BuiltinFile::write;
     Err(
         "this nobubble was built without BPE tokenizers; rebuild with the default features \
          (cargo build --release), or train on bytes (no --tokenizer / --train-tokenizer)"

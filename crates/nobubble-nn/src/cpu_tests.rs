@@ -1,0 +1,102 @@
+//! CPU backend checks: products against a naive f64 product at every SIMD level and thread
+//! count, softmax masking, cross-entropy.
+
+use super::*;
+
+fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for p in 0..k {
+                s += a[i * k + p] as f64 * b[p * n + j] as f64;
+            }
+            c[i * n + j] = s as f32;
+        }
+    }
+    c
+}
+
+#[test]
+fn matmul_matches_naive_including_transposed_views_and_accumulate() {
+    let be = CpuBackend::single_thread();
+    let (m, k, n) = (7, 5, 3);
+    let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
+    let bt = Tensor::from_vec(&[k, n], b.clone()).unwrap();
+    let mut c = Tensor::zeros(&[m, n]);
+    be.matmul(c.mat_mut(), at.mat(), bt.mat(), 1.0, false);
+    let want = naive(&a, &b, m, k, n);
+    for (x, y) in c.data().iter().zip(&want) {
+        assert!((x - y).abs() < 1e-5);
+    }
+    // accumulate: c += 2·a·b  → 3·want
+    be.matmul(c.mat_mut(), at.mat(), bt.mat(), 2.0, true);
+    for (x, y) in c.data().iter().zip(&want) {
+        assert!((x - 3.0 * y).abs() < 1e-4);
+    }
+    // (bᵀ aᵀ) = (a b)ᵀ
+    let mut ct = Tensor::zeros(&[n, m]);
+    be.matmul(ct.mat_mut(), bt.mat().t(), at.mat().t(), 1.0, false);
+    for i in 0..m {
+        for j in 0..n {
+            assert!((ct.data()[j * m + i] - want[i * n + j]).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn every_simd_level_multiplies_correctly_and_threads_do_not_change_bits() {
+    // Odd sizes exercise every edge micro-kernel; a strided (transposed) operand too.
+    let (m, k, n) = (131, 257, 97); // above gemm's threading threshold
+    let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let at = Tensor::from_vec(&[m, k], a.clone()).unwrap();
+    let bt = Tensor::from_vec(
+        &[n, k],
+        (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(),
+    )
+    .unwrap();
+    let want = naive(&a, &b, m, k, n);
+    let mut levels = 0;
+    for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+        let mut one = Tensor::zeros(&[m, n]);
+        let be = CpuBackend::single_thread().with_simd(simd).unwrap();
+        assert!(be.describe().contains(simd.name()));
+        be.matmul(one.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
+        for (x, y) in one.data().iter().zip(&want) {
+            assert!((x - y).abs() < 2e-4, "{simd}: {x} vs {y}");
+        }
+        let mut two = Tensor::zeros(&[m, n]);
+        let be2 = CpuBackend::with_threads(2).with_simd(simd).unwrap();
+        be2.matmul(two.mat_mut(), at.mat(), bt.mat().t(), 1.0, false);
+        assert_eq!(one.data(), two.data(), "{simd}: 2 threads changed the bits");
+        levels += 1;
+    }
+    assert!(levels >= 1);
+    if !Simd::Avx512.is_supported() {
+        assert!(CpuBackend::single_thread().with_simd(Simd::Avx512).is_err());
+    }
+}
+
+#[test]
+fn causal_softmax_masks_and_normalizes() {
+    let be = CpuBackend::single_thread();
+    let mut s = vec![1.0, 2.0, 3.0, 0.5, -1.0, 7.0, 0.0, 0.0, 0.0];
+    be.causal_softmax(&mut s, 3);
+    assert_eq!(&s[..3], &[1.0, 0.0, 0.0]);
+    assert_eq!(s[5], 0.0);
+    let e = (0.5f32).exp() / ((0.5f32).exp() + (-1.0f32).exp());
+    assert!((s[3] - e).abs() < 1e-6);
+    assert!((s[6..].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+}
+
+#[test]
+fn cross_entropy_of_uniform_logits_is_ln_vocab() {
+    let be = CpuBackend::single_thread();
+    let logits = Tensor::zeros(&[4, 256]);
+    let (loss, probs) = be.cross_entropy_forward(&logits, &[0, 1, 2, 255]);
+    assert!((loss - (256f32).ln()).abs() < 1e-5);
+    assert!((probs.data()[0] - 1.0 / 256.0).abs() < 1e-7);
+}

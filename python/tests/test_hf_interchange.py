@@ -132,3 +132,41 @@ def test_a_model_trained_with_a_bpe_tokenizer_exports_both_for_transformers(tmp_
     ours, _ = nobubble_logits(run, tmp_path)
     assert ours.shape == theirs.shape == (len(ids) - 1, 400)
     assert np.abs(ours - theirs).max() < 1e-4
+
+
+def test_the_benchmarks_torch_llama_is_transformers_llama():
+    """`nobubble.torch.models`' Llama blocks (the PyTorch side of bench_engine --arch llama)
+    compute what transformers' LlamaForCausalLM computes on the same weights."""
+    from nobubble.torch.models import GPTConfig, gpt_layers
+
+    cfg = GPTConfig(vocab=256, hidden=64, heads=4, blocks=2, seq_len=32, arch="llama")
+    ours = torch.nn.Sequential(*gpt_layers(cfg, seed=3)).eval()
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=cfg.ffn, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=cfg.kv, max_position_embeddings=32,
+        rms_norm_eps=1e-5, rope_theta=cfg.rope_theta,
+    )  # fmt: skip
+    theirs = transformers.LlamaForCausalLM(config).eval()
+    d = cfg.hidden // cfg.heads
+    with torch.no_grad():
+        theirs.model.embed_tokens.weight.copy_(ours[0].tok.weight)
+        for block, layer in zip(ours[1:-1], theirs.model.layers):
+            q, k, v = block.qkv.weight.split([cfg.hidden, cfg.kv * d, cfg.kv * d])
+            gate, up = block.gate_up.weight.chunk(2)
+            pairs = [
+                (layer.input_layernorm.weight, block.ln1.weight),
+                (layer.self_attn.q_proj.weight, q), (layer.self_attn.k_proj.weight, k),
+                (layer.self_attn.v_proj.weight, v),
+                (layer.self_attn.o_proj.weight, block.proj.weight),
+                (layer.post_attention_layernorm.weight, block.ln2.weight),
+                (layer.mlp.gate_proj.weight, gate), (layer.mlp.up_proj.weight, up),
+                (layer.mlp.down_proj.weight, block.down.weight),
+            ]  # fmt: skip
+            for dst, src in pairs:  # norms moved off 1, so they count
+                dst.copy_(src + 0.05 * torch.randn_like(src) * (src.dim() == 1))
+                src.copy_(dst)
+        theirs.model.norm.weight.copy_(ours[-1].ln.weight)
+        theirs.lm_head.weight.copy_(ours[-1].out.weight)
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+        gap = (ours(ids) - theirs(ids).logits).abs().max().item()
+    assert gap < 1e-4, gap

@@ -256,6 +256,21 @@ impl GptConfig {
         }
     }
 
+    /// Activation bytes one Llama block holds per microbatch after F and from I until W, as
+    /// its layers store them (f32): the norms' normalized inputs and scales, the linears'
+    /// inputs (and after I their output gradients), the rotated QKV and the attention
+    /// probabilities, the SwiGLU input. What the runtime estimates a Llama stage with before
+    /// it measures (the layer tests check it against the measured bytes).
+    pub fn llama_block_bytes(&self) -> (f64, f64) {
+        let (h, f) = (self.hidden as f64, self.ffn_hidden() as f64);
+        let w = ((self.heads + 2 * self.kv_heads()) * self.head_dim()) as f64;
+        let probs = (self.heads * self.seq_len) as f64;
+        let tokens = self.tokens_per_microbatch() as f64;
+        let after_f = tokens * (5.0 * h + 2.0 + w + probs + 3.0 * f);
+        let after_i = tokens * (5.0 * h + w + 3.0 * f) + 2.0 * h;
+        (4.0 * after_f, 4.0 * after_i)
+    }
+
     /// Total trainable parameters.
     pub fn parameter_count(&self) -> usize {
         let (h, f) = (self.hidden, self.ffn_hidden());

@@ -460,13 +460,17 @@ impl Session {
 
 /// Per-layer costs of `model` for choosing the layer split before anything is measured:
 /// FLOPs per pass (a block's matrix products and attention; the LM head's projection) and
-/// the paper's activation bytes per block (f32 here), the head holding its logits.
+/// the paper's activation bytes per block (f32 here; Llama blocks: the engine's own count), the
+/// head holding its logits.
 pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
     let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
     let tokens = (s * b) as f64;
     let gflop = |x: f64| x / 1e9;
     let [f, i, w] = model.block_shape().pass_flops().map(gflop);
-    let (mem_b, mem_w) = flops::block_activation_bytes(h, model.heads, s, b, 4.0);
+    let (mem_b, mem_w) = match model.arch {
+        nobubble_nn::config::Arch::Gpt => flops::block_activation_bytes(h, model.heads, s, b, 4.0),
+        nobubble_nn::config::Arch::Llama => model.llama_block_bytes(),
+    };
     let block = RankCost {
         f,
         i,

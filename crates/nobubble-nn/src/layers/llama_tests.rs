@@ -217,12 +217,19 @@ fn llama_block_memory_matches_hand_count() {
         + N * 2 * f
         + N * f;
     assert_eq!(b.held_bytes(0), 4 * f_floats);
+    let (counted_f, counted_i) = GptConfig {
+        microbatch_size: N / S,
+        ..cfg.clone()
+    }
+    .llama_block_bytes();
+    assert_eq!(counted_f, (4 * f_floats) as f64);
     b.backward_input(&be, 0, random_tensor(&[N, H], 1.0, 22))
         .unwrap();
     // γ partials h each (no β); each linear keeps (input, output gradient).
     let i_floats =
         H + (N * H + N * w) + (N * H + N * H) + H + (N * H + N * 2 * f) + (N * f + N * H);
     assert_eq!(b.held_bytes(0), 4 * i_floats);
+    assert_eq!(counted_i, (4 * i_floats) as f64);
     b.backward_weight(&be, 0).unwrap();
     assert_eq!(b.held_bytes(0), 0);
 }

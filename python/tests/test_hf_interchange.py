@@ -170,3 +170,30 @@ def test_the_benchmarks_torch_llama_is_transformers_llama():
         ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
         gap = (ours(ids) - theirs(ids).logits).abs().max().item()
     assert gap < 1e-4, gap
+
+
+def test_tied_embeddings_cross_both_ways(tmp_path: Path):
+    # nobubble → transformers: trained with the LM head sharing the embedding.
+    run, hf = tmp_path / "run", tmp_path / "hf"
+    nobubble("train", "--model", "micro", "--arch", "llama", "--tie-embeddings",
+             "--seq-len", "48", "--steps", "6", "--lr", "1e-2", "--eval-sets", "0",
+             "--save", str(run))  # fmt: skip
+    nobubble("export", str(run), str(hf))
+    assert json.loads((hf / "config.json").read_text())["tie_word_embeddings"] is True
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    theirs, _ = transformers_logits(model)
+    ours, _ = nobubble_logits(run, tmp_path)
+    assert np.abs(ours - theirs).max() < 1e-4
+    # transformers → nobubble: a tied random Llama (no lm_head.weight in its file).
+    torch.manual_seed(2)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    tied = transformers.LlamaForCausalLM(config).eval()
+    tied.save_pretrained(tmp_path / "tied")
+    theirs, _ = transformers_logits(tied)
+    ours, _ = nobubble_logits(tmp_path / "tied", tmp_path)
+    assert np.abs(ours - theirs).max() < 1e-4

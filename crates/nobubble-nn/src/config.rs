@@ -67,13 +67,21 @@ pub struct GptConfig {
     pub microbatch_size: usize,
     /// Vocabulary size; 256 for byte-level text.
     pub vocab: usize,
-    /// Share the token embedding with the LM head. Not supported (refused by
-    /// [`GptConfig::validate`]): across stages it would need a gradient exchange
-    /// between the first and last stage, and a silent fallback would double-count.
+    /// Share the token embedding with the LM head: the last stage holds a copy
+    /// ([`TIED_ALIAS`]) of [`TIED_EMBEDDING`], and the trainers sum the two copies'
+    /// gradients before every optimizer step, so both stay equal and the model is trained as
+    /// with one shared tensor.
     pub tie_embeddings: bool,
     /// Epsilon of every norm (LayerNorm or RMSNorm).
     pub ln_eps: f32,
 }
+
+/// The token embedding, the tensor a tied LM head shares.
+pub const TIED_EMBEDDING: &str = "embed.tokens";
+/// The last stage's copy of [`TIED_EMBEDDING`] under tied embeddings (`[vocab, h]`, used
+/// transposed): never saved (checkpoints hold the embedding once) and not counted twice in the
+/// gradient norm.
+pub const TIED_ALIAS: &str = "lm_head.weight";
 
 fn default_rope_theta() -> f32 {
     10_000.0
@@ -224,14 +232,6 @@ impl GptConfig {
                 "vocabulary too large for u32 token ids".into(),
             ));
         }
-        if self.tie_embeddings {
-            return Err(NnError::Config(
-                "tied embedding/LM-head weights are not supported: the embedding lives on the first \
-                 stage and the LM head on the last, and summing their gradients needs a cross-stage \
-                 exchange that is not implemented; set tie_embeddings = false"
-                    .into(),
-            ));
-        }
         if !self.ln_eps.is_finite() || self.ln_eps <= 0.0 {
             return Err(NnError::Config("ln_eps must be positive".into()));
         }
@@ -256,6 +256,15 @@ impl GptConfig {
         }
     }
 
+    /// The LM head's own parameters: none when it shares the embedding.
+    fn head_params(&self) -> usize {
+        if self.tie_embeddings {
+            0
+        } else {
+            self.hidden * self.vocab
+        }
+    }
+
     /// Activation bytes one Llama block holds per microbatch after F and from I until W, as
     /// its layers store them (f32): the norms' normalized inputs and scales, the linears'
     /// inputs (and after I their output gradients), the rotated QKV and the attention
@@ -277,12 +286,12 @@ impl GptConfig {
         match self.arch {
             Arch::Gpt => {
                 let block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
-                self.vocab * h + self.seq_len * h + self.layers * block + 2 * h + h * self.vocab
+                self.vocab * h + self.seq_len * h + self.layers * block + 2 * h + self.head_params()
             }
             Arch::Llama => {
                 let qkv = h * (self.heads + 2 * self.kv_heads()) * self.head_dim();
                 let block = 2 * h + qkv + h * h + h * 2 * f + f * h;
-                self.vocab * h + self.layers * block + h + h * self.vocab
+                self.vocab * h + self.layers * block + h + self.head_params()
             }
         }
     }
@@ -380,16 +389,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn presets_validate_and_tied_weights_are_refused() {
+    fn presets_validate_and_bad_shapes_are_refused() {
         for p in ["micro", "tiny", "small", "medium"] {
             GptConfig::preset(p).unwrap().validate().unwrap();
         }
         assert!(GptConfig::preset("huge").is_err());
         let mut c = GptConfig::tiny();
         c.tie_embeddings = true;
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("tied"), "{err}");
-        c.tie_embeddings = false;
+        c.validate().unwrap();
+        assert_eq!(
+            GptConfig::tiny().parameter_count() - c.parameter_count(),
+            c.hidden * c.vocab
+        );
         c.heads = 3;
         assert!(c.validate().is_err());
     }

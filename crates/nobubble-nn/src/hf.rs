@@ -15,7 +15,8 @@
 //! | `final_ln.gamma`               | `model.norm.weight`                                |
 //! | `lm_head.weight` `[h, V]`      | `lm_head.weight` `[V, h]`                          |
 //!
-//! Heads need no permutation: nobubble rotates pairs `(j, j + d/2)` of each head, as
+//! With tied embeddings (`tie_word_embeddings`) there is no `lm_head.weight`: both sides
+//! use the embedding. Heads need no permutation: nobubble rotates pairs `(j, j + d/2)` of each head, as
 //! transformers' `rotate_half` does.
 
 use std::collections::BTreeMap;
@@ -48,7 +49,7 @@ pub fn config_json(config: &GptConfig) -> Result<Value> {
         "hidden_act": "silu",
         "attention_bias": false,
         "mlp_bias": false,
-        "tie_word_embeddings": false,
+        "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": 0.02,
         "bos_token_id": null,
         "eos_token_id": null,
@@ -98,12 +99,6 @@ pub fn config_from_json(cfg: &Value, seq_len: Option<usize>) -> Result<GptConfig
             ));
         }
     }
-    if flag("tie_word_embeddings") {
-        return Err(bad(
-            "tie_word_embeddings",
-            "is true; tied input/output embeddings are not supported yet",
-        ));
-    }
     if let Some(act) = cfg.get("hidden_act").and_then(Value::as_str) {
         if act != "silu" {
             return Err(bad(
@@ -151,6 +146,7 @@ pub fn config_from_json(cfg: &Value, seq_len: Option<usize>) -> Result<GptConfig
         },
         vocab: int("vocab_size")?,
         ln_eps: float("rms_norm_eps").unwrap_or(1e-6) as f32,
+        tie_embeddings: flag("tie_word_embeddings"),
         ..GptConfig::micro()
     };
     config.validate()?;
@@ -281,6 +277,10 @@ fn slots(config: &GptConfig) -> Vec<Slot> {
         ]);
     }
     out.push(same("model.norm.weight", "final_ln.gamma", &[h]));
+    if config.tie_embeddings {
+        // transformers ties lm_head.weight to the embedding itself.
+        return out;
+    }
     out.push(cols(
         "lm_head.weight".into(),
         "lm_head.weight".into(),
@@ -433,7 +433,6 @@ mod tests {
         assert_eq!(back, explicit);
         assert_eq!(config_from_json(&json, Some(8)).unwrap().seq_len, 8);
         for (field, value, says) in [
-            ("tie_word_embeddings", json!(true), "tie_word_embeddings"),
             ("attention_bias", json!(true), "attention_bias"),
             ("hidden_act", json!("gelu"), "hidden_act"),
             ("model_type", json!("gpt2"), "model_type"),
@@ -449,6 +448,9 @@ mod tests {
             let err = config_from_json(&j, None).unwrap_err().to_string();
             assert!(err.contains(says), "{field}: {err}");
         }
+        let mut tied = json.clone();
+        tied["tie_word_embeddings"] = json!(true);
+        assert!(config_from_json(&tied, None).unwrap().tie_embeddings);
         let gpt = GptConfig::micro();
         assert!(config_json(&gpt)
             .unwrap_err()

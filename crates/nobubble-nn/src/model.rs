@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::accumulate::TreeSum;
 use crate::backend::{on_backend, Backend, CpuBackend};
-use crate::config::{block_counts, Arch, GptConfig, StageLayout};
+use crate::config::{block_counts, Arch, GptConfig, StageLayout, TIED_ALIAS};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::layers::{Block, Embedding, LmHead, SplitLayer};
 use crate::memory::MemoryFootprint;
@@ -499,6 +499,27 @@ impl Stage {
         p
     }
 
+    /// Parameters whose gradients count toward the gradient norm: all but a tied LM head's
+    /// copy of the embedding (the shared tensor counts once, on the first stage).
+    pub fn norm_params(&self) -> Vec<&Param> {
+        self.params()
+            .into_iter()
+            .filter(|p| !(self.config.tie_embeddings && p.name == TIED_ALIAS))
+            .collect()
+    }
+
+    /// With tied embeddings, the gradients of the shared tensor's copies this stage holds —
+    /// the embedding's (first stage), then the LM head's (last stage) —, for
+    /// [`sum_tied_gradients`]; empty otherwise.
+    pub fn tied_grads_mut(&mut self) -> Vec<&mut Tensor> {
+        if !self.config.tie_embeddings {
+            return Vec::new();
+        }
+        let embedding = self.embedding.iter_mut().map(|e| &mut e.tokens.grad);
+        let head = self.head.iter_mut().map(|h| &mut h.lm_head.weight.grad);
+        embedding.chain(head).collect()
+    }
+
     /// Clears all gradient accumulators (and any partial tree sum).
     pub fn zero_grads(&mut self) {
         if let Some(t) = &mut self.grad_tree {
@@ -580,6 +601,31 @@ impl Stage {
             after_weight_grad: per_layer.iter().map(|(_, m)| m.after_weight_grad).sum(),
         };
         Ok(StageMemory { total, per_layer })
+    }
+}
+
+/// Sums the step's gradients of a tied embedding's two copies — the embedding's and the LM
+/// head's, each complete for the step — into both, so that both copies take the same step as
+/// one shared tensor would. (Two addends: the sum is the same bits in either order.)
+pub fn sum_tied_gradients(mut grads: Vec<&mut Tensor>) -> Result<()> {
+    match grads.as_mut_slice() {
+        [] => Ok(()),
+        [a, b] if a.shape() == b.shape() => {
+            be_add(a.data_mut(), b.data());
+            b.data_mut().copy_from_slice(a.data());
+            Ok(())
+        }
+        other => Err(NnError::Config(format!(
+            "tied embeddings: {} copies of the shared tensor's gradient (expected the embedding's \
+             and the LM head's, of one shape)",
+            other.len()
+        ))),
+    }
+}
+
+fn be_add(dst: &mut [f32], src: &[f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d += s;
     }
 }
 

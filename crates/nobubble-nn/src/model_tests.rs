@@ -53,12 +53,23 @@ fn initial_weights_do_not_depend_on_the_split() {
         vec![1, 2, 1]
     );
     assert!(lighter[0].is_first() && !lighter[1].is_first() && lighter[2].is_last());
+    // Tied: the head's copy starts as the embedding, whatever the split.
     let mut tied = cfg.clone();
     tied.tie_embeddings = true;
-    assert!(matches!(
-        build_stages(&tied, 42, &[4]),
-        Err(NnError::Config(_))
-    ));
+    for layout in [vec![4], vec![1, 3]] {
+        let st = build_stages(&tied, 42, &layout).unwrap();
+        let e = &st[0].embedding.as_ref().unwrap().tokens.value;
+        let h = &st
+            .last()
+            .unwrap()
+            .head
+            .as_ref()
+            .unwrap()
+            .lm_head
+            .weight
+            .value;
+        assert_eq!(e, h, "{layout:?}");
+    }
 }
 
 #[test]
@@ -619,4 +630,80 @@ fn stages_and_tensors_can_move_to_worker_threads() {
     .join()
     .unwrap();
     assert!((loss - 256f32.ln()).abs() < 0.1);
+}
+
+#[test]
+fn tied_embeddings_train_as_one_shared_tensor() {
+    let cfg = GptConfig {
+        tie_embeddings: true,
+        ..GptConfig::micro().with_arch(Arch::Llama)
+    };
+    let run = |split: &[usize]| {
+        let mut t = trainer(&cfg, split, Some(1.0));
+        let losses: Vec<u32> = (0..4)
+            .map(|_| t.train_step().unwrap().loss.to_bits())
+            .collect();
+        (losses, all_params(t.stages()))
+    };
+    let (one, w1) = run(&[2]);
+    let (two, w2) = run(&[1, 1]);
+    assert_eq!(one, two, "the split does not change a bit");
+    assert_eq!(w1, w2);
+    let value = |name: &str| w1.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
+    assert_eq!(
+        value("embed.tokens"),
+        value("lm_head.weight"),
+        "both copies step alike"
+    );
+
+    // The summed gradient is the derivative of the loss in the shared tensor: both copies
+    // moved together, by finite differences.
+    let mut stages = build_stages(&cfg, 5, &[1, 1]).unwrap();
+    for (i, s) in stages.iter_mut().enumerate() {
+        randomize(s.params_mut(), 100 + i as u64);
+    }
+    // The copies must start equal, as the model builds them.
+    let e = stages[0].embedding.as_ref().unwrap().tokens.value.clone();
+    stages[1].head.as_mut().unwrap().lm_head.weight.value = e;
+    let data = micro_data(&cfg, 0, 0);
+    run_microbatch(&mut stages, 0, &data).unwrap();
+    let tied = stages.iter_mut().flat_map(|s| s.tied_grads_mut()).collect();
+    crate::model::sum_tied_gradients(tied).unwrap();
+    let h = cfg.hidden;
+    let mut mb = 1;
+    for idx in [data.tokens[2] as usize * h + 3, 7 * h + 1] {
+        let analytic = stages[0].embedding.as_ref().unwrap().tokens.grad.data()[idx];
+        assert_eq!(
+            analytic,
+            stages[1].head.as_ref().unwrap().lm_head.weight.grad.data()[idx]
+        );
+        let x0 = stages[0].embedding.as_ref().unwrap().tokens.value.data()[idx];
+        let fd = central_difference(
+            |v| {
+                stages[0]
+                    .embedding
+                    .as_mut()
+                    .unwrap()
+                    .tokens
+                    .value
+                    .data_mut()[idx] = v;
+                stages[1]
+                    .head
+                    .as_mut()
+                    .unwrap()
+                    .lm_head
+                    .weight
+                    .value
+                    .data_mut()[idx] = v;
+                mb += 1;
+                forward_loss(&mut stages, mb, &data).unwrap() as f64
+            },
+            x0,
+            1e-2,
+        );
+        assert!(
+            (fd - analytic as f64).abs() <= 3e-2 * analytic.abs() as f64 + 1e-4,
+            "shared[{idx}]: fd {fd} vs {analytic}"
+        );
+    }
 }

@@ -20,6 +20,7 @@ use crate::backend::CpuBackend;
 use crate::config::GptConfig;
 use crate::data::{Corpus, Microbatch};
 use crate::error::{NnError, Result};
+use crate::model::sum_tied_gradients;
 use crate::model::{build_stages, Stage, StageInput};
 use crate::optim::{clip_scale, grad_norm_sq, AdamW, AdamWConfig};
 
@@ -186,7 +187,17 @@ impl ReferenceTrainer {
     pub fn train_step(&mut self) -> Result<StepReport> {
         let step = self.step;
         let loss = self.accumulate_gradients(step)?;
-        let norm_sq: f64 = self.stages.iter().map(|s| grad_norm_sq(&s.params())).sum();
+        let tied = self
+            .stages
+            .iter_mut()
+            .flat_map(|s| s.tied_grads_mut())
+            .collect();
+        sum_tied_gradients(tied)?;
+        let norm_sq: f64 = self
+            .stages
+            .iter()
+            .map(|s| grad_norm_sq(&s.norm_params()))
+            .sum();
         let lr = self.lr_at(step);
         let scale = clip_scale(norm_sq, self.train.max_grad_norm);
         for (stage, opt) in self.stages.iter_mut().zip(&mut self.optimizers) {

@@ -32,6 +32,8 @@ pub enum Tag {
     /// Rank 0's stop decision after a step: the launcher's bookkeeping, not the model's
     /// traffic, so emulated latency does not apply to it.
     Decision = 6,
+    /// A tied embedding's step gradient, between the first and the last stage's ranks.
+    TiedGrad = 7,
 }
 
 impl Tag {
@@ -44,6 +46,7 @@ impl Tag {
             4 => Tag::Stats,
             5 => Tag::Collective,
             6 => Tag::Decision,
+            7 => Tag::TiedGrad,
             _ => return None,
         })
     }

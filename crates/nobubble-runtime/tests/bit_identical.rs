@@ -67,6 +67,15 @@ fn every_schedule_trains_llama_blocks_bit_identically_to_the_reference() {
     every_schedule_trains_bit_identically(&model().with_arch(Arch::Llama));
 }
 
+#[test]
+fn every_schedule_trains_tied_embeddings_bit_identically_to_the_reference() {
+    let tied = GptConfig {
+        tie_embeddings: true,
+        ..model().with_arch(Arch::Llama)
+    };
+    every_schedule_trains_bit_identically(&tied);
+}
+
 fn every_schedule_trains_bit_identically(model: &GptConfig) {
     let (p, m, steps) = (2, 4, 3);
     let spec = CostSpec::uniform(RankCost::default(), 0.0);

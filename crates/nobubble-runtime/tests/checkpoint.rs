@@ -98,6 +98,21 @@ fn resume_of_llama_blocks_continues_bit_for_bit() {
     resume_continues_bit_for_bit_with(model().with_arch(Arch::Llama));
 }
 
+#[test]
+fn resume_with_tied_embeddings_continues_bit_for_bit_and_saves_the_embedding_once() {
+    let tied = GptConfig {
+        tie_embeddings: true,
+        ..model().with_arch(Arch::Llama)
+    };
+    let (mut p, _) = start(ScheduleKind::OneFOneB, 2, tied.clone());
+    let state = p.export_state().unwrap();
+    assert!(state.params.contains_key("embed.tokens"));
+    assert!(!state.params.contains_key("lm_head.weight"), "saved once");
+    assert!(!state.optimizer.moments.contains_key("lm_head.weight"));
+    drop(p);
+    resume_continues_bit_for_bit_with(tied);
+}
+
 fn resume_continues_bit_for_bit_with(model: GptConfig) {
     let model = || model.clone();
     let (total, k) = (7u64, 3u64);
@@ -111,7 +126,12 @@ fn resume_continues_bit_for_bit_with(model: GptConfig) {
     for _ in 0..k {
         first.train_step(&s).unwrap();
     }
-    let dir = temp_dir(&format!("resume-{}", model().arch.name())).join("ckpt");
+    let dir = temp_dir(&format!(
+        "resume-{}-{}",
+        model().arch.name(),
+        model().tie_embeddings
+    ))
+    .join("ckpt");
     save(
         &dir,
         &Checkpoint::new(first.export_state().unwrap(), &model(), &train(), "zb-h1"),

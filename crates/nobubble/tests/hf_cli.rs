@@ -149,12 +149,12 @@ fn what_cannot_be_exported_or_initialized_from_is_refused_naming_the_problem() {
     // A config.json that asks for what the blocks do not compute names the field.
     let path = hf.join("config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["tie_word_embeddings"] = Value::Bool(true);
+    config["attention_bias"] = Value::Bool(true);
     std::fs::write(&path, config.to_string()).unwrap();
     let err = train_from(&[]);
-    assert!(err.contains("tie_word_embeddings"), "{err}");
+    assert!(err.contains("attention_bias"), "{err}");
     let err = fails(&["score", "--checkpoint", s(&hf), "--text", "abc"]);
-    assert!(err.contains("tie_word_embeddings"), "{err}");
+    assert!(err.contains("attention_bias"), "{err}");
     std::fs::write(&path, "{ not json").unwrap();
     let err = train_from(&[]);
     assert!(

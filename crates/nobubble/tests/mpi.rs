@@ -187,28 +187,22 @@ fn processes_train_bit_identically_to_threads_under_every_kind_of_schedule() {
 #[test]
 fn llama_blocks_train_bit_identically_over_processes_and_threads() {
     let dir = temp("llama");
-    for s in ["zb-h1", "zb-v"] {
-        let rest = [
-            "-s",
-            s,
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--layers",
-            "4",
-            "--steps",
-            "3",
-            "--arch",
-            "llama",
-            "--data-parallel",
-            "2",
+    // Tied embeddings: across ranks (zb-h1) and on one rank (zb-v puts both ends on rank 0).
+    for (s, extra) in [
+        ("zb-h1", "--tie-embeddings"),
+        ("zb-v", "--tie-embeddings"),
+        ("zb-v", "--seed=1"),
+    ] {
+        let mut rest = vec![
+            "-s", s, "-p", "2", "-m", "4", "--layers", "4", "--steps", "3",
         ];
-        threads(&dir, &format!("{s}-t"), &rest);
-        let out = processes(4, &dir, &format!("{s}-p"), &rest);
+        rest.extend(["--arch", "llama", "--data-parallel", "2", extra]);
+        let name = format!("{s}{extra}");
+        threads(&dir, &format!("{name}-t"), &rest);
+        let out = processes(4, &dir, &format!("{name}-p"), &rest);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("model llama micro"), "{stderr}");
-        same_run(&dir, &format!("{s}-t"), &format!("{s}-p"));
+        same_run(&dir, &format!("{name}-t"), &format!("{name}-p"));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

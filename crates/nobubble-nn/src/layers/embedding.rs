@@ -34,7 +34,7 @@ impl Embedding {
     ) -> Self {
         Embedding {
             tokens: Param::new(
-                "embed.tokens",
+                crate::config::TIED_EMBEDDING,
                 &[vocab, hidden],
                 Init::Normal(super::INIT_STD),
                 false,

@@ -7,10 +7,10 @@
 
 use super::{Linear, Norm, SplitLayer, INIT_STD};
 use crate::backend::Backend;
-use crate::config::GptConfig;
+use crate::config::{GptConfig, TIED_ALIAS, TIED_EMBEDDING};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
-use crate::param::Param;
+use crate::param::{Init, Param};
 use crate::tensor::Tensor;
 
 /// Final norm, vocabulary projection and loss.
@@ -18,7 +18,8 @@ use crate::tensor::Tensor;
 pub struct LmHead {
     /// Final norm (`final_ln`): LayerNorm for GPT, RMSNorm for Llama.
     pub final_ln: Norm,
-    /// Projection to the vocabulary `[h, vocab]` (`lm_head.weight`), untied.
+    /// Projection to the vocabulary `[h, vocab]` (`lm_head.weight`), or with tied embeddings
+    /// a copy of the `[vocab, h]` embedding used transposed.
     pub lm_head: Linear,
     /// Scale applied to the loss gradient. 1.0 gives the gradient of this
     /// microbatch's mean loss; the trainer sets `1/m` so that `m` accumulated
@@ -31,9 +32,23 @@ impl LmHead {
     /// New head for `config`'s model.
     pub fn new(config: &GptConfig, seed: u64) -> Self {
         let (hidden, eps) = (config.hidden, config.ln_eps);
+        let lm_head = if config.tie_embeddings {
+            // The embedding's own init (its name seeds it), under the alias's name.
+            let mut weight = Param::new(
+                TIED_EMBEDDING,
+                &[config.vocab, hidden],
+                Init::Normal(INIT_STD),
+                false,
+                seed,
+            );
+            weight.name = TIED_ALIAS.to_string();
+            Linear::transposed("lm_head", weight)
+        } else {
+            Linear::new("lm_head", hidden, config.vocab, false, INIT_STD, seed)
+        };
         LmHead {
             final_ln: Norm::for_arch(config.arch, "final_ln", hidden, eps, seed),
-            lm_head: Linear::new("lm_head", hidden, config.vocab, false, INIT_STD, seed),
+            lm_head,
             loss_grad_scale: 1.0,
             loss: PassState::new("loss"),
         }

@@ -10,13 +10,17 @@ use crate::memory::PassState;
 use crate::param::{Init, Param};
 use crate::tensor::Tensor;
 
-/// A linear map with weight `[in, out]` and optional bias `[out]`.
+/// A linear map with weight `[in, out]` (or, `transposed`, `[out, in]`) and optional bias
+/// `[out]`.
 #[derive(Debug)]
 pub struct Linear {
-    /// Weight `[in_features, out_features]`.
+    /// Weight `[in_features, out_features]`, or `[out_features, in_features]` if
+    /// `transposed` (an LM head sharing the `[vocab, h]` embedding).
     pub weight: Param,
     /// Optional bias `[out_features]`.
     pub bias: Option<Param>,
+    /// The weight is stored `[out, in]` and used transposed (`y = x·Wᵀ`).
+    pub transposed: bool,
     state: PassState<Tensor, (Tensor, Tensor)>,
 }
 
@@ -48,13 +52,35 @@ impl Linear {
                     seed,
                 )
             }),
+            transposed: false,
+            state: PassState::new(name),
+        }
+    }
+
+    /// A bias-free layer whose weight `[out, in]` is `weight` (e.g. a copy of the token
+    /// embedding for a tied LM head), used transposed.
+    pub fn transposed(name: &str, weight: Param) -> Self {
+        Linear {
+            weight,
+            bias: None,
+            transposed: true,
             state: PassState::new(name),
         }
     }
 
     /// Input feature count.
     pub fn in_features(&self) -> usize {
-        self.weight.value.shape()[0]
+        self.weight.value.shape()[usize::from(self.transposed)]
+    }
+
+    /// The weight as the `[in, out]` matrix of `y = x·W`.
+    fn w(&self) -> crate::tensor::MatRef<'_> {
+        let w = self.weight.value.mat();
+        if self.transposed {
+            w.t()
+        } else {
+            w
+        }
     }
 
     /// `x·W + b` alone (what F computes; inference saves nothing).
@@ -64,12 +90,12 @@ impl Linear {
         match &self.bias {
             Some(b) => {
                 let mut y = be.broadcast_rows(b.value.data(), x.rows());
-                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, true);
+                be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, true);
                 y
             }
             None => {
                 let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
-                be.matmul(y.mat_mut(), x.mat(), self.weight.value.mat(), 1.0, false);
+                be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, false);
                 y
             }
         }
@@ -77,7 +103,7 @@ impl Linear {
 
     /// Output feature count.
     pub fn out_features(&self) -> usize {
-        self.weight.value.shape()[1]
+        self.weight.value.shape()[usize::from(!self.transposed)]
     }
 }
 
@@ -117,20 +143,19 @@ impl SplitLayer for Linear {
         }
         let x = self.state.take_forward(mb)?;
         let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
-        be.matmul(
-            dx.mat_mut(),
-            dy.mat(),
-            self.weight.value.mat().t(),
-            1.0,
-            false,
-        );
+        be.matmul(dx.mat_mut(), dy.mat(), self.w().t(), 1.0, false);
         self.state.queue_weight_grad(mb, (x, dy));
         Ok(dx)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
         let (x, dy) = self.state.take_weight_grad(mb)?;
-        be.matmul(self.weight.grad.mat_mut(), x.mat().t(), dy.mat(), 1.0, true);
+        if self.transposed {
+            // dWᵀ = dyᵀ·x, `[out, in]`.
+            be.matmul(self.weight.grad.mat_mut(), dy.mat().t(), x.mat(), 1.0, true);
+        } else {
+            be.matmul(self.weight.grad.mat_mut(), x.mat().t(), dy.mat(), 1.0, true);
+        }
         if let Some(b) = &mut self.bias {
             be.accumulate_column_sums(b.grad.data_mut(), &dy);
         }

@@ -4,6 +4,7 @@
 use super::{StageState, TrainingState};
 use crate::error::RuntimeError;
 use crate::worker::Engine;
+use nobubble_nn::config::{TIED_ALIAS, TIED_EMBEDDING};
 use nobubble_nn::{AdamWState, Stage, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 /// Error naming parameters in a checkpoint that the model does not have.
@@ -32,8 +33,9 @@ pub(crate) fn load_params(
     stage: &mut Stage,
     params: &BTreeMap<String, Tensor>,
 ) -> Result<BTreeSet<String>, RuntimeError> {
+    let tied = stage.config().tie_embeddings;
     for p in stage.params() {
-        match params.get(&p.name) {
+        match params.get(saved_name(tied, &p.name)) {
             None => {
                 return Err(RuntimeError::Config(format!(
                     "the checkpoint has no parameter `{}`; it was written for another model",
@@ -53,10 +55,30 @@ pub(crate) fn load_params(
     }
     let mut names = BTreeSet::new();
     for p in stage.params_mut() {
-        p.value.data_mut().copy_from_slice(params[&p.name].data());
-        names.insert(p.name.clone());
+        let saved = saved_name(tied, &p.name);
+        p.value.data_mut().copy_from_slice(params[saved].data());
+        names.insert(saved.to_string());
     }
     Ok(names)
+}
+
+/// The name a parameter is saved under: a tied LM head's copy is the embedding, saved once.
+fn saved_name(tied: bool, name: &str) -> &str {
+    if tied && name == TIED_ALIAS {
+        TIED_EMBEDDING
+    } else {
+        name
+    }
+}
+
+/// `state` as the optimizer of a tied LM head's stage reads it: the copy's moments are the
+/// embedding's (the two always take the same steps).
+fn with_tied_moments(state: &AdamWState) -> AdamWState {
+    let mut state = state.clone();
+    if let Some(m) = state.moments.get(TIED_EMBEDDING).cloned() {
+        state.moments.insert(TIED_ALIAS.to_string(), m);
+    }
+    state
 }
 
 /// A rank's stages and optimizers, for [`crate::Pipeline::export_state`].
@@ -68,14 +90,21 @@ pub(crate) fn export_engine(engine: &Engine) -> Result<Vec<StageState>, RuntimeE
                 let opt = optimizers.get(&s).ok_or_else(|| {
                     RuntimeError::Fault(format!("internal: stage {s} has no optimizer"))
                 })?;
+                // A tied LM head's copy of the embedding is not saved: the embedding is.
+                let tied = st.config().tie_embeddings;
+                let mut optimizer = opt.export_state();
+                if tied {
+                    optimizer.moments.remove(TIED_ALIAS);
+                }
                 Ok(StageState {
                     stage: s,
                     params: st
                         .params()
                         .into_iter()
+                        .filter(|p| !(tied && p.name == TIED_ALIAS))
                         .map(|p| (p.name.clone(), p.value.clone()))
                         .collect(),
-                    optimizer: opt.export_state(),
+                    optimizer,
                 })
             })
             .collect(),
@@ -100,8 +129,10 @@ pub(crate) fn import_engine(
                 })?;
                 // Check the weights first: the optimizer import is all-or-nothing, and
                 // after it succeeds the (checked) weight copy cannot fail.
+                let tied = st.config().tie_embeddings;
                 for p in st.params() {
-                    if state.params.get(&p.name).map(Tensor::shape) != Some(p.value.shape()) {
+                    let saved = saved_name(tied, &p.name);
+                    if state.params.get(saved).map(Tensor::shape) != Some(p.value.shape()) {
                         return Err(RuntimeError::Config(format!(
                             "stage {s}: the checkpoint has no parameter `{}` of shape {:?}; it \
                              was written for another model",
@@ -110,7 +141,12 @@ pub(crate) fn import_engine(
                         )));
                     }
                 }
-                opt.import_state(&state.optimizer)
+                let optimizer = if tied && st.is_last() {
+                    with_tied_moments(&state.optimizer)
+                } else {
+                    state.optimizer.clone()
+                };
+                opt.import_state(&optimizer)
                     .map_err(|e| RuntimeError::Config(format!("stage {s}: {e}")))?;
                 names.extend(load_params(st, &state.params)?);
             }

@@ -127,6 +127,70 @@ impl Worker {
         Ok(())
     }
 
+    /// With tied embeddings, after the step's gradients are complete (and reduced over the
+    /// replicas): the rank of the first stage and the rank of the last stage exchange the
+    /// shared tensor's gradient — the embedding's and the LM head's copy — and each sets its
+    /// copy to their sum ([`nobubble_nn::sum_tied_gradients`]; a rank holding both, as under V
+    /// placement, sums locally). Both copies then take the same optimizer step.
+    pub(crate) fn finish_tie(&mut self, step: u64) -> Result<(), RuntimeError> {
+        let Engine::Real { stages, .. } = &self.engine else {
+            return Ok(());
+        };
+        if !self.model.tie_embeddings {
+            return Ok(());
+        }
+        let last = self.layout.placement.len() - 1;
+        let here: Vec<usize> = [0, last]
+            .into_iter()
+            .filter(|s| stages.contains_key(s))
+            .collect();
+        let fault = |e: nobubble_nn::NnError| RuntimeError::Fault(format!("tied embeddings: {e}"));
+        if here.len() == 2 || here.is_empty() {
+            let Engine::Real { stages, .. } = &mut self.engine else {
+                unreachable!("checked above")
+            };
+            let tied = stages
+                .values_mut()
+                .flat_map(|s| s.tied_grads_mut())
+                .collect();
+            return nobubble_nn::sum_tied_gradients(tied).map_err(fault);
+        }
+        let (mine, other) = if here[0] == 0 { (0, last) } else { (last, 0) };
+        let partner = self.layout.rank_of(self.replica, other);
+        let own = match &mut self.engine {
+            Engine::Real { stages, .. } => stages
+                .get_mut(&mine)
+                .and_then(|s| s.tied_grads_mut().pop().map(|g| g.data().to_vec()))
+                .ok_or_else(|| {
+                    RuntimeError::Fault(format!("internal: stage {mine} holds no tied copy"))
+                })?,
+            Engine::Emulated(_) => unreachable!("checked above"),
+        };
+        let msg = control(Tag::TiedGrad, mine, step, own, Vec::new());
+        self.post_control(partner, msg)?;
+        let what = || {
+            format!(
+                "the tied embedding's gradient of stage {other} from rank {partner}, step {step}"
+            )
+        };
+        let theirs = self.wait_for((Tag::TiedGrad, other, step, partner), None, &what)?;
+        if let Engine::Real { stages, .. } = &mut self.engine {
+            let mut grads = stages.get_mut(&mine).expect("checked").tied_grads_mut();
+            let g = grads.pop().expect("checked");
+            if g.len() != theirs.data.len() {
+                return Err(RuntimeError::Fault(format!(
+                    "tied embeddings: rank {partner} sent {} values, the copy here has {}",
+                    theirs.data.len(),
+                    g.len()
+                )));
+            }
+            for (d, s) in g.data_mut().iter_mut().zip(&theirs.data) {
+                *d += s;
+            }
+        }
+        Ok(())
+    }
+
     /// Every rank's `bytes`, in rank order (this rank's own included).
     pub fn all_gather(&mut self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, RuntimeError> {
         let round = self.round;

@@ -128,7 +128,7 @@ impl Worker {
         match &self.engine {
             Engine::Real { stages, .. } => stages
                 .iter()
-                .map(|(&s, st)| (s, grad_norm_sq(&st.params())))
+                .map(|(&s, st)| (s, grad_norm_sq(&st.norm_params())))
                 .collect(),
             Engine::Emulated(_) => Vec::new(),
         }

@@ -405,6 +405,7 @@ impl Worker {
             Some(s)
         } else {
             self.finish_reduction(step)?;
+            self.finish_tie(step)?;
             self.optimizer_step(step, &losses)?
         };
         Ok(RankStep {

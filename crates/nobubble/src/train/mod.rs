@@ -73,6 +73,10 @@ pub struct TrainArgs {
     /// Base θ of the rotary position angles (llama).
     #[arg(long, default_value_t = 10_000.0)]
     pub rope_theta: f32,
+    /// Share the token embedding with the LM head (the last stage holds a copy; the two
+    /// copies' gradients are summed before every optimizer step).
+    #[arg(long)]
+    pub tie_embeddings: bool,
     #[command(flatten)]
     pub shape: crate::costs::ModelShapeArgs,
     /// Training data: a text file, a directory of files, or JSON lines with a "text" field
@@ -232,6 +236,7 @@ fn init_from_config(a: &TrainArgs, dir: &Path) -> Result<GptConfig, String> {
         ("--ffn-hidden", a.ffn_hidden.is_some()),
         ("--arch llama", a.arch != "gpt"),
         ("--rope-theta", a.rope_theta != 10_000.0),
+        ("--tie-embeddings", a.tie_embeddings),
     ];
     if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
         return Err(format!(
@@ -278,6 +283,7 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     }
     m.ffn_hidden = a.ffn_hidden;
     m.rope_theta = a.rope_theta;
+    m.tie_embeddings = a.tie_embeddings;
     m.validate().map_err(|e| e.to_string())?;
     checked_size(m)
 }

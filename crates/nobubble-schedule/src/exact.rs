@@ -1,6 +1,8 @@
-//! An exact reference for small pipelines: the minimum makespan over every schedule that
-//! runs each pass kind in microbatch order on each stage (the order bit-identical training
-//! needs anyway), found by branch and bound. Tests use it to check how close `zb-auto` gets.
+//! An exact reference for small pipelines, on any placement (linear or V): the minimum
+//! makespan over every schedule that runs each pass kind in microbatch order on each stage
+//! (the order bit-identical training needs anyway), found by branch and bound. Tests use it
+//! to check how close `zb-auto` and the V schedules get, and that the lower bounds never
+//! exceed a proven optimum.
 //!
 //! The search builds *active* schedules (Giffler–Thompson): at each step it finds the pass
 //! that could finish first, and branches only over the passes of that rank that could start
@@ -27,14 +29,17 @@ pub struct Exact {
 }
 
 struct Search<'a> {
-    p: usize,
+    /// Rank of each stage.
+    placement: &'a [usize],
     m: usize,
     costs: &'a CostModel,
     /// Memory each rank may hold (infinite without a limit).
     limit: Vec<f64>,
+    /// Per stage: the next F, I and W microbatch.
     next: Vec<[usize; 3]>,
     end_f: Vec<f64>,
     end_i: Vec<f64>,
+    /// Per rank: when it is free, what it holds, the work it still owes, its passes so far.
     clock: Vec<f64>,
     mem: Vec<f64>,
     remaining: Vec<f64>,
@@ -47,27 +52,31 @@ struct Search<'a> {
 
 impl<'a> Search<'a> {
     fn new(
-        p: usize,
+        placement: &'a [usize],
         m: usize,
         costs: &'a CostModel,
         limit: Vec<f64>,
         upper: f64,
         node_limit: u64,
     ) -> Self {
+        let (n, ranks) = (placement.len(), limit.len());
+        let mut remaining = vec![0.0; ranks];
+        for (s, &r) in placement.iter().enumerate() {
+            let st = &costs.stages[s];
+            remaining[r] += m as f64 * (st.f + st.i + st.w);
+        }
         Search {
-            p,
+            placement,
             m,
             costs,
             limit,
-            next: vec![[0; 3]; p],
-            end_f: vec![f64::NAN; p * m],
-            end_i: vec![f64::NAN; p * m],
-            clock: vec![0.0; p],
-            mem: vec![0.0; p],
-            remaining: (0..p)
-                .map(|s| m as f64 * (costs.stages[s].f + costs.stages[s].i + costs.stages[s].w))
-                .collect(),
-            orders: vec![Vec::new(); p],
+            next: vec![[0; 3]; n],
+            end_f: vec![f64::NAN; n * m],
+            end_i: vec![f64::NAN; n * m],
+            clock: vec![0.0; ranks],
+            mem: vec![0.0; ranks],
+            remaining,
+            orders: vec![Vec::new(); ranks],
             best: upper + 1e-9,
             best_orders: None,
             nodes: 0,
@@ -75,8 +84,9 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// The hop between two stages: communication when they sit on different ranks.
     fn comm(&self, from: usize, to: usize) -> f64 {
-        if from != to {
+        if self.placement[from] != self.placement[to] {
             self.costs.comm
         } else {
             0.0
@@ -86,12 +96,13 @@ impl<'a> Search<'a> {
     /// Passes whose dependency is scheduled and that fit in memory: (rank, kind, earliest
     /// start, duration).
     fn candidates(&self) -> Vec<(usize, Kind, f64, f64)> {
-        let (p, m) = (self.p, self.m);
+        let (n, m) = (self.placement.len(), self.m);
         let mut out = Vec::new();
-        for s in 0..p {
+        for s in 0..n {
+            let r = self.placement[s];
             let [nf, ni, nw] = self.next[s];
             let st = &self.costs.stages[s];
-            let fits = |d: f64| self.mem[s] + d <= self.limit[s] * (1.0 + 1e-9);
+            let fits = |d: f64| self.mem[r] + d <= self.limit[r] * (1.0 + 1e-9);
             if nf < m && fits(st.mem_b) {
                 let ready = if s == 0 {
                     Some(0.0)
@@ -99,23 +110,23 @@ impl<'a> Search<'a> {
                     let e = self.end_f[(s - 1) * m + nf];
                     (!e.is_nan()).then(|| e + self.comm(s - 1, s))
                 };
-                if let Some(r) = ready {
-                    out.push((s, Kind::F, self.clock[s].max(r), st.f));
+                if let Some(ready) = ready {
+                    out.push((s, Kind::F, self.clock[r].max(ready), st.f));
                 }
             }
             if ni < nf && fits(st.mem_w - st.mem_b) {
-                let e = if s + 1 == p {
+                let e = if s + 1 == n {
                     self.end_f[s * m + ni]
                 } else {
                     self.end_i[(s + 1) * m + ni]
                 };
                 if !e.is_nan() {
-                    let hop = if s + 1 == p { 0.0 } else { self.comm(s + 1, s) };
-                    out.push((s, Kind::I, self.clock[s].max(e + hop), st.i));
+                    let hop = if s + 1 == n { 0.0 } else { self.comm(s + 1, s) };
+                    out.push((s, Kind::I, self.clock[r].max(e + hop), st.i));
                 }
             }
             if nw < ni {
-                out.push((s, Kind::W, self.clock[s], st.w));
+                out.push((s, Kind::W, self.clock[r], st.w));
             }
         }
         out
@@ -137,38 +148,38 @@ impl<'a> Search<'a> {
             return false;
         }
         // Bound: every rank must still do its remaining work after its clock.
-        let lb = (0..self.p)
+        let lb = (0..self.clock.len())
             .map(|r| self.clock[r] + self.remaining[r])
             .fold(0.0, f64::max);
         lb < self.best - 1e-9
     }
 
-    /// Runs `kind` on rank `s` from `start`; returns what [`Search::undo`] needs.
+    /// Runs `kind` of stage `s` from `start`; returns what [`Search::undo`] needs.
     fn apply(&mut self, s: usize, kind: Kind, start: f64, dur: f64) -> (usize, f64) {
-        let m = self.m;
+        let (m, r) = (self.m, self.placement[s]);
         let slot = slot(kind);
         let j = self.next[s][slot];
         let end = start + dur;
-        let saved_clock = self.clock[s];
+        let saved_clock = self.clock[r];
         self.next[s][slot] += 1;
         match kind {
             Kind::F => self.end_f[s * m + j] = end,
             Kind::I => self.end_i[s * m + j] = end,
             _ => {}
         }
-        self.clock[s] = end;
-        self.mem[s] += self.costs.mem_delta(s, kind);
-        self.remaining[s] -= dur;
-        self.orders[s].push(Action::new(s, kind, j));
+        self.clock[r] = end;
+        self.mem[r] += self.costs.mem_delta(s, kind);
+        self.remaining[r] -= dur;
+        self.orders[r].push(Action::new(s, kind, j));
         (j, saved_clock)
     }
 
     fn undo(&mut self, s: usize, kind: Kind, dur: f64, (j, saved_clock): (usize, f64)) {
-        let m = self.m;
-        self.orders[s].pop();
-        self.remaining[s] += dur;
-        self.mem[s] -= self.costs.mem_delta(s, kind);
-        self.clock[s] = saved_clock;
+        let (m, r) = (self.m, self.placement[s]);
+        self.orders[r].pop();
+        self.remaining[r] += dur;
+        self.mem[r] -= self.costs.mem_delta(s, kind);
+        self.clock[r] = saved_clock;
         match kind {
             Kind::F => self.end_f[s * m + j] = f64::NAN,
             Kind::I => self.end_i[s * m + j] = f64::NAN,
@@ -183,9 +194,10 @@ impl<'a> Search<'a> {
             return;
         }
         let cands = self.candidates();
-        let Some(&(r_star, _, _, _)) = cands
+        let Some(r_star) = cands
             .iter()
             .min_by(|a, b| (a.2 + a.3).total_cmp(&(b.2 + b.3)))
+            .map(|c| self.placement[c.0])
         else {
             return;
         };
@@ -195,7 +207,7 @@ impl<'a> Search<'a> {
             .fold(f64::INFINITY, f64::min);
         let mut conflict: Vec<(usize, Kind, f64, f64)> = cands
             .into_iter()
-            .filter(|c| c.0 == r_star && c.2 < t_star - 1e-12)
+            .filter(|c| self.placement[c.0] == r_star && c.2 < t_star - 1e-12)
             .collect();
         // Critical-path passes first: they tend to find good incumbents early.
         conflict.sort_by_key(|c| match c.1 {
@@ -217,21 +229,23 @@ impl<'a> Search<'a> {
             return;
         }
         for (s, kind, start, dur) in self.candidates() {
-            if start < last.0 - 1e-12 || (start <= last.0 + 1e-12 && s < last.1) {
+            let r = self.placement[s];
+            if start < last.0 - 1e-12 || (start <= last.0 + 1e-12 && r < last.1) {
                 continue;
             }
             let undo = self.apply(s, kind, start, dur);
-            self.semi_active(done + 1, total, (start, s));
+            self.semi_active(done + 1, total, (start, r));
             self.undo(s, kind, dur, undo);
         }
     }
 
     fn result(self, upper: f64) -> Exact {
         let proven = self.nodes <= self.node_limit;
-        let (p, m) = (self.p, self.m);
+        let (n, ranks) = (self.placement.len(), self.clock.len());
+        let placement = self.placement.to_vec();
         let better = self
             .best_orders
-            .and_then(|o| Schedule::new("exact", p, p, m, (0..p).collect(), o).ok());
+            .and_then(|o| Schedule::new("exact", n, ranks, self.m, placement, o).ok());
         Exact {
             makespan: if better.is_some() { self.best } else { upper },
             better,
@@ -249,41 +263,45 @@ fn slot(kind: Kind) -> usize {
     }
 }
 
-/// Minimum makespan on a linear placement (stage s on rank s), searching at most
-/// `node_limit` nodes, starting from the incumbent makespan `upper` (e.g. a heuristic's).
-/// With `proven`, no schedule beats `makespan`.
-pub fn min_makespan(p: usize, m: usize, costs: &CostModel, upper: f64, node_limit: u64) -> Exact {
-    let mut search = Search::new(p, m, costs, vec![f64::INFINITY; p], upper, node_limit);
-    // Nothing can beat the proven lower bound: no search needed when the incumbent meets it.
-    let placement: Vec<usize> = (0..p).collect();
-    if upper > crate::bound::lower_bound(&placement, m, costs, None) + 1e-9 {
-        search.active(0, 3 * p * m);
-    }
-    search.result(upper)
-}
-
-/// The minimum makespan on a linear placement under a memory limit of `x` × each rank's
-/// M_B (the paper's memory model), for tiny pipelines: every schedule that runs each pass
-/// kind in microbatch order, enumerated as its passes sorted by start time (each
-/// semi-active schedule exactly once), cut by each rank's remaining work and memory. Active
-/// schedules do not suffice here — holding a forward back until a W frees memory can be
-/// what the optimum does — so this enumerates more than [`min_makespan`] and is for p·m of
-/// a dozen or so. `upper` is an incumbent makespan (e.g. a heuristic's).
-pub fn min_makespan_within(
-    p: usize,
+/// The minimum makespan for `placement` (the rank of each stage; `costs` per stage) and `m`
+/// microbatches, searching at most `node_limit` nodes from the incumbent makespan `upper`
+/// (e.g. a heuristic's). With `proven`, no schedule beats `makespan`.
+///
+/// Without a memory limit (`x = None`) it searches active schedules only, which is exact for
+/// the makespan. Under a limit of `x` × each rank's M_B (the paper's memory model; each
+/// rank's share on `costs` applies) active schedules do not suffice — holding a forward back
+/// until a W frees memory can be what the optimum does — so it enumerates every semi-active
+/// schedule, as its passes sorted by start time, each once, cut by each rank's remaining
+/// work and memory: for a dozen or so passes per rank.
+pub fn min_makespan(
+    placement: &[usize],
     m: usize,
     costs: &CostModel,
-    x: f64,
+    x: Option<f64>,
     upper: f64,
     node_limit: u64,
 ) -> Exact {
-    let limit = (0..p)
-        .map(|s| x * costs.stages[s].mem_b * costs.share(s))
+    let ranks = placement.iter().copied().max().map_or(0, |r| r + 1);
+    let limit = (0..ranks)
+        .map(|r| match x {
+            None => f64::INFINITY,
+            Some(x) => {
+                let mem_b: f64 = (0..placement.len())
+                    .filter(|&s| placement[s] == r)
+                    .map(|s| costs.stages[s].mem_b)
+                    .sum();
+                x * mem_b * costs.share(r)
+            }
+        })
         .collect();
-    let mut search = Search::new(p, m, costs, limit, upper, node_limit);
-    let placement: Vec<usize> = (0..p).collect();
-    if upper > crate::bound::lower_bound(&placement, m, costs, Some(x)) + 1e-9 {
-        search.semi_active(0, 3 * p * m, (f64::NEG_INFINITY, 0));
+    let mut search = Search::new(placement, m, costs, limit, upper, node_limit);
+    // Nothing can beat the proven lower bound: no search needed when the incumbent meets it.
+    if upper > crate::bound::lower_bound(placement, m, costs, x) + 1e-9 {
+        let total = 3 * placement.len() * m;
+        match x {
+            None => search.active(0, total),
+            Some(_) => search.semi_active(0, total, (f64::NEG_INFINITY, 0)),
+        }
     }
     search.result(upper)
 }

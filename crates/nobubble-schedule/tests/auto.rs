@@ -222,7 +222,7 @@ fn zb_auto_is_near_optimal_on_small_instances() {
             let costs = CostModel::for_schedule(&spec, &s).unwrap();
             let auto = simulate(&s, &costs).unwrap().metrics.makespan;
             // Search from a loose incumbent so the optimum is found, not just confirmed.
-            let e = min_makespan(p, m, &costs, auto * 1.5, 2_000_000);
+            let e = min_makespan(&s.placement, m, &costs, None, auto * 1.5, 2_000_000);
             if !e.proven {
                 continue;
             }
@@ -617,7 +617,7 @@ proptest! {
 /// linear placement) stays within a few per cent of it at every limit.
 #[test]
 fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
-    use nobubble_schedule::exact::{min_makespan, min_makespan_within};
+    use nobubble_schedule::exact::min_makespan;
     use nobubble_schedule::{Objective, Placement};
     let mut proven = 0;
     let mut worst: f64 = 0.0;
@@ -648,7 +648,7 @@ fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
                 let s = generate(&req, &spec).unwrap();
                 let costs = CostModel::for_schedule(&spec, &s).unwrap();
                 let ours = simulate(&s, &costs).unwrap().metrics.makespan;
-                let e = min_makespan_within(p, m, &costs, x, ours * 1.5, 3_000_000);
+                let e = min_makespan(&s.placement, m, &costs, Some(x), ours * 1.5, 3_000_000);
                 if !e.proven {
                     continue;
                 }
@@ -677,7 +677,7 @@ fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
                     e.makespan
                 );
                 if x >= m as f64 {
-                    let free = min_makespan(p, m, &costs, ours * 1.5, 3_000_000);
+                    let free = min_makespan(&s.placement, m, &costs, None, ours * 1.5, 3_000_000);
                     if free.proven {
                         assert!(
                             (free.makespan - e.makespan).abs() < 1e-9,

@@ -766,6 +766,34 @@ fn v_schedules_are_never_worse_than_the_official_constructions_on_a_grid() {
     }
 }
 
+/// With few microbatches (m ≤ p) the V-Half building block's cool-down begins before its
+/// steady phase would: draining from the last microbatch's first forward is what closes the
+/// published grid's worst V-Half shape (p 16, m 16, F/I/W 1/1.2/0.8, comm 0.05), where the
+/// authors' scheduler reached a makespan of 82.9 and ours 84.0 before.
+#[test]
+fn v_half_drains_early_with_few_microbatches() {
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.2,
+            w: 0.8,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        0.05,
+    );
+    let ours = plan(ScheduleKind::VHalf, 16, 16, &spec, None);
+    let c = CostModel::for_schedule(&spec, &ours).unwrap();
+    check_memory(&ours, &c, 9.0).unwrap();
+    let makespan = simulate(&ours, &c).unwrap().metrics.makespan;
+    assert!(makespan <= 82.9, "v-half p 16 m 16: {makespan}");
+    // The authors' construction as reimplemented keeps the steady slots: 84.0 here.
+    let theirs =
+        nobubble_schedule::generate::official_v(ScheduleKind::VHalf, 16, 16, &spec).unwrap();
+    let tc = CostModel::for_schedule(&spec, &theirs).unwrap();
+    assert!((simulate(&theirs, &tc).unwrap().metrics.makespan - 84.0).abs() < 1e-6);
+}
+
 #[test]
 fn zb_paper_rebuilds_and_zb_auto_matches_or_beats_the_shared_heterogeneous_official_schedules() {
     // ../shared/data/reference-schedules: the authors' greedy (best of its 8 flag settings)

@@ -510,10 +510,12 @@ pub fn official_v(
                 })
         }
         ScheduleKind::VHalf => {
-            v_blocks::squeezed(p, m, v_blocks::Block::Half, None, name).map(|s| s.0)
+            let block = (v_blocks::Block::Half, v_blocks::Drain::AfterSteady);
+            v_blocks::squeezed(p, m, block, None, name).map(|s| s.0)
         }
         ScheduleKind::VMin => {
-            v_blocks::squeezed(p, m, v_blocks::Block::Min, None, name).map(|s| s.0)
+            let block = (v_blocks::Block::Min, v_blocks::Drain::AfterSteady);
+            v_blocks::squeezed(p, m, block, None, name).map(|s| s.0)
         }
         _ => {
             return Err(Error::Input(format!(

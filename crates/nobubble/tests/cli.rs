@@ -307,6 +307,17 @@ fn zb_auto_is_never_worse_than_the_papers_scheduler_on_random_pipelines() {
     assert_eq!(out["worse"], 0, "{out}");
     assert!(out["better"].as_u64().unwrap() >= 10, "{out}");
     assert!(out["mean_span_ratio"].as_f64().unwrap() < 1.0, "{out}");
+    // One amount of memory on every rank (uneven stage memory binds unevenly): p, 1.5p and
+    // 2p × the heaviest stage's M_B, each objective by its own measure.
+    let rows = out["byte_budgets"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{out}");
+    for row in rows {
+        assert_eq!(row["longer"], 0, "{row}");
+        assert_eq!(row["skipped"], 0, "{row}");
+        let compared = ["shorter", "equal"].map(|k| row[k].as_u64().unwrap());
+        assert_eq!(compared.iter().sum::<u64>(), 30, "{row}");
+        assert!(row["worst_ratio"].as_f64().unwrap() <= 1.0 + 1e-9, "{row}");
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `nobubble bench …`: figures recorded in BENCHMARKS.md.
 
+pub mod baseline;
 pub mod engine;
 pub mod official;
 pub mod runtime;
@@ -61,8 +62,9 @@ pub struct PlanBenchArgs {
 /// Arguments of `bench baseline`.
 #[derive(Args, Debug)]
 pub struct BaselineBenchArgs {
-    /// Random pipelines to compare (p = 2..8, m = p..4p, per-stage costs and memory, comm,
-    /// a memory limit between p and 2p+1).
+    /// Random pipelines to compare (p = 2..8, m = p..4p, per-stage costs and memory, comm):
+    /// at a limit between p and 2p+1 × each rank's M_B, then at one amount of memory on
+    /// every rank (p, 1.5p and 2p × the heaviest stage's M_B) for both objectives.
     #[arg(long, default_value_t = 200)]
     pub cases: usize,
     /// Seed of the random pipelines.
@@ -110,7 +112,7 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
         BenchCommand::Sim(a) => sim(a),
         BenchCommand::Plan(a) => plan(a),
         BenchCommand::Memory(a) => memory(a),
-        BenchCommand::Baseline(a) => baseline(a),
+        BenchCommand::Baseline(a) => crate::bench::baseline::baseline(a),
         BenchCommand::Reference(a) => crate::bench::official::reference(a),
         BenchCommand::VBaseline(a) => crate::bench::official::v_baseline(a),
         BenchCommand::Engine(a) => crate::bench::engine::run(a),
@@ -421,79 +423,4 @@ impl Rng {
     pub(crate) fn int(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next() % (hi - lo + 1) as u64) as usize
     }
-}
-
-fn baseline(a: &BaselineBenchArgs) -> Result<(), String> {
-    if a.cases == 0 {
-        return Err("--cases must be at least 1".into());
-    }
-    let mut rng = Rng(a.seed);
-    let (mut better, mut equal, mut worse) = (0usize, 0usize, 0usize);
-    let (mut sum_ours, mut sum_theirs, mut best_gain) = (0.0, 0.0, 0.0f64);
-    // The span is what both minimize; bubble rates compare badly across placements (a V
-    // placement evens out the ranks' work, so its busiest rank is less busy).
-    let mut span_ratio = 0.0;
-    let started = Instant::now();
-    for case in 0..a.cases {
-        let (p, m, spec) = rng.pipeline();
-        let x = p as f64 + rng.range(0.0, (p + 1) as f64);
-        let rate = |kind: ScheduleKind| -> Result<(f64, f64), String> {
-            let req = Request {
-                mem_limit: MemLimit::Multiple(x),
-                ..Request::new(kind, p, m)
-            };
-            let s = generate(&req, &spec).map_err(|e| format!("case {case}: {e}"))?;
-            let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
-            let sim = simulate(&s, &c).map_err(|e| e.to_string())?;
-            let span = sim.metrics.span.iter().copied().fold(0.0, f64::max);
-            Ok((span, sim.metrics.bubble_rate))
-        };
-        let (ours_span, ours) = rate(ScheduleKind::ZbAuto)?;
-        let (theirs_span, theirs) = rate(ScheduleKind::ZbPaper)?;
-        let tol = 1e-9 * theirs_span;
-        if ours_span < theirs_span - tol {
-            better += 1;
-        } else if ours_span > theirs_span + tol {
-            worse += 1;
-        } else {
-            equal += 1;
-        }
-        sum_ours += ours;
-        sum_theirs += theirs;
-        span_ratio += ours_span / theirs_span;
-        best_gain = best_gain.max(1.0 - ours_span / theirs_span);
-        if !a.json && (case + 1) % 50 == 0 {
-            eprintln!("  {}/{} pipelines", case + 1, a.cases);
-        }
-    }
-    let n = a.cases as f64;
-    if a.json {
-        println!(
-            "{}",
-            json!({"cases": a.cases, "seed": a.seed, "better": better, "equal": equal,
-                   "worse": worse, "mean_bubble_zb_auto": sum_ours / n,
-                   "mean_bubble_zb_paper": sum_theirs / n, "mean_span_ratio": span_ratio / n,
-                   "largest_span_gain": best_gain})
-        );
-        return Ok(());
-    }
-    println!(
-        "zb-auto against the paper's scheduler (zb-paper) on {} random pipelines (seed {}), {:.1} s",
-        a.cases,
-        a.seed,
-        started.elapsed().as_secs_f64()
-    );
-    println!(
-        "  longest span: zb-auto shorter in {better}, equal in {equal}, longer in {worse}; \
-         {:.2}% shorter on average, at most {:.2}%",
-        100.0 * (1.0 - span_ratio / n),
-        100.0 * best_gain
-    );
-    println!(
-        "  mean bubble rate: zb-auto {:.2}%, zb-paper {:.2}% (across placements the span is the \
-         measure: a V placement evens out the ranks' work)",
-        100.0 * sum_ours / n,
-        100.0 * sum_theirs / n,
-    );
-    Ok(())
 }

@@ -511,11 +511,11 @@ pub fn official_v(
         }
         ScheduleKind::VHalf => {
             let block = (v_blocks::Block::Half, v_blocks::Drain::AfterSteady);
-            v_blocks::squeezed(p, m, block, None, name).map(|s| s.0)
+            v_blocks::squeezed(p, m, block, None, name).map(|s| s.schedule)
         }
         ScheduleKind::VMin => {
             let block = (v_blocks::Block::Min, v_blocks::Drain::AfterSteady);
-            v_blocks::squeezed(p, m, block, None, name).map(|s| s.0)
+            v_blocks::squeezed(p, m, block, None, name).map(|s| s.schedule)
         }
         _ => {
             return Err(Error::Input(format!(

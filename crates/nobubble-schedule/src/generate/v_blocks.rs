@@ -118,6 +118,9 @@ struct Slots {
     p: usize,
     m: usize,
     slot: Vec<[Vec<Option<i64>>; 6]>,
+    /// Whether a squeeze met the last microbatch's chunk-0 forward before the steady phase,
+    /// where the [`Drain`] rules differ.
+    drain_mattered: bool,
 }
 
 impl Slots {
@@ -280,8 +283,12 @@ impl Slots {
             if phase == 0 && d == 0 && x == Pass::I0 && k == 0 {
                 phase = 1;
             }
-            if x == Pass::F0 && k + 1 == self.m && (phase == 1 || drain == Drain::AtLastForward) {
-                phase = 2;
+            if x == Pass::F0 && k + 1 == self.m {
+                // Before the steady phase the two rules part ways.
+                self.drain_mattered |= phase == 0;
+                if phase == 1 || drain == Drain::AtLastForward {
+                    phase = 2;
+                }
             }
             if !(phase == 2 || (phase == 0 && !cooldown_only)) {
                 continue;
@@ -409,22 +416,22 @@ impl BlockLadder {
     pub(crate) fn new(p: usize, m: usize, name: &str, share: Vec<f64>) -> BlockLadder {
         let mut rungs: Vec<Rung> = Vec::new();
         for block in [Block::Half, Block::Min] {
+            let mut mattered = false;
             for drain in [Drain::AfterSteady, Drain::AtLastForward] {
-                let Some((s, own, capped)) = squeezed(p, m, (block, drain), None, name) else {
-                    continue;
-                };
-                // With enough microbatches both drains start at the same pass.
-                if rungs
-                    .iter()
-                    .any(|r| r.block.0 == block && r.last.as_ref() == Some(&s))
-                {
+                // With enough microbatches both drains start at the same pass: the second
+                // would squeeze alike.
+                if drain == Drain::AtLastForward && !mattered {
                     continue;
                 }
+                let Some(sq) = squeezed(p, m, (block, drain), None, name) else {
+                    continue;
+                };
+                mattered = sq.drain_mattered;
                 rungs.push(Rung {
                     block: (block, drain),
-                    own,
-                    last: Some(s),
-                    capped,
+                    own: sq.own,
+                    last: Some(sq.schedule),
+                    capped: sq.capped,
                 });
             }
         }
@@ -449,7 +456,11 @@ impl BlockLadder {
                 continue;
             }
             match squeezed(self.p, self.m, rung.block, Some(&cap), name) {
-                Some((s, _, capped)) => {
+                Some(Squeezed {
+                    schedule: s,
+                    capped,
+                    ..
+                }) => {
                     rung.capped = capped;
                     if rung.last.as_ref() != Some(&s) {
                         rung.last = Some(s.clone());
@@ -468,20 +479,30 @@ impl BlockLadder {
     }
 }
 
-/// The building block `block` for `p` ranks and `m` microbatches, its cool-down from `drain`, squeezed to `cap` chunk
-/// activations per rank (at least the block's own peak): a V schedule named `name`, the
-/// block's own peak, and whether the cap held a move back; `None` if the squeeze deadlocks
-/// (never seen; the caller keeps its other candidates).
+/// A building block squeezed: the V schedule, the block's own unit peak, whether the cap
+/// held a move back, and whether the other [`Drain`] rule would squeeze differently.
+pub(crate) struct Squeezed {
+    pub(crate) schedule: Schedule,
+    own: i64,
+    capped: bool,
+    drain_mattered: bool,
+}
+
+/// The building block `block` for `p` ranks and `m` microbatches, its cool-down from
+/// `drain`, squeezed to `cap` chunk activations per rank (at least the block's own peak), as
+/// a V schedule named `name`; `None` if the squeeze deadlocks (never seen; the caller keeps
+/// its other candidates).
 pub(crate) fn squeezed(
     p: usize,
     m: usize,
     (block, drain): (Block, Drain),
     cap: Option<&[i64]>,
     name: &str,
-) -> Option<(Schedule, i64, bool)> {
+) -> Option<Squeezed> {
     let mut s = Slots {
         p,
         m,
+        drain_mattered: false,
         slot: (0..p)
             .map(|d| {
                 let o = block.offsets(p, d);
@@ -539,15 +560,20 @@ pub(crate) fn squeezed(
                 .collect()
         })
         .collect();
-    let s = Schedule::new(name, 2 * p, p, m, v_placement(p), orders).ok()?;
+    let schedule = Schedule::new(name, 2 * p, p, m, v_placement(p), orders).ok()?;
     // A squeeze gone wrong must cost a candidate, never the plan: keep only valid orders.
-    crate::validate::check_structure(&s).ok()?;
+    crate::validate::check_structure(&schedule).ok()?;
     let unit = crate::cost::CostModel::for_layout(
         &crate::cost::CostSpec::uniform(Default::default(), 0.0),
         2 * p,
         p,
     )
     .ok()?;
-    crate::sim::span_and_makespan(&s, &unit)?;
-    Some((s, own, capped))
+    crate::sim::span_and_makespan(&schedule, &unit)?;
+    Some(Squeezed {
+        schedule,
+        own,
+        capped,
+        drain_mattered: s.drain_mattered,
+    })
 }

@@ -271,6 +271,36 @@ fn a_world_that_does_not_match_the_flags_is_refused_on_every_rank() {
     }
 }
 
+/// Ranks on CPUs of different vector widths would multiply with different kernels (results
+/// differ in the last bits): the job is refused on every rank, naming the level to set.
+#[test]
+fn ranks_with_different_simd_levels_are_refused() {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let train = ["train", "--model", "micro", "-p", "2", "--steps", "1"];
+    for (k, level) in ["avx2", "portable"].iter().enumerate() {
+        if k > 0 {
+            c.arg(":");
+        }
+        c.args(["--oversubscribe", "--bind-to", "none", "-np", "1", "-x"])
+            .arg(format!("NOBUBBLE_SIMD={level}"))
+            .arg(BIN)
+            .args(train);
+    }
+    let stderr = fails_within_20s(c);
+    let said = "error: rank 1 runs the portable kernels and rank 0 the avx2";
+    assert_eq!(
+        stderr.matches(said).count(),
+        2,
+        "both ranks say it: {stderr}"
+    );
+    assert!(
+        stderr.contains("set NOBUBBLE_SIMD=portable on every process"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_rank_that_dies_ends_the_job_naming_it() {
     // The rank exits; mpirun is told not to end the job for it, so the other rank must notice

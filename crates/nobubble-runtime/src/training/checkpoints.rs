@@ -57,18 +57,38 @@ impl TrainingRun<'_, '_> {
             corpus_fingerprint(&job.eval),
             tokenizer,
         );
-        let bytes = serde_json::to_vec(&mine).map_err(fail)?;
+        // Real compute: the kernels' level too (its products differ in the last bits).
+        let simd = self.real.then(nobubble_nn::Simd::selected);
+        let bytes = serde_json::to_vec(&(&mine, simd)).map_err(fail)?;
         let all = self.session.rank.all_gather(bytes)?;
         for (rank, part) in all.iter().enumerate() {
-            if *part != all[0] {
+            if *part == all[0] {
+                continue;
+            }
+            type Shared = (serde_json::Value, Option<nobubble_nn::Simd>);
+            let theirs: Shared = serde_json::from_slice(part).map_err(fail)?;
+            let first: Shared = serde_json::from_slice(&all[0]).map_err(fail)?;
+            if theirs.0 != first.0 {
                 return Err(RuntimeError::Config(format!(
                     "rank {rank} reads other training data than rank 0 ({} against {}): give \
                      every process the same --data, and a --tokenizer file rather than \
                      --train-tokenizer if they tokenize differently",
-                    String::from_utf8_lossy(part),
-                    String::from_utf8_lossy(&all[0])
+                    theirs.0, first.0
                 )));
             }
+            let (Some(a), Some(b)) = (theirs.1, first.1) else {
+                return Err(RuntimeError::Config(format!(
+                    "rank {rank} and rank 0 disagree on whether compute is real or emulated"
+                )));
+            };
+            // Levels are ordered widest first: the narrowest one runs everywhere.
+            return Err(RuntimeError::Config(format!(
+                "rank {rank} runs the {a} kernels and rank 0 the {b}: their matrix products \
+                 differ in the last bits, so the run would not be bit-identical to one process; \
+                 set {}={} on every process (the narrower level)",
+                nobubble_nn::simd::ENV_VAR,
+                a.max(b),
+            )));
         }
         Ok(())
     }

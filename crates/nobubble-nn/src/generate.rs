@@ -7,7 +7,7 @@
 //! saved, no gradient or pass state is touched, and the result is a pure function of
 //! the weights and the input.
 
-use crate::backend::Backend;
+use crate::backend::{on_backend, Backend};
 use crate::error::{NnError, Result};
 use crate::model::Stage;
 use crate::param::SplitMix64;
@@ -41,13 +41,17 @@ pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Res
             config.vocab
         )));
     }
-    let mut x = embedding.apply(be, tokens);
-    for st in stages {
-        for b in &st.blocks {
-            x = b.apply(be, x);
+    // On the backend's own threads, as training's passes run (else a multi-threaded
+    // backend's parallel work would go to rayon's global pool).
+    on_backend(be, || {
+        let mut x = embedding.apply(be, tokens);
+        for st in stages {
+            for b in &st.blocks {
+                x = b.apply(be, x);
+            }
         }
-    }
-    Ok(head.logits(be, &x))
+        Ok(head.logits(be, &x))
+    })
 }
 
 /// Logits for the byte following `context`. Only the last `seq_len` tokens are used (the

@@ -50,6 +50,9 @@ fn inference_logits_give_the_training_loss_and_leave_no_state() {
         assert!(st.pending_input_grads().is_empty() && st.pending_weight_grads().is_empty());
         assert_eq!(st.held_bytes(0), 0, "inference saved activations");
     }
+    // On two threads (its own pool, as training's passes) the logits are the same bits.
+    let two = forward_logits(r.stages(), &CpuBackend::with_threads(2), &data.tokens).unwrap();
+    assert_eq!(two.data(), logits.data());
     let ours = cross_entropy(logits.data(), 256, &data.targets);
     let training = forward_loss(r.stages_mut(), 0, &data).unwrap() as f64;
     assert!(

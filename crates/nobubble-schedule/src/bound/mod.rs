@@ -28,6 +28,11 @@ use crate::cost::CostModel;
 mod window;
 use window::unavoidable_idle;
 
+/// Relative slack of the memory terms: twice `check_memory`'s 1e-9, so that a limit a few
+/// ulps from a whole number of microbatches (where the validator's running sum and n × M_B
+/// round apart) never makes a bound assume fewer forwards than a valid schedule holds.
+const SLACK: f64 = 2e-9;
+
 /// Lower bound on the longest per-rank span (first pass start to last pass end), the
 /// quantity the paper's bubble rate is made of: `1 − max(busy)/bound` bounds the bubble
 /// rate of every valid schedule from below.
@@ -118,8 +123,9 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
                 .map(|s| st[s].mem_b)
                 .sum::<f64>();
         if st[0].mem_b > 0.0 {
-            // The same tolerance as `check_memory`: a peak may exceed the limit by 1e-9.
-            let k = (limit * (1.0 + 1e-9) / st[0].mem_b).floor().max(1.0) as usize;
+            // More slack than `check_memory`'s 1e-9: its running sum of passes can come out
+            // below n × M_B by a rounding, so a bound must never assume fewer forwards.
+            let k = (limit * (1.0 + SLACK) / st[0].mem_b).floor().max(1.0) as usize;
             let round_trip = first_i_end[0];
             let mut a = vec![0.0; m];
             let mut b = vec![0.0; m];
@@ -162,6 +168,27 @@ mod tests {
         }
         let span = span_lower_bound(&placement, 8, &costs, Some(2.0));
         assert!((span - 33.0).abs() < 1e-6, "{span}");
+    }
+
+    /// A limit a few ulps under 6 × M_B: `check_memory`'s running sum of six forwards of
+    /// 0.003 is 0.018 and passes, while 6 × 0.003 rounds above the limit — a schedule with
+    /// span and makespan 23 holds six forwards on rank 0, so neither bound may exceed 23 (a
+    /// review found 24 with the validator's own 1e-9 slack).
+    #[test]
+    fn bounds_allow_what_the_validators_running_sum_allows() {
+        let spec = CostSpec::uniform(
+            RankCost {
+                mem_b: 0.003,
+                mem_w: 0.0015,
+                ..RankCost::default()
+            },
+            0.0,
+        );
+        let costs = CostModel::for_layout(&spec, 6, 6).unwrap();
+        let placement = [0, 1, 2, 3, 4, 5];
+        let x = Some(5.999_999_993_999_999);
+        assert!(span_lower_bound(&placement, 6, &costs, x) <= 23.0 + 1e-9);
+        assert!(lower_bound(&placement, 6, &costs, x) <= 23.0 + 1e-9);
     }
 
     /// On a V, rank 0's warm-up counts both of its stages (by hand: p 2, m 4, each chunk

@@ -10,7 +10,8 @@
 //! `t0 + R0`, so every forward of `s0` that starts earlier is held at once: at most
 //! `k0 = ⌊limit / M_B(s0)⌋` of them. The `j`-th of them (in start order) starts at
 //! `t0 + j·F(s0)` or later, and so does the `j`-th pass of any other stage `s` of `r`
-//! shifted by its chain offset; the `j`-th forward of `s` also finds `j + 1` forwards of
+//! shifted by its chain offset (the first `j + 1` passes of `s` belong to `j + 1` distinct
+//! microbatches, whose forwards on `s0` cannot all start before `t0 + j·F(s0)`); the `j`-th forward of `s` also finds `j + 1` forwards of
 //! `s0` held, so memory caps how many there are. What fits of all those passes in
 //! `[t0, t0 + R0)` is all `r` can run there; the rest of the window is idle.
 //!
@@ -46,10 +47,15 @@ pub(crate) fn unavoidable_idle(
     }
     let chain = Chain::from(placement, costs, s0);
     let st = &costs.stages;
-    // The same tolerance as `check_memory`: a peak may exceed the limit by 1e-9.
-    let limit = x.map_or(f64::INFINITY, |x| {
-        x * costs.share(r) * mine.iter().map(|&s| st[s].mem_b).sum::<f64>() * (1.0 + 1e-9)
-    });
+    // More slack than `check_memory` allows (see [`super::SLACK`]); a rank that holds
+    // nothing after its forwards (M_B 0) is not limited at all.
+    let mem_b: f64 = mine.iter().map(|&s| st[s].mem_b).sum();
+    let limit = match x {
+        Some(x) if mem_b > 0.0 && x.is_finite() => {
+            x * costs.share(r) * mem_b * (1.0 + super::SLACK)
+        }
+        _ => f64::INFINITY,
+    };
     let held = |n: usize, extra: f64| n as f64 * st[s0].mem_b + extra <= limit;
     let k0 = (1..=m).take_while(|&n| held(n, 0.0)).count().max(1);
     let warm = chain.round_trip - warm_up_work(&chain, costs, &mine, k0, &held);

@@ -285,10 +285,17 @@ impl CostModel {
     /// M_B of a rank's whole share: what one microbatch holds on `rank` after all its
     /// forwards there. `--mem-limit X` means `X` times this, per rank.
     pub fn rank_mem_b(&self, schedule: &Schedule, rank: usize) -> f64 {
-        schedule
-            .stages_of(rank)
+        self.placed_mem_b(&schedule.placement, rank)
+    }
+
+    /// [`CostModel::rank_mem_b`] from a placement alone (the rank of each stage), for the
+    /// bounds and the exact search, which have no schedule.
+    pub fn placed_mem_b(&self, placement: &[usize], rank: usize) -> f64 {
+        placement
             .iter()
-            .map(|&s| self.stages[s].mem_b)
+            .zip(&self.stages)
+            .filter(|(&r, _)| r == rank)
+            .map(|(_, c)| c.mem_b)
             .sum()
     }
 
@@ -299,7 +306,12 @@ impl CostModel {
 
     /// What `rank` may hold under a limit of `x` × M_B: `x` × its M_B × its share.
     pub fn rank_limit(&self, schedule: &Schedule, rank: usize, x: f64) -> f64 {
-        x * self.rank_mem_b(schedule, rank) * self.share(rank)
+        self.placed_limit(&schedule.placement, rank, x)
+    }
+
+    /// [`CostModel::rank_limit`] from a placement alone.
+    pub fn placed_limit(&self, placement: &[usize], rank: usize, x: f64) -> f64 {
+        x * self.placed_mem_b(placement, rank) * self.share(rank)
     }
 
     /// Sum of all pass times a rank must execute per microbatch; the busy time of any

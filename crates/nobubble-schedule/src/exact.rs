@@ -283,16 +283,7 @@ pub fn min_makespan(
 ) -> Exact {
     let ranks = placement.iter().copied().max().map_or(0, |r| r + 1);
     let limit = (0..ranks)
-        .map(|r| match x {
-            None => f64::INFINITY,
-            Some(x) => {
-                let mem_b: f64 = (0..placement.len())
-                    .filter(|&s| placement[s] == r)
-                    .map(|s| costs.stages[s].mem_b)
-                    .sum();
-                x * mem_b * costs.share(r)
-            }
-        })
+        .map(|r| x.map_or(f64::INFINITY, |x| costs.placed_limit(placement, r, x)))
         .collect();
     let mut search = Search::new(placement, m, costs, limit, upper, node_limit);
     // Nothing can beat the proven lower bound: no search needed when the incumbent meets it.

@@ -23,6 +23,20 @@ fn plan(kind: ScheduleKind, p: usize, m: usize, spec: &CostSpec, x: Option<f64>)
     generate(&req, spec).unwrap_or_else(|e| panic!("{} p={p} m={m} x={x:?}: {e}", kind.name()))
 }
 
+/// The paper's grid costs (F/I/W 1/1.2/0.8, M_W = M_B / 2) with link latency `comm`.
+fn grid_costs(comm: f64) -> CostSpec {
+    CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.2,
+            w: 0.8,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        comm,
+    )
+}
+
 /// (longest rank span, makespan), the planner's objective.
 fn score(s: &Schedule, spec: &CostSpec) -> (f64, f64) {
     let c = CostModel::for_schedule(spec, s).unwrap();
@@ -311,16 +325,7 @@ fn zb_2p_matches_the_official_schedule_of_the_28b_pipeline() {
 fn the_paper_scheduler_at_one_and_a_half_p_finds_the_official_schedule() {
     // p 16, m 32, F, I, W = 1, 1.2, 0.8, limit 24 = 1.5p: the official greedy reaches a
     // 9.60% bubble rate (its budget mode); the knobs of the description alone gave 12.6%.
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: 1.0,
-            i: 1.2,
-            w: 0.8,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        0.0,
-    );
+    let spec = grid_costs(0.0);
     // The official greedy's figures at other limits (its own code, re-run; see
     // docs/notes/official-schedulers.md): ours must be at or below each.
     for (x, official) in [
@@ -533,16 +538,7 @@ fn budgets_below_one_microbatch_or_of_the_wrong_count_are_refused() {
 /// worse than the paper's greedy or the handcrafted schedules that fit.
 #[test]
 fn large_pipelines_plan_at_the_limit_and_stay_ahead_of_the_baselines() {
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: 1.0,
-            i: 1.2,
-            w: 0.8,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        0.1,
-    );
+    let spec = grid_costs(0.1);
     let (p, m) = (24usize, 300usize);
     assert!(3 * p * m > nobubble_schedule::generate::auto::LADDER_MAX_ACTIONS);
     for x in [12.0, 24.0, 36.0, 48.0] {
@@ -772,16 +768,7 @@ fn v_schedules_are_never_worse_than_the_official_constructions_on_a_grid() {
 /// authors' scheduler reached a makespan of 82.9 and ours 84.0 before.
 #[test]
 fn v_half_drains_early_with_few_microbatches() {
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: 1.0,
-            i: 1.2,
-            w: 0.8,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        0.05,
-    );
+    let spec = grid_costs(0.05);
     let ours = plan(ScheduleKind::VHalf, 16, 16, &spec, None);
     let c = CostModel::for_schedule(&spec, &ours).unwrap();
     check_memory(&ours, &c, 9.0).unwrap();

@@ -78,7 +78,8 @@ impl TrainingRun<'_, '_> {
             }
             let (Some(a), Some(b)) = (theirs.1, first.1) else {
                 return Err(RuntimeError::Config(format!(
-                    "rank {rank} and rank 0 disagree on whether compute is real or emulated"
+                    "rank {rank} and rank 0 disagree on whether compute is real or emulated: give \
+                     every process the same --compute"
                 )));
             };
             // Levels are ordered widest first: the narrowest one runs everywhere.

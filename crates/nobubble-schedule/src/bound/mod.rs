@@ -78,10 +78,9 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
             0.0
         }
     };
-    let mut head = vec![0.0; n];
-    for s in 1..n {
-        head[s] = head[s - 1] + st[s - 1].f + hop(s);
-    }
+    // Earliest start of each stage's forward and input gradient of microbatch 0.
+    let chain = window::Chain::from(placement, costs, 0);
+    let head = &chain.f;
     let ranks = placement.iter().copied().max().unwrap_or(0) + 1;
     let mf = m as f64;
     // 1. Work per rank.
@@ -105,23 +104,13 @@ pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f
     let last = n - 1;
     bound = bound.max(head[last] + mf * st[last].f + st[last].i + post[last]);
     // 3. First input gradient of each stage, then the rest of its backward work.
-    let mut first_i_end = vec![0.0; n];
-    first_i_end[last] = head[last] + st[last].f + st[last].i;
-    for s in (0..last).rev() {
-        first_i_end[s] = first_i_end[s + 1] + hop(s + 1) + st[s].i;
-    }
+    let first_i_end: Vec<f64> = (0..n).map(|s| chain.i[s] + st[s].i).collect();
     for s in 0..n {
         bound = bound.max(first_i_end[s] + (mf - 1.0) * st[s].i + mf * st[s].w);
     }
     // 4. Memory on stage 0's rank.
     if let Some(x) = x {
-        let r0 = placement[0];
-        let limit: f64 = x
-            * costs.share(r0)
-            * (0..n)
-                .filter(|&s| placement[s] == r0)
-                .map(|s| st[s].mem_b)
-                .sum::<f64>();
+        let limit = costs.placed_limit(placement, placement[0], x);
         if st[0].mem_b > 0.0 {
             // More slack than `check_memory`'s 1e-9: its running sum of passes can come out
             // below n × M_B by a rounding, so a bound must never assume fewer forwards.

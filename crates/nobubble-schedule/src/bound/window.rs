@@ -49,10 +49,9 @@ pub(crate) fn unavoidable_idle(
     let st = &costs.stages;
     // More slack than `check_memory` allows (see [`super::SLACK`]); a rank that holds
     // nothing after its forwards (M_B 0) is not limited at all.
-    let mem_b: f64 = mine.iter().map(|&s| st[s].mem_b).sum();
     let limit = match x {
-        Some(x) if mem_b > 0.0 && x.is_finite() => {
-            x * costs.share(r) * mem_b * (1.0 + super::SLACK)
+        Some(x) if costs.placed_mem_b(placement, r) > 0.0 && x.is_finite() => {
+            costs.placed_limit(placement, r, x) * (1.0 + super::SLACK)
         }
         _ => f64::INFINITY,
     };
@@ -67,16 +66,19 @@ pub(crate) fn unavoidable_idle(
     }
 }
 
-/// Earliest start of each pass of a microbatch, from the start of its forward on `s0`.
-struct Chain {
-    f: Vec<f64>,
-    i: Vec<f64>,
+/// Earliest start of each pass of a microbatch, from the start of its forward on `s0`
+/// (stages before `s0` stay 0).
+pub(super) struct Chain {
+    /// F(s) start.
+    pub(super) f: Vec<f64>,
+    /// I(s) start.
+    pub(super) i: Vec<f64>,
     /// From F(s0) start to I(s0) start.
     round_trip: f64,
 }
 
 impl Chain {
-    fn from(placement: &[usize], costs: &CostModel, s0: usize) -> Chain {
+    pub(super) fn from(placement: &[usize], costs: &CostModel, s0: usize) -> Chain {
         let n = placement.len();
         let st = &costs.stages;
         let hop = |a: usize, b: usize| {

@@ -55,7 +55,7 @@ pub fn baseline(a: &BaselineBenchArgs) -> Result<(), String> {
         }
     }
     let n = a.cases as f64;
-    let budgets = byte_budgets(a)?;
+    let budgets = byte_budgets(a);
     if a.json {
         println!(
             "{}",
@@ -106,6 +106,19 @@ struct Budget {
 }
 
 impl Budget {
+    fn new(of_p: f64, objective: Objective) -> Budget {
+        Budget {
+            of_p,
+            objective,
+            shorter: 0,
+            equal: 0,
+            longer: 0,
+            skipped: 0,
+            ratio_sum: 0.0,
+            worst: 0.0,
+        }
+    }
+
     fn compared(&self) -> usize {
         self.shorter + self.equal + self.longer
     }
@@ -121,22 +134,11 @@ impl Budget {
 
 /// zb-auto (linear placement) against zb-paper at p, 1.5p and 2p × the heaviest stage's M_B
 /// on every rank, for both objectives: the comparison the 72 pipelines were.
-fn byte_budgets(a: &BaselineBenchArgs) -> Result<Vec<Budget>, String> {
-    let mut rows = Vec::new();
-    for of_p in [1.0, 1.5, 2.0] {
-        for objective in [Objective::Makespan, Objective::Span] {
-            rows.push(Budget {
-                of_p,
-                objective,
-                shorter: 0,
-                equal: 0,
-                longer: 0,
-                skipped: 0,
-                ratio_sum: 0.0,
-                worst: 0.0,
-            });
-        }
-    }
+fn byte_budgets(a: &BaselineBenchArgs) -> Vec<Budget> {
+    let mut rows: Vec<Budget> = [1.0, 1.5, 2.0]
+        .into_iter()
+        .flat_map(|of_p| [Objective::Makespan, Objective::Span].map(|o| Budget::new(of_p, o)))
+        .collect();
     let mut rng = Rng(a.seed ^ 0x5eed);
     for _ in 0..a.cases {
         let (p, m, spec) = rng.pipeline();
@@ -163,7 +165,7 @@ fn byte_budgets(a: &BaselineBenchArgs) -> Result<Vec<Budget>, String> {
             row.worst = row.worst.max(ours / theirs);
         }
     }
-    Ok(rows)
+    rows
 }
 
 /// The objective's measure of `kind` planned within `limit` on the linear placement (`None`

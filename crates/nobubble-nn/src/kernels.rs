@@ -4,8 +4,10 @@
 //! Why several builds: these loops (GELU, softmax, LayerNorm) are a tenth of a block's
 //! time and vectorize 2× (AVX2) or 4× (AVX-512) wider than the baseline. Why this is still
 //! deterministic: every build performs the same IEEE operations per element in the same
-//! order, and nothing is fused (Rust never contracts `a*b + c` into an FMA), so they
-//! produce identical bits. Reductions (row sums, dot products) are written with
+//! order, and Rust never contracts `a*b + c` into an FMA on its own; the only fused
+//! operations are explicit `mul_add`s, which are exactly rounded everywhere (a `vfmadd` in
+//! the AVX2 and AVX-512 builds, libm's `fmaf` in the baseline one), so they produce
+//! identical bits. Reductions (row sums, dot products) are written with
 //! [`LANES`] partial sums combined in a fixed order: that order is part of the kernel, not
 //! of the instruction set, so the compiler may map the partial sums onto vector registers
 //! of any width without changing a bit.
@@ -89,28 +91,33 @@ const GELU_C: f32 = 0.797_884_6; // sqrt(2/pi)
 const GELU_A: f32 = 0.044_715;
 
 /// `e^x` to about 1 ulp, branch-free so loops over it vectorize (libm's `exp`/`tanh`
-/// calls were a third of a block's forward time). Pure f32 arithmetic without fused
-/// operations: the result is the same on every x86-64 machine.
+/// calls were a third of a block's forward time). The polynomial is evaluated with
+/// `mul_add`: exactly rounded on every machine, so the bits are the same at every SIMD
+/// level, and half the operations of the unfused form (measured 2× faster GELU on an
+/// AVX-512 Xeon, where the unfused form's ~35 dependent operations per element bound it).
+/// The baseline build (no FMA instructions) pays a libm call per `mul_add` instead.
 #[inline(always)]
 pub(crate) fn fast_exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
     let x = x.clamp(-87.0, 88.0);
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, ROUND);
     let n = shifted - ROUND;
     // Cody–Waite: ln 2 split in two parts so r = x − n·ln2 stays exact.
-    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let r = (-n).mul_add(1.428_606_8e-6, (-n).mul_add(0.693_145_75, x));
+    let mut p: f32 = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
+    }
     let exponent = (shifted.to_bits() as i32 - ROUND.to_bits() as i32 + 127) << 23;
     p * f32::from_bits(exponent as u32)
 }
 
-/// `tanh` via [`fast_exp`]: `1 − 2/(e^{2y} + 1)`; saturates cleanly at ±1.
+/// `2z` for GELU's tanh approximation, `z = √(2/π)·(x + 0.044715·x³)`: GELU is computed as
+/// `x·σ(2z)`, the same function as `½x(1 + tanh z)` with one division and no `1 − t`
+/// cancellation.
 #[inline(always)]
-pub(crate) fn fast_tanh(y: f32) -> f32 {
-    1.0 - 2.0 / (fast_exp(2.0 * y) + 1.0)
+fn gelu_two_z(x: f32) -> f32 {
+    (x * x).mul_add(2.0 * GELU_C * GELU_A, 2.0 * GELU_C) * x
 }
 
 /// Defines `pub(crate) fn $name(simd, args)` that runs `portable::$name` compiled for the
@@ -170,7 +177,7 @@ pub(crate) struct RopeShape {
 
 /// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
-    use super::{fast_exp, fast_tanh, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C};
+    use super::{fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C};
 
     /// The logistic function `1 / (1 + e^{−x})`.
     #[inline(always)]
@@ -182,18 +189,18 @@ mod portable {
     pub fn gelu_forward(u: &[f32], y: &mut [f32]) {
         assert_eq!(u.len(), y.len());
         for (o, &x) in y.iter_mut().zip(u) {
-            let t = fast_tanh(GELU_C * (x + GELU_A * x * x * x));
-            *o = 0.5 * x * (1.0 + t);
+            *o = x / (1.0 + fast_exp(-gelu_two_z(x)));
         }
     }
 
+    /// `d/dx x·σ(2z) = σ + x·σ(1 − σ)·2z'`, with `2z' = 2c(1 + 3a·x²)`.
     #[inline(always)]
     pub fn gelu_backward(u: &[f32], dy: &mut [f32]) {
         assert_eq!(u.len(), dy.len());
         for (d, &x) in dy.iter_mut().zip(u) {
-            let t = fast_tanh(GELU_C * (x + GELU_A * x * x * x));
-            let dt = GELU_C * (1.0 + 3.0 * GELU_A * x * x);
-            *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt;
+            let s = 1.0 / (1.0 + fast_exp(-gelu_two_z(x)));
+            let two_dz = (x * x).mul_add(6.0 * GELU_C * GELU_A, 2.0 * GELU_C);
+            *d *= (x * s * (1.0 - s)).mul_add(two_dz, s);
         }
     }
 
@@ -417,7 +424,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fast_exp_and_tanh_are_accurate() {
+    fn fast_exp_and_gelu_are_accurate() {
         let mut worst = 0.0f64;
         for i in -8690..=8790 {
             let x = i as f32 * 0.01 + 0.003;
@@ -429,15 +436,31 @@ mod tests {
         assert_eq!(fast_exp(0.0), 1.0);
         assert!(fast_exp(-1000.0) >= 0.0 && fast_exp(-1000.0) < 1e-37);
         assert!(fast_exp(1000.0).is_finite());
-        for i in -2000..=2000 {
-            let y = i as f32 * 0.005;
+        // GELU (tanh form) and its derivative against f64, including the saturated tails.
+        let xs: Vec<f32> = (-3000..=3000).map(|i| i as f32 * 0.005).collect();
+        let mut y = vec![0.0; xs.len()];
+        portable::gelu_forward(&xs, &mut y);
+        let mut dy = vec![1.0; xs.len()];
+        portable::gelu_backward(&xs, &mut dy);
+        let (c, a) = (GELU_C as f64, GELU_A as f64);
+        for ((&x, &y), &d) in xs.iter().zip(&y).zip(&dy) {
+            let x = x as f64;
+            let t = (c * (x + a * x * x * x)).tanh();
+            let want = 0.5 * x * (1.0 + t);
+            let dwant = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x);
             assert!(
-                (fast_tanh(y) as f64 - (y as f64).tanh()).abs() < 3e-7,
-                "tanh({y})"
+                (y as f64 - want).abs() < 1e-6 * (1.0 + want.abs()),
+                "gelu({x})"
+            );
+            assert!(
+                (d as f64 - dwant).abs() < 2e-6 * (1.0 + dwant.abs()),
+                "gelu'({x})"
             );
         }
-        assert_eq!(fast_tanh(50.0), 1.0);
-        assert_eq!(fast_tanh(-50.0), -1.0);
+        let mut big = [0.0f32; 2];
+        portable::gelu_forward(&[-60.0, 60.0], &mut big);
+        assert_eq!(big[1], 60.0);
+        assert!(big[0] <= 0.0 && big[0] > -1e-30);
     }
 
     #[test]

@@ -198,7 +198,7 @@ mod portable {
     pub fn gelu_backward(u: &[f32], dy: &mut [f32]) {
         assert_eq!(u.len(), dy.len());
         for (d, &x) in dy.iter_mut().zip(u) {
-            let s = 1.0 / (1.0 + fast_exp(-gelu_two_z(x)));
+            let s = sigmoid(gelu_two_z(x));
             let two_dz = (x * x).mul_add(6.0 * GELU_C * GELU_A, 2.0 * GELU_C);
             *d *= (x * s * (1.0 - s)).mul_add(two_dz, s);
         }

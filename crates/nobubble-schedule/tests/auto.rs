@@ -781,6 +781,43 @@ fn v_half_drains_early_with_few_microbatches() {
     assert!((simulate(&theirs, &tc).unwrap().metrics.makespan - 84.0).abs() < 1e-6);
 }
 
+/// Between the V constructions' memory levels (V-Min at 4 × M_B, V-Half at 5 here) more
+/// memory must still buy time: the list scheduler with a 1F1B-like cap on first-chunk
+/// forwards in flight fills the gap, where memory alone (and before it, every candidate)
+/// fell back to the plan of the level below (37.5, 61.5 and 85.5 from 3.5 to 4.5 × M_B).
+#[test]
+fn v_plans_between_the_constructions_use_the_memory() {
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.0,
+            w: 1.0,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        0.0,
+    );
+    for m in [8, 16, 24] {
+        let at = |x: f64| {
+            let req = Request {
+                mem_limit: MemLimit::Multiple(x),
+                objective: nobubble_schedule::Objective::Makespan,
+                placement: Some(nobubble_schedule::Placement::V),
+                ..Request::new(ScheduleKind::ZbAuto, 8, m)
+            };
+            let s = generate(&req, &spec).unwrap();
+            let c = CostModel::for_schedule(&spec, &s).unwrap();
+            nobubble_schedule::validate(&s, &c, Some(x)).unwrap();
+            simulate(&s, &c).unwrap().metrics.makespan
+        };
+        let (tight, between, half) = (at(3.5), at(4.5), at(5.0));
+        assert!(
+            between < tight - 0.5 && between > half,
+            "p 8 m {m}: {tight} at 3.5, {between} at 4.5, {half} at 5"
+        );
+    }
+}
+
 #[test]
 fn zb_paper_rebuilds_and_zb_auto_matches_or_beats_the_shared_heterogeneous_official_schedules() {
     // ../shared/data/reference-schedules: the authors' greedy (best of its 8 flag settings)

@@ -105,8 +105,8 @@ fn zb_auto_within(
     let mut best: Option<(Schedule, Score)> = None;
     let mut params: Option<(TemplateParams, Score)> = None;
     let mut paper_free: Option<(Schedule, Score)> = None;
-    let mut unbound = LadderRuns::new(policies().len());
-    let mut tight = LadderRuns::new(1);
+    let mut unbound = LadderRuns::new(policies());
+    let mut tight = LadderRuns::new(policies().into_iter().take(1).collect());
     let floor = unlimited_floor(&placement, m, costs);
     // Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
     let static_need = handcrafted

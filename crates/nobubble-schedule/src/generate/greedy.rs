@@ -33,6 +33,14 @@ pub struct Policy {
     /// Prefer the deeper stage (larger index) among ready forwards; for V placements this
     /// pushes microbatches to the turn sooner.
     pub deeper_forward_first: bool,
+    /// At most this many microbatches in flight through a rank's first stage (forward run,
+    /// input gradient not yet), on rank `r` less `r · cap_slope / 2` (at least 1): the
+    /// warm-up depth of 1F1B, for placements where memory alone admits too many first-chunk
+    /// forwards and the later chunks then wait for room. `None`: memory alone decides.
+    pub in_flight_cap: Option<usize>,
+    /// How much the cap falls per rank, in half microbatches (later ranks' round trips are
+    /// shorter, so they need fewer in flight).
+    pub cap_slope: usize,
 }
 
 impl Default for Policy {
@@ -41,6 +49,8 @@ impl Default for Policy {
             forward_may_delay_backward: false,
             w_overshoot: 0.0,
             deeper_forward_first: true,
+            in_flight_cap: None,
+            cap_slope: 0,
         }
     }
 }
@@ -194,6 +204,9 @@ pub fn list_schedule_bound(
                 next_f_arrival = next_f_arrival.min(arrival);
                 continue;
             }
+            if s == st.first_stage && capped(policy, r, next_f[s] - next_i[s]) {
+                continue;
+            }
             let need = costs.stages[s].mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
             if st.mem + need > st.limit * (1.0 + 1e-9) {
                 memory_blocks_f = true;
@@ -283,6 +296,15 @@ pub fn list_schedule_bound(
         Schedule::new(name, n, ranks, m, placement.to_vec(), orders)?,
         memory_bound,
     ))
+}
+
+/// Whether `policy`'s in-flight cap keeps rank `r`, holding `in_flight` microbatches in its
+/// first stage, from admitting another.
+fn capped(policy: &Policy, r: usize, in_flight: usize) -> bool {
+    policy.in_flight_cap.is_some_and(|cap| {
+        let cap = (2 * cap).saturating_sub(r * policy.cap_slope).max(2) / 2;
+        in_flight >= cap
+    })
 }
 
 /// The stage with the oldest pending weight gradient on this rank, if any.

@@ -158,6 +158,31 @@ pub(crate) fn policies() -> Vec<Policy> {
     ]
 }
 
+/// [`policies`] with first-stage in-flight caps, for V placements under tight memory: the
+/// policies that keep W within its wait, with caps from p/2 to 5p/4 microbatches, flat or falling by half a microbatch per
+/// rank. Memory alone admits first-chunk forwards until a rank is full; at limits between
+/// the fixed V constructions (V-Min, V-Half) the later chunks then wait for room, and a
+/// 1F1B-like warm-up depth keeps the pipeline flowing instead.
+pub(crate) fn capped_policies(p: usize) -> Vec<Policy> {
+    let mut caps: Vec<usize> = (4..=10).map(|k| (k * p).div_ceil(8).max(1)).collect();
+    caps.dedup();
+    let mut out = Vec::new();
+    // The policy that lets W overshoot any wait won 2 of 72 cells of the grid tried (p 4, 8;
+    // m p to 3p; three cost models; four limits): left out to halve the time.
+    for base in policies().into_iter().filter(|b| b.w_overshoot < 1.0) {
+        for &cap in &caps {
+            for cap_slope in [0, 1] {
+                out.push(Policy {
+                    in_flight_cap: Some(cap),
+                    cap_slope,
+                    ..base
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Keeps the best of `candidates` that fit the memory limit.
 pub(crate) fn pick_best(
     candidates: impl IntoIterator<Item = Schedule>,
@@ -266,13 +291,15 @@ pub(crate) fn improve(
 /// The list scheduler's runs along a memory ladder, one per policy, remembering each
 /// policy's schedule once the limit stopped binding (every larger limit gives the same).
 pub(crate) struct LadderRuns {
+    policies: Vec<Policy>,
     unbound: Vec<Option<Schedule>>,
 }
 
 impl LadderRuns {
-    pub(crate) fn new(policies: usize) -> Self {
+    pub(crate) fn new(policies: Vec<Policy>) -> Self {
         LadderRuns {
-            unbound: vec![None; policies],
+            unbound: vec![None; policies.len()],
+            policies,
         }
     }
 
@@ -281,7 +308,7 @@ impl LadderRuns {
         self.unbound.iter().all(Option::is_some)
     }
 
-    /// The first `self.unbound.len()` policies' schedules at `level` (failed runs left out).
+    /// Every policy's schedule at `level` (failed runs left out).
     pub(crate) fn run(
         &mut self,
         name: &str,
@@ -292,11 +319,11 @@ impl LadderRuns {
         level: f64,
     ) -> Vec<Schedule> {
         let mut out = Vec::new();
-        for (k, pol) in policies().into_iter().take(self.unbound.len()).enumerate() {
+        for (k, pol) in self.policies.iter().enumerate() {
             if let Some(s) = &self.unbound[k] {
                 out.push(s.clone());
             } else if let Ok((s, bound)) =
-                list_schedule_bound(name, placement, p, m, costs, level, &pol)
+                list_schedule_bound(name, placement, p, m, costs, level, pol)
             {
                 if !bound {
                     self.unbound[k] = Some(s.clone());

@@ -4,8 +4,8 @@
 //! [`crate::cost`]).
 
 use super::search::{
-    better, fits, improve, ladder, needed_limit, on_floor, pick_best, score, unlimited_floor,
-    LadderRuns, Score,
+    better, capped_policies, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
+    score, unlimited_floor, LadderRuns, Score,
 };
 use super::Goal;
 use crate::action::{Action, Kind};
@@ -295,13 +295,29 @@ fn v_auto_within(
     let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
     let floor = unlimited_floor(&placement, m, costs);
     let mut best: Option<(Schedule, Score)> = None;
-    let mut runs = LadderRuns::new(n_policies);
+    let mut runs = LadderRuns::new(policies().into_iter().take(n_policies).collect());
+    // The capped runs matter only under tight memory and cost a run each per level: small
+    // pipelines only.
+    let mut capped = LadderRuns::new(if actions <= 6000 {
+        capped_policies(p)
+    } else {
+        Vec::new()
+    });
     for level in ladder(x) {
-        let cached = runs.all_cached() && greedy.settled() && blocks.settled();
+        // Capped runs won only up to 3/4 of p·M_B on the grid tried; above, memory alone
+        // admits what the caps would.
+        let capped_here = level <= 0.75 * p as f64;
+        let cached = runs.all_cached()
+            && (capped.all_cached() || !capped_here)
+            && greedy.settled()
+            && blocks.settled();
         let rejected = std::cell::Cell::new(false);
         let mut changed = false;
         let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
         let mut found = runs.run(name, &placement, p, m, costs, level);
+        if capped_here {
+            found.extend(capped.run(name, &placement, p, m, costs, level));
+        }
         // The greedy sizes its warm-up for about p·M_B; on large pipelines it is worth
         // its time only from half of that (a fixed set of levels, so the ladder stays
         // monotone).

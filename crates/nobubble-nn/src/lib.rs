@@ -39,8 +39,8 @@ pub use config::{GptConfig, StageLayout};
 pub use data::Corpus;
 pub use error::{MicrobatchId, NnError, Result};
 pub use model::{
-    build_stages, build_stages_where, split_model, split_model_v, sum_tied_gradients, Stage,
-    StageInput, StageOutput,
+    add_tied_gradient, build_stages, build_stages_where, split_model, split_model_v,
+    sum_tied_gradients, Stage, StageInput, StageOutput,
 };
 pub use optim::{AdamW, AdamWConfig, AdamWState, ParamMoments};
 pub use reference::{ReferenceTrainer, TrainConfig};

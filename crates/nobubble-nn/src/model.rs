@@ -611,7 +611,7 @@ pub fn sum_tied_gradients(mut grads: Vec<&mut Tensor>) -> Result<()> {
     match grads.as_mut_slice() {
         [] => Ok(()),
         [a, b] if a.shape() == b.shape() => {
-            be_add(a.data_mut(), b.data());
+            add_tied_gradient(a, b.data())?;
             b.data_mut().copy_from_slice(a.data());
             Ok(())
         }
@@ -623,10 +623,21 @@ pub fn sum_tied_gradients(mut grads: Vec<&mut Tensor>) -> Result<()> {
     }
 }
 
-fn be_add(dst: &mut [f32], src: &[f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
+/// Adds the other copy's gradient of a tied embedding to this one's: the one sum both
+/// [`sum_tied_gradients`] (both copies on one rank) and the runtime (copies on two ranks, each
+/// adding the other's) use, so every layout takes the same bits.
+pub fn add_tied_gradient(own: &mut Tensor, other: &[f32]) -> Result<()> {
+    if own.len() != other.len() {
+        return Err(NnError::Config(format!(
+            "tied embeddings: the other copy's gradient has {} values, this copy has {}",
+            other.len(),
+            own.len()
+        )));
+    }
+    for (d, s) in own.data_mut().iter_mut().zip(other) {
         *d += s;
     }
+    Ok(())
 }
 
 /// Measured activation memory of one microbatch on one stage.

@@ -70,39 +70,34 @@ fn inference_logits_give_the_training_loss_and_leave_no_state() {
     assert!(err.contains("non-empty prompt"), "{err}");
 }
 
+/// How often each token is drawn from `logits` under `how` in `n` draws (seed `seed`).
+fn frequencies(logits: &[f32], how: &Sampling, seed: u64, n: usize) -> Vec<f64> {
+    let mut rng = SplitMix64::new(seed);
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..n {
+        counts[sample_token(logits, how, &mut rng).unwrap() as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / n as f64).collect()
+}
+
 #[test]
 fn sampling_is_deterministic_per_seed() {
     let model = GptConfig::micro();
     let stages = build_stages(&model, 3, &[2]).unwrap();
     let be = CpuBackend::single_thread();
     let prompt = bytes("In the");
-    let a = generate(
-        &stages,
-        &be,
-        &prompt,
-        24,
-        &Sampling::with_temperature(1.0),
-        7,
-    )
-    .unwrap();
-    let b = generate(
-        &stages,
-        &be,
-        &prompt,
-        24,
-        &Sampling::with_temperature(1.0),
-        7,
-    )
-    .unwrap();
-    let c = generate(
-        &stages,
-        &be,
-        &prompt,
-        24,
-        &Sampling::with_temperature(1.0),
-        8,
-    )
-    .unwrap();
+    let draw = |stages: &[nobubble_nn::Stage], seed: u64| {
+        generate(
+            stages,
+            &be,
+            &prompt,
+            24,
+            &Sampling::with_temperature(1.0),
+            seed,
+        )
+        .unwrap()
+    };
+    let (a, b, c) = (draw(&stages, 7), draw(&stages, 7), draw(&stages, 8));
     assert_eq!(a, b, "same seed, same bytes");
     assert_ne!(
         a, c,
@@ -110,32 +105,11 @@ fn sampling_is_deterministic_per_seed() {
     );
     // The split does not matter.
     let split = build_stages(&model, 3, &[1, 1]).unwrap();
-    assert_eq!(
-        a,
-        generate(
-            &split,
-            &be,
-            &prompt,
-            24,
-            &Sampling::with_temperature(1.0),
-            7
-        )
-        .unwrap()
-    );
+    assert_eq!(a, draw(&split, 7));
     // Temperature draws follow the softmax: logits (0, ln 3) give P(1) = 3/4.
+    let ones = frequencies(&[0.0, 3f32.ln()], &Sampling::with_temperature(1.0), 1, 4000)[1];
+    assert!((ones - 0.75).abs() < 0.03, "{ones}");
     let mut rng = SplitMix64::new(1);
-    let ones = (0..4000)
-        .filter(|_| {
-            sample_token(
-                &[0.0, 3f32.ln()],
-                &Sampling::with_temperature(1.0),
-                &mut rng,
-            )
-            .unwrap()
-                == 1
-        })
-        .count();
-    assert!((ones as f64 / 4000.0 - 0.75).abs() < 0.03, "{ones}");
     assert_eq!(
         sample_token(&[0.0, 2.0, 2.0], &Sampling::with_temperature(0.0), &mut rng).unwrap(),
         1
@@ -150,14 +124,6 @@ fn sampling_is_deterministic_per_seed() {
 fn top_k_and_top_p_keep_only_the_most_likely_tokens_in_proportion() {
     // Probabilities 1/10, 2/10, 3/10, 4/10.
     let logits: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|p| p.ln()).collect();
-    let draws = |how: Sampling| {
-        let mut rng = SplitMix64::new(5);
-        let mut counts = [0usize; 4];
-        for _ in 0..7000 {
-            counts[sample_token(&logits, &how, &mut rng).unwrap() as usize] += 1;
-        }
-        counts.map(|c| c as f64 / 7000.0)
-    };
     let plain = Sampling::with_temperature(1.0);
     for (how, want) in [
         (
@@ -189,7 +155,7 @@ fn top_k_and_top_p_keep_only_the_most_likely_tokens_in_proportion() {
         ),
         (plain, [0.1, 0.2, 0.3, 0.4]),
     ] {
-        let got = draws(how);
+        let got = frequencies(&logits, &how, 5, 7000);
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 0.025, "{how:?}: {got:?} vs {want:?}");
         }

@@ -787,16 +787,7 @@ fn v_half_drains_early_with_few_microbatches() {
 /// fell back to the plan of the level below (37.5, 61.5 and 85.5 from 3.5 to 4.5 × M_B).
 #[test]
 fn v_plans_between_the_constructions_use_the_memory() {
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: 1.0,
-            i: 1.0,
-            w: 1.0,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        0.0,
-    );
+    let spec = CostSpec::uniform(RankCost::default(), 0.0);
     for m in [8, 16, 24] {
         let at = |x: f64| {
             let req = Request {

@@ -26,15 +26,12 @@ pub const DEFAULT_HF_CONTEXT: usize = 1024;
 /// their `max_position_embeddings`, at most [`DEFAULT_HF_CONTEXT`]).
 pub fn open(dir: &Path, seq_len: Option<usize>) -> Result<Model, String> {
     let (stage, tokenizer, origin) = if hf::is_model_dir(dir) {
-        let seq_len = match seq_len {
-            Some(s) => s,
-            None => hf::read_config(dir, None, 1)
-                .map_err(|e| format!("--checkpoint: {e}"))?
-                .seq_len
-                .min(DEFAULT_HF_CONTEXT),
-        };
-        let (_, stage) =
-            hf::build_model(dir, Some(seq_len)).map_err(|e| format!("--checkpoint: {e}"))?;
+        let mut config =
+            hf::read_config(dir, seq_len, 1).map_err(|e| format!("--checkpoint: {e}"))?;
+        if seq_len.is_none() {
+            config.seq_len = config.seq_len.min(DEFAULT_HF_CONTEXT);
+        }
+        let stage = hf::build_model(dir, &config).map_err(|e| format!("--checkpoint: {e}"))?;
         let tokenizer = hf::read_tokenizer(dir).map_err(|e| e.to_string())?;
         (stage, tokenizer, "Hugging Face model".to_string())
     } else {

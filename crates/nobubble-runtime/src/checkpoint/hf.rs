@@ -155,16 +155,15 @@ pub fn load_params(
         .map_err(|e| RuntimeError::io(dir, format!("{}: {e}", dir.display())))
 }
 
-/// The Hugging Face model in `dir` as one unpipelined stage (for scoring and sampling), with
-/// the config it was built from.
-pub fn build_model(dir: &Path, seq_len: Option<usize>) -> Result<(GptConfig, Stage), RuntimeError> {
-    let config = read_config(dir, seq_len, 1)?;
-    let params = load_params(dir, &config)?;
-    let mut stages = nobubble_nn::build_stages(&config, 0, &[config.layers])
+/// The Hugging Face model in `dir` as one unpipelined stage (for scoring and sampling), built
+/// as `config` (from [`read_config`], the caller free to shorten its context) says.
+pub fn build_model(dir: &Path, config: &GptConfig) -> Result<Stage, RuntimeError> {
+    let params = load_params(dir, config)?;
+    let mut stages = nobubble_nn::build_stages(config, 0, &[config.layers])
         .map_err(|e| RuntimeError::Config(format!("{}: {e}", dir.display())))?;
     let mut stage = stages.pop().expect("one stage");
     super::load_params(&mut stage, &params)?;
-    Ok((config, stage))
+    Ok(stage)
 }
 
 /// Writes `tensors` (f32) to `path` as one safetensors file, through a temporary name.

@@ -133,7 +133,7 @@ impl Worker {
     /// copy to their sum ([`nobubble_nn::sum_tied_gradients`]; a rank holding both, as under V
     /// placement, sums locally). Both copies then take the same optimizer step.
     pub(crate) fn finish_tie(&mut self, step: u64) -> Result<(), RuntimeError> {
-        let Engine::Real { stages, .. } = &self.engine else {
+        let Engine::Real { stages, .. } = &mut self.engine else {
             return Ok(());
         };
         if !self.model.tie_embeddings {
@@ -146,9 +146,6 @@ impl Worker {
             .collect();
         let fault = |e: nobubble_nn::NnError| RuntimeError::Fault(format!("tied embeddings: {e}"));
         if here.len() == 2 || here.is_empty() {
-            let Engine::Real { stages, .. } = &mut self.engine else {
-                unreachable!("checked above")
-            };
             let tied = stages
                 .values_mut()
                 .flat_map(|s| s.tied_grads_mut())
@@ -157,15 +154,7 @@ impl Worker {
         }
         let (mine, other) = if here[0] == 0 { (0, last) } else { (last, 0) };
         let partner = self.layout.rank_of(self.replica, other);
-        let own = match &mut self.engine {
-            Engine::Real { stages, .. } => stages
-                .get_mut(&mine)
-                .and_then(|s| s.tied_grads_mut().pop().map(|g| g.data().to_vec()))
-                .ok_or_else(|| {
-                    RuntimeError::Fault(format!("internal: stage {mine} holds no tied copy"))
-                })?,
-            Engine::Emulated(_) => unreachable!("checked above"),
-        };
+        let own = self.tied_grad(mine)?.data().to_vec();
         let msg = control(Tag::TiedGrad, mine, step, own, Vec::new());
         self.post_control(partner, msg)?;
         let what = || {
@@ -174,21 +163,22 @@ impl Worker {
             )
         };
         let theirs = self.wait_for((Tag::TiedGrad, other, step, partner), None, &what)?;
-        if let Engine::Real { stages, .. } = &mut self.engine {
-            let mut grads = stages.get_mut(&mine).expect("checked").tied_grads_mut();
-            let g = grads.pop().expect("checked");
-            if g.len() != theirs.data.len() {
-                return Err(RuntimeError::Fault(format!(
-                    "tied embeddings: rank {partner} sent {} values, the copy here has {}",
-                    theirs.data.len(),
-                    g.len()
-                )));
-            }
-            for (d, s) in g.data_mut().iter_mut().zip(&theirs.data) {
-                *d += s;
-            }
-        }
-        Ok(())
+        nobubble_nn::add_tied_gradient(self.tied_grad(mine)?, &theirs.data).map_err(fault)
+    }
+
+    /// This rank's copy of the tied embedding's gradient on `stage` (real compute only).
+    fn tied_grad(&mut self, stage: usize) -> Result<&mut nobubble_nn::Tensor, RuntimeError> {
+        let Engine::Real { stages, .. } = &mut self.engine else {
+            return Err(RuntimeError::Fault(
+                "internal: tied embeddings under emulated compute".into(),
+            ));
+        };
+        stages
+            .get_mut(&stage)
+            .and_then(|s| s.tied_grads_mut().pop())
+            .ok_or_else(|| {
+                RuntimeError::Fault(format!("internal: stage {stage} holds no tied copy"))
+            })
     }
 
     /// Every rank's `bytes`, in rank order (this rank's own included).

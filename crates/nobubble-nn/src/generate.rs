@@ -2,13 +2,20 @@
 //!
 //! Training's forward saves activations per microbatch for I and W; sampling wants none
 //! of that. These functions read the stages' weights and run each layer's `apply`, the
-//! very code its training forward runs (so the logits are the ones training computes, bit
-//! for bit, for the same backend), but they take `&Stage`: nothing is
+//! very code its training forward runs (so [`forward_logits`] gives the logits training
+//! computes, bit for bit, for the same backend), but they take `&Stage`: nothing is
 //! saved, no gradient or pass state is touched, and the result is a pure function of
 //! the weights and the input.
+//!
+//! Generation decodes incrementally ([`Decoder`]): each attention layer keeps the keys and
+//! values of the positions so far, so a new token costs one row through the model rather
+//! than the whole window. Its logits equal the full window's up to the rounding of shorter
+//! sums (tested against [`next_token_logits`]); once the context outgrows `seq_len` the
+//! window slides, every position moves, and each token runs the whole window again.
 
 use crate::backend::{on_backend, Backend};
 use crate::error::{NnError, Result};
+use crate::layers::{Embedding, KvRows, LmHead};
 use crate::model::Stage;
 use crate::param::SplitMix64;
 use crate::tensor::Tensor;
@@ -17,17 +24,8 @@ use crate::tensor::Tensor;
 /// order: first stage first, last stage last) for `tokens`, a whole number of sequences
 /// of the model's `seq_len`. Row `r` predicts the token after `tokens[r]`.
 pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Result<Tensor> {
-    let (first, last) = match (stages.first(), stages.last()) {
-        (Some(f), Some(l)) => (f, l),
-        _ => return Err(NnError::Config("no stages to run".into())),
-    };
-    let embedding = first.embedding.as_ref().ok_or_else(|| {
-        NnError::Config("inference needs the stages from the first one on".into())
-    })?;
-    let head = last.head.as_ref().ok_or_else(|| {
-        NnError::Config("inference needs the stages up to the last one (the LM head)".into())
-    })?;
-    let config = first.config();
+    let (embedding, head) = ends(stages)?;
+    let config = stages[0].config();
     let s = config.seq_len;
     if tokens.is_empty() || !tokens.len().is_multiple_of(s) {
         return Err(NnError::BadInput(format!(
@@ -52,6 +50,95 @@ pub fn forward_logits(stages: &[Stage], be: &dyn Backend, tokens: &[u32]) -> Res
         }
         Ok(head.logits(be, &x))
     })
+}
+
+/// The whole model's embedding and LM head: `stages` must run from the first stage to the
+/// last.
+fn ends(stages: &[Stage]) -> Result<(&Embedding, &LmHead)> {
+    let (first, last) = match (stages.first(), stages.last()) {
+        (Some(f), Some(l)) => (f, l),
+        _ => return Err(NnError::Config("no stages to run".into())),
+    };
+    let embedding = first.embedding.as_ref().ok_or_else(|| {
+        NnError::Config("inference needs the stages from the first one on".into())
+    })?;
+    let head = last.head.as_ref().ok_or_else(|| {
+        NnError::Config("inference needs the stages up to the last one (the LM head)".into())
+    })?;
+    Ok((embedding, head))
+}
+
+/// Incremental decoding of one sequence from position 0: feed tokens one at a time and get
+/// the logits for the token after each, while every attention layer keeps the keys and
+/// values of the positions so far (a KV cache).
+pub struct Decoder<'a> {
+    stages: &'a [Stage],
+    be: &'a dyn Backend,
+    embedding: &'a Embedding,
+    head: &'a LmHead,
+    caches: Vec<KvRows>,
+    len: usize,
+}
+
+impl<'a> Decoder<'a> {
+    /// An empty sequence over the whole model held by `stages` (any split, in order).
+    pub fn new(stages: &'a [Stage], be: &'a dyn Backend) -> Result<Self> {
+        let (embedding, head) = ends(stages)?;
+        let layers = stages.iter().map(|st| st.blocks.len()).sum();
+        Ok(Decoder {
+            stages,
+            be,
+            embedding,
+            head,
+            caches: vec![KvRows::default(); layers],
+            len: 0,
+        })
+    }
+
+    /// Positions fed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no token was fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the sequence holds `seq_len` tokens, all the positions the model has.
+    pub fn is_full(&self) -> bool {
+        self.len >= self.stages[0].config().seq_len
+    }
+
+    /// Feeds `token` at the next position and returns the logits for the token after it.
+    /// Errors on an id outside the vocabulary or when the sequence is full.
+    pub fn push(&mut self, token: u32) -> Result<Vec<f32>> {
+        let config = self.stages[0].config();
+        if token as usize >= config.vocab {
+            return Err(NnError::BadInput(format!(
+                "token id {token} is outside the vocabulary of {}",
+                config.vocab
+            )));
+        }
+        if self.is_full() {
+            return Err(NnError::BadInput(format!(
+                "the sequence already holds seq_len = {} tokens",
+                config.seq_len
+            )));
+        }
+        let (pos, be) = (self.len, self.be);
+        let (stages, caches) = (self.stages, &mut self.caches);
+        let logits = on_backend(be, || {
+            let mut x = self.embedding.apply_at(token, pos);
+            let blocks = stages.iter().flat_map(|st| &st.blocks);
+            for (b, cache) in blocks.zip(caches.iter_mut()) {
+                x = b.decode(be, x, pos, cache);
+            }
+            self.head.logits(be, &x).into_vec()
+        });
+        self.len += 1;
+        Ok(logits)
+    }
 }
 
 /// Logits for the byte following `context`. Only the last `seq_len` tokens are used (the
@@ -193,12 +280,27 @@ pub fn generate_with(
     let mut rng = SplitMix64::new(seed);
     let mut context = prompt.to_vec();
     let mut out = Vec::with_capacity(count);
+    // While the context fits the model's positions, decode incrementally; after, the window
+    // slides and each token needs the whole window (`next_token_logits`).
+    let mut decoder = Decoder::new(stages, be)?;
+    let mut cached = None;
+    if prompt.len() <= stages[0].config().seq_len {
+        for &t in prompt {
+            cached = Some(decoder.push(t)?);
+        }
+    }
     for _ in 0..count {
-        let logits = next_token_logits(stages, be, &context)?;
+        let logits = match cached.take() {
+            Some(l) => l,
+            None => next_token_logits(stages, be, &context)?,
+        };
         let t = sample_token(&logits, how, &mut rng)?;
         context.push(t);
         out.push(t);
         on_token(t)?;
+        if !decoder.is_empty() && !decoder.is_full() {
+            cached = Some(decoder.push(t)?);
+        }
     }
     Ok(out)
 }

@@ -205,3 +205,55 @@ fn greedy_continues_a_learned_repetition() {
         "greedy continuation of `abcab` was `{text}`"
     );
 }
+
+/// The KV cache's logits are the full window's, position by position, for both block
+/// families (GQA and rotary positions on Llama), and generation past the window slides on.
+#[test]
+fn incremental_decoding_gives_the_full_windows_logits() {
+    use nobubble_nn::config::Arch;
+    use nobubble_nn::generate::Decoder;
+    for arch in [Arch::Gpt, Arch::Llama] {
+        let model = GptConfig {
+            layers: 3,
+            heads: 4,
+            ..GptConfig::micro()
+        }
+        .with_arch(arch);
+        let stages = build_stages(&model, 11, &[2, 1]).unwrap();
+        let be = CpuBackend::single_thread();
+        let text = bytes("And God said, Let there be light");
+        let mut decoder = Decoder::new(&stages, &be).unwrap();
+        for (n, &t) in text.iter().take(model.seq_len).enumerate() {
+            let cached = decoder.push(t).unwrap();
+            let full = next_token_logits(&stages, &be, &text[..=n]).unwrap();
+            let worst = cached
+                .iter()
+                .zip(&full)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{arch:?} position {n}: logits differ by {worst}"
+            );
+        }
+        assert!(decoder.is_full());
+        let err = decoder.push(1).unwrap_err().to_string();
+        assert!(err.contains("seq_len"), "{err}");
+        // Greedy generation across the end of the window: the cached steps and the sliding
+        // ones pick what the full window picks.
+        let greedy = Sampling::with_temperature(0.0);
+        let prompt = &text[..5];
+        let got = generate(&stages, &be, prompt, 2 * model.seq_len, &greedy, 0).unwrap();
+        let mut context = prompt.to_vec();
+        for &t in &got {
+            let logits = next_token_logits(&stages, &be, &context).unwrap();
+            let mut rng = SplitMix64::new(0);
+            assert_eq!(
+                t,
+                sample_token(&logits, &greedy, &mut rng).unwrap(),
+                "{arch:?}"
+            );
+            context.push(t);
+        }
+    }
+}

@@ -18,8 +18,8 @@ pub struct Model {
     pub origin: String,
 }
 
-/// Longest default context for a Hugging Face directory: every token recomputes its whole
-/// window (no KV cache), and attention holds `heads × s²` floats per layer.
+/// Longest default context for a Hugging Face directory: `score` (and sampling past the
+/// window) runs the whole window, whose attention holds `heads × s²` floats per layer.
 pub const DEFAULT_HF_CONTEXT: usize = 1024;
 
 /// Opens `--checkpoint DIR`; `seq_len` only applies to Hugging Face directories (default:

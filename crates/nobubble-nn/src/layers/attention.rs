@@ -47,6 +47,15 @@ impl Rope {
     }
 }
 
+/// One attention layer's keys and values of the positions decoded so far, rows of
+/// `[kv_heads · d]` (rotated, for rotary positions): what incremental decoding keeps so that
+/// each new token costs one row's work instead of the whole window's.
+#[derive(Debug, Default, Clone)]
+pub struct KvRows {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
 /// Causal multi-head self-attention over sequences of a fixed length.
 #[derive(Debug)]
 pub struct CausalSelfAttention {
@@ -154,6 +163,61 @@ impl CausalSelfAttention {
         let mut qkv = self.qkv.apply(be, x);
         self.rotate(be, &mut qkv, false);
         let (ctx, _probs) = self.core_forward(be, &qkv);
+        self.proj.apply(be, &ctx)
+    }
+
+    /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
+    /// values of the earlier positions in `cache`, which it extends: incremental decoding.
+    /// The same products as [`Self::apply`] on one row, so the output matches the full
+    /// window's row `pos` up to the rounding of the shorter sums.
+    pub(crate) fn decode(
+        &self,
+        be: &dyn Backend,
+        x: &Tensor,
+        pos: usize,
+        cache: &mut KvRows,
+    ) -> Tensor {
+        let (a, kv, d) = (self.heads, self.kv_heads, self.head_dim());
+        let mut qkv = self.qkv.apply(be, x);
+        if let Some(rope) = &self.rope {
+            // The tables' row `pos` as a one-position table: the kernel training runs.
+            let half = d / 2;
+            let (cos, sin) = (&rope.cos[pos * half..], &rope.sin[pos * half..]);
+            be.rope(&mut qkv, a + kv, d, 1, cos, sin, false);
+        }
+        let row = qkv.data();
+        cache.keys.extend_from_slice(&row[a * d..(a + kv) * d]);
+        cache.values.extend_from_slice(&row[(a + kv) * d..]);
+        let n = pos + 1;
+        debug_assert_eq!(cache.keys.len(), n * kv * d);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut ctx = Tensor::zeros(&[1, a * d]);
+        let mut scores = vec![0.0f32; n];
+        for head in 0..a {
+            let kv_head = head / (a / kv);
+            let q = MatRef::new(row, head * d, 1, d, d as isize, 1);
+            let keys = MatRef::new(&cache.keys, kv_head * d, n, d, (kv * d) as isize, 1);
+            be.matmul(
+                MatMut::new(&mut scores, 0, 1, n, n as isize, 1),
+                q,
+                keys.t(),
+                scale,
+                false,
+            );
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                total += *sc;
+            }
+            for sc in scores.iter_mut() {
+                *sc /= total;
+            }
+            let p = MatRef::new(&scores, 0, 1, n, n as isize, 1);
+            let values = MatRef::new(&cache.values, kv_head * d, n, d, (kv * d) as isize, 1);
+            let out = MatMut::new(ctx.data_mut(), head * d, 1, d, (a * d) as isize, 1);
+            be.matmul(out, p, values, 1.0, false);
+        }
         self.proj.apply(be, &ctx)
     }
 

@@ -59,6 +59,22 @@ impl Block {
         x
     }
 
+    /// One token at position `pos` (`x`: its `[1, h]` input) through the block, extending
+    /// `cache` with its keys and values (see [`CausalSelfAttention::decode`]).
+    pub(crate) fn decode(
+        &self,
+        be: &dyn Backend,
+        mut x: Tensor,
+        pos: usize,
+        cache: &mut super::KvRows,
+    ) -> Tensor {
+        let a = self.attn.decode(be, &self.ln1.apply(be, &x), pos, cache);
+        be.add_assign(x.data_mut(), a.data());
+        let m = self.mlp.apply(be, &self.ln2.apply(be, &x));
+        be.add_assign(x.data_mut(), m.data());
+        x
+    }
+
     /// Hidden size.
     pub fn hidden(&self) -> usize {
         self.ln1.gamma.value.len()

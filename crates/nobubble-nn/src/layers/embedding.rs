@@ -64,6 +64,21 @@ impl Embedding {
         be.embedding_forward(&self.tokens.value, pos, tokens, self.seq_len)
     }
 
+    /// The embedding of one `token` (< vocab) at position `pos` (< seq_len), `[1, h]`: the
+    /// row [`Self::apply`] gives it there, for incremental decoding.
+    pub(crate) fn apply_at(&self, token: u32, pos: usize) -> Tensor {
+        let h = self.tokens.value.cols();
+        let te = &self.tokens.value.data()[token as usize * h..][..h];
+        let row = match &self.positions {
+            Some(p) => {
+                let pe = &p.value.data()[pos * h..][..h];
+                te.iter().zip(pe).map(|(t, p)| t + p).collect()
+            }
+            None => te.to_vec(),
+        };
+        Tensor::from_vec(&[1, h], row).expect("one row of h values")
+    }
+
     /// F: looks up `tokens` (a whole number of sequences, each id < vocab).
     pub fn forward(
         &mut self,

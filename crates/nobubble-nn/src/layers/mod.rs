@@ -22,7 +22,7 @@ pub mod linear;
 pub mod mlp;
 pub mod norm;
 
-pub use attention::CausalSelfAttention;
+pub use attention::{CausalSelfAttention, KvRows};
 pub use block::Block;
 pub use embedding::Embedding;
 pub use head::LmHead;

@@ -127,14 +127,20 @@ impl<'a> Decoder<'a> {
             )));
         }
         let (pos, be) = (self.len, self.be);
-        let (stages, caches) = (self.stages, &mut self.caches);
+        let Decoder {
+            stages,
+            embedding,
+            head,
+            caches,
+            ..
+        } = self;
         let logits = on_backend(be, || {
-            let mut x = self.embedding.apply_at(token, pos);
+            let mut x = embedding.apply_at(token, pos);
             let blocks = stages.iter().flat_map(|st| &st.blocks);
             for (b, cache) in blocks.zip(caches.iter_mut()) {
                 x = b.decode(be, x, pos, cache);
             }
-            self.head.logits(be, &x).into_vec()
+            head.logits(be, &x).into_vec()
         });
         self.len += 1;
         Ok(logits)
@@ -280,6 +286,9 @@ pub fn generate_with(
     let mut rng = SplitMix64::new(seed);
     let mut context = prompt.to_vec();
     let mut out = Vec::with_capacity(count);
+    if count == 0 {
+        return Ok(out);
+    }
     // While the context fits the model's positions, decode incrementally; after, the window
     // slides and each token needs the whole window (`next_token_logits`).
     let mut decoder = Decoder::new(stages, be)?;
@@ -298,7 +307,7 @@ pub fn generate_with(
         context.push(t);
         out.push(t);
         on_token(t)?;
-        if !decoder.is_empty() && !decoder.is_full() {
+        if out.len() < count && !decoder.is_empty() && !decoder.is_full() {
             cached = Some(decoder.push(t)?);
         }
     }

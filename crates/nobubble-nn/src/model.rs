@@ -629,7 +629,7 @@ pub fn sum_tied_gradients(mut grads: Vec<&mut Tensor>) -> Result<()> {
 pub fn add_tied_gradient(own: &mut Tensor, other: &[f32]) -> Result<()> {
     if own.len() != other.len() {
         return Err(NnError::Config(format!(
-            "tied embeddings: the other copy's gradient has {} values, this copy has {}",
+            "the other copy's gradient has {} values, this copy has {}",
             other.len(),
             own.len()
         )));

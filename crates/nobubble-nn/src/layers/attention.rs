@@ -51,7 +51,7 @@ impl Rope {
 /// `[kv_heads · d]` (rotated, for rotary positions): what incremental decoding keeps so that
 /// each new token costs one row's work instead of the whole window's.
 #[derive(Debug, Default, Clone)]
-pub struct KvRows {
+pub(crate) struct KvRows {
     keys: Vec<f32>,
     values: Vec<f32>,
 }
@@ -168,8 +168,9 @@ impl CausalSelfAttention {
 
     /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
     /// values of the earlier positions in `cache`, which it extends: incremental decoding.
-    /// The same products as [`Self::apply`] on one row, so the output matches the full
-    /// window's row `pos` up to the rounding of the shorter sums.
+    /// The same products as [`Self::apply`] on one row, with a plain softmax over the row,
+    /// so the output matches the full window's row `pos` up to rounding (shorter sums, and
+    /// `exp` instead of the kernels' fast exponential).
     pub(crate) fn decode(
         &self,
         be: &dyn Backend,
@@ -186,8 +187,9 @@ impl CausalSelfAttention {
             be.rope(&mut qkv, a + kv, d, 1, cos, sin, false);
         }
         let row = qkv.data();
-        cache.keys.extend_from_slice(&row[a * d..(a + kv) * d]);
-        cache.values.extend_from_slice(&row[(a + kv) * d..]);
+        let (k0, v0) = (self.column(0, 1), self.column(0, 2));
+        cache.keys.extend_from_slice(&row[k0..v0]);
+        cache.values.extend_from_slice(&row[v0..v0 + kv * d]);
         let n = pos + 1;
         debug_assert_eq!(cache.keys.len(), n * kv * d);
         let scale = 1.0 / (d as f32).sqrt();

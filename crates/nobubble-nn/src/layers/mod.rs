@@ -22,7 +22,8 @@ pub mod linear;
 pub mod mlp;
 pub mod norm;
 
-pub use attention::{CausalSelfAttention, KvRows};
+pub use attention::CausalSelfAttention;
+pub(crate) use attention::KvRows;
 pub use block::Block;
 pub use embedding::Embedding;
 pub use head::LmHead;

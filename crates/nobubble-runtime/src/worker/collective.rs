@@ -130,8 +130,9 @@ impl Worker {
     /// With tied embeddings, after the step's gradients are complete (and reduced over the
     /// replicas): the rank of the first stage and the rank of the last stage exchange the
     /// shared tensor's gradient — the embedding's and the LM head's copy — and each sets its
-    /// copy to their sum ([`nobubble_nn::sum_tied_gradients`]; a rank holding both, as under V
-    /// placement, sums locally). Both copies then take the same optimizer step.
+    /// copy to their sum ([`nobubble_nn::add_tied_gradient`]; a rank holding both, as under V
+    /// placement, sums locally with [`nobubble_nn::sum_tied_gradients`]). Both copies then
+    /// take the same optimizer step.
     pub(crate) fn finish_tie(&mut self, step: u64) -> Result<(), RuntimeError> {
         let Engine::Real { stages, .. } = &mut self.engine else {
             return Ok(());
@@ -163,7 +164,15 @@ impl Worker {
             )
         };
         let theirs = self.wait_for((Tag::TiedGrad, other, step, partner), None, &what)?;
-        nobubble_nn::add_tied_gradient(self.tied_grad(mine)?, &theirs.data).map_err(fault)
+        let own = self.tied_grad(mine)?;
+        if own.len() != theirs.data.len() {
+            return Err(RuntimeError::Fault(format!(
+                "tied embeddings: rank {partner} sent {} values, the copy here has {}",
+                theirs.data.len(),
+                own.len()
+            )));
+        }
+        nobubble_nn::add_tied_gradient(own, &theirs.data).map_err(fault)
     }
 
     /// This rank's copy of the tied embedding's gradient on `stage` (real compute only).

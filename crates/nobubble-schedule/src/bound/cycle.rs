@@ -19,13 +19,14 @@
 //! and `post(a)` after its F(b).
 //!
 //! **Both stages cleared.** A microbatch that has not finished both W(a) and W(b) holds at
-//! least `min(μ, μ_b)` (`μ_b = min(M_B(b), M_W(b))`), so one of the `n_c + 1` just before
-//! `q`, `n_c = ⌊room / min(μ, μ_b)⌋`, has finished both. W(b) starts after I(b) ends; run
-//! before I(a) it pushes I(a) back unless it fits in the chain's gap `g` between them (other
-//! ranks' input gradients), run after it adds its own time: either way the microbatch is
-//! cleared no earlier than `D + W(a) + max(0, W(b) − g)` after its F(b) — the last one too,
-//! so the iteration lasts that long after the last F(b). This binds where `b` follows `a` on
-//! the same rank, as on a V's last rank (`g = 0`).
+//! least `min(μ, M_W(b))` (one through W(a) is through I(a), hence I(b), and holds M_W(b)
+//! until W(b)), so one of the `n_c + 1` just before `q`, `n_c = ⌊room / min(μ, M_W(b))⌋`,
+//! has finished both. W(b) starts after I(b) ends; run before I(a) it pushes I(a) back
+//! unless it fits in the chain's gap `g` between them (the input gradients of the stages in
+//! between, counted as if the rank could overlap them all), run after it adds its own time:
+//! either way the microbatch is cleared no earlier than `D + W(a) + max(0, W(b) − g)` after
+//! its F(b) — the last one too, so the iteration lasts that long after the last F(b). This
+//! binds where `b` follows `a` on the same rank, as on a V's last rank (`g = 0`).
 
 use super::window::Chain;
 use super::SLACK;
@@ -70,24 +71,32 @@ pub(super) fn memory_cycles(
             }
             let d = chain.i[a] + st[a].i - chain.f[b];
             let mu = mb_a.min(st[a].mem_w);
-            let mut waits = vec![((room / mb_a).floor() as usize + 1, d)];
+            let mut waits = vec![(lag(room, mb_a, m), d)];
             if mu > 0.0 {
-                waits.push(((room / mu).floor() as usize + 1, d + st[a].w));
+                waits.push((lag(room, mu, m), d + st[a].w));
             }
             // Cleared of both stages: W(b) also done. It cannot run before I(b) ends, and
-            // only the chain's gap between I(b) and I(a) hides it.
-            let mu_b = st[b].mem_b.min(st[b].mem_w);
-            let gap = chain.i[a] - (chain.i[b] + st[b].i);
-            let hidden = (st[b].w - gap).max(0.0);
+            // only the chain's gap between I(b) and I(a) hides it. (Shrunk by the slack, so
+            // that the gap's rounding never makes it longer than it is.)
+            let gap = (chain.i[a] - (chain.i[b] + st[b].i)).max(0.0);
+            let hidden = ((st[b].w - gap) * (1.0 - SLACK)).max(0.0);
+            // A microbatch through W(a) is through I(a), hence I(b): it holds M_W(b) until
+            // W(b).
+            let mu_b = st[b].mem_w;
             if mu > 0.0 && mu_b > 0.0 && hidden > 0.0 {
-                let lag = (room / mu.min(mu_b)).floor() as usize + 1;
-                waits.push((lag, d + st[a].w + hidden));
+                waits.push((lag(room, mu.min(mu_b), m), d + st[a].w + hidden));
             }
             let last_f_b = cycle(m, chain.f[b], st[b].f, &waits);
             bound = bound.max(last_f_b + d + post[a].max(st[a].w + hidden));
         }
     }
     bound
+}
+
+/// `⌊room / per⌋ + 1`, the lag of a wait when `per` bounds what each of the others holds;
+/// capped past `m` (where no wait applies), so a tiny `per` cannot overflow it.
+fn lag(room: f64, per: f64, m: usize) -> usize {
+    (room / per).floor().min(m as f64) as usize + 1
 }
 
 /// The earliest start of the last of `m` passes that start no earlier than `first`, at least
@@ -128,7 +137,7 @@ mod tests {
         let costs = CostModel::for_layout(&spec, 4, 2).unwrap();
         let placement = [0, 1, 1, 0];
         let bound = lower_bound(&placement, 2, &costs, Some(1.0));
-        assert!((bound - 8.0).abs() < 1e-9, "{bound}");
+        assert!((bound - 8.0).abs() < 1e-6, "{bound}");
         // Room for a second microbatch's forward: the cycle no longer binds.
         assert!(lower_bound(&placement, 2, &costs, Some(2.0)) < 7.5);
     }

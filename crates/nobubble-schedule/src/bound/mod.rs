@@ -16,7 +16,8 @@
 //! 4. **Memory cycles** (with a limit, [`cycle`]): a rank's first stage holds at most
 //!    `⌊limit / M_B⌋` microbatches between their F and I, so the i-th forward waits for an
 //!    earlier round trip; on a V rank, a later stage's forward also needs room beside the
-//!    first stage's microbatches in flight and their deferred weight gradients.
+//!    first stage's microbatches in flight and their deferred weight gradients, and where
+//!    the two stages meet at the backward's turn, beside both stages' deferred ones.
 //!
 //! Each term is a necessary condition on every valid schedule, so their maximum is a valid
 //! bound. It is tight for 1F1B-like regimes (term 1 equals ZB-H2's makespan when F = I = W

@@ -156,6 +156,11 @@ pub trait Backend: Send + Sync {
     /// columns `0..=i`, later columns become exactly 0.
     fn causal_softmax(&self, scores: &mut [f32], n: usize);
 
+    /// In-place softmax of one row: the arithmetic of each row of
+    /// [`Backend::causal_softmax`] over its unmasked columns (incremental decoding's last
+    /// row).
+    fn softmax_row(&self, row: &mut [f32]);
+
     /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
     /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
     /// above the diagonal are ignored on input (they may hold anything) and set to 0.

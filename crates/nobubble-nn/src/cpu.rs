@@ -444,6 +444,11 @@ impl Backend for CpuBackend {
         kernels::causal_softmax_backward(self.simd, p, dp, n);
     }
 
+    fn softmax_row(&self, row: &mut [f32]) {
+        let cols = row.len();
+        kernels::softmax_rows(self.simd, row, cols, &mut [0.0], &mut [0.0]);
+    }
+
     fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {
         let (rows, v) = (logits.rows(), logits.cols());
         assert_eq!(rows, targets.len());

@@ -291,11 +291,16 @@ pub fn generate_with(
     }
     // While the context fits the model's positions, decode incrementally; after, the window
     // slides and each token needs the whole window (`next_token_logits`).
-    let mut decoder = Decoder::new(stages, be)?;
+    let fits = prompt.len() <= stages.first().map_or(0, |st| st.config().seq_len);
+    let mut decoder = if fits {
+        Some(Decoder::new(stages, be)?)
+    } else {
+        None
+    };
     let mut cached = None;
-    if prompt.len() <= stages[0].config().seq_len {
+    if let Some(d) = &mut decoder {
         for &t in prompt {
-            cached = Some(decoder.push(t)?);
+            cached = Some(d.push(t)?);
         }
     }
     for _ in 0..count {
@@ -307,8 +312,9 @@ pub fn generate_with(
         context.push(t);
         out.push(t);
         on_token(t)?;
-        if out.len() < count && !decoder.is_empty() && !decoder.is_full() {
-            cached = Some(decoder.push(t)?);
+        match &mut decoder {
+            Some(d) if out.len() < count && !d.is_full() => cached = Some(d.push(t)?),
+            _ => decoder = None,
         }
     }
     Ok(out)

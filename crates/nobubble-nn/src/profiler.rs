@@ -181,6 +181,10 @@ impl Backend for TimingBackend<'_> {
         self.time("softmax", || self.inner.causal_softmax_backward(p, dp, n))
     }
 
+    fn softmax_row(&self, row: &mut [f32]) {
+        self.time("softmax", || self.inner.softmax_row(row))
+    }
+
     fn cross_entropy_forward(&self, logits: &Tensor, targets: &[u32]) -> (f32, Tensor) {
         self.time("cross-entropy", || {
             self.inner.cross_entropy_forward(logits, targets)

@@ -168,9 +168,8 @@ impl CausalSelfAttention {
 
     /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
     /// values of the earlier positions in `cache`, which it extends: incremental decoding.
-    /// The same products as [`Self::apply`] on one row, with a plain softmax over the row,
-    /// so the output matches the full window's row `pos` up to rounding (shorter sums, and
-    /// `exp` instead of the kernels' fast exponential).
+    /// The same products and softmax as [`Self::apply`] on one row, so the output matches
+    /// the full window's row `pos` up to the rounding of the products' shorter sums.
     pub(crate) fn decode(
         &self,
         be: &dyn Backend,
@@ -193,7 +192,7 @@ impl CausalSelfAttention {
         let n = pos + 1;
         debug_assert_eq!(cache.keys.len(), n * kv * d);
         let scale = 1.0 / (d as f32).sqrt();
-        let mut ctx = Tensor::zeros(&[1, a * d]);
+        let mut ctx = Tensor::for_overwrite(&[1, a * d]);
         let mut scores = vec![0.0f32; n];
         for head in 0..a {
             let kv_head = head / (a / kv);
@@ -206,15 +205,7 @@ impl CausalSelfAttention {
                 scale,
                 false,
             );
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                total += *sc;
-            }
-            for sc in scores.iter_mut() {
-                *sc /= total;
-            }
+            be.softmax_row(&mut scores);
             let p = MatRef::new(&scores, 0, 1, n, n as isize, 1);
             let values = MatRef::new(&cache.values, kv_head * d, n, d, (kv * d) as isize, 1);
             let out = MatMut::new(ctx.data_mut(), head * d, 1, d, (a * d) as isize, 1);

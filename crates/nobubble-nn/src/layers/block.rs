@@ -51,12 +51,8 @@ impl Block {
     }
 
     /// The output alone (inference: nothing saved).
-    pub(crate) fn apply(&self, be: &dyn Backend, mut x: Tensor) -> Tensor {
-        let a = self.attn.apply(be, &self.ln1.apply(be, &x));
-        be.add_assign(x.data_mut(), a.data());
-        let m = self.mlp.apply(be, &self.ln2.apply(be, &x));
-        be.add_assign(x.data_mut(), m.data());
-        x
+    pub(crate) fn apply(&self, be: &dyn Backend, x: Tensor) -> Tensor {
+        self.around(be, x, |n| self.attn.apply(be, n))
     }
 
     /// One token at position `pos` (`x`: its `[1, h]` input) through the block, extending
@@ -64,11 +60,21 @@ impl Block {
     pub(crate) fn decode(
         &self,
         be: &dyn Backend,
-        mut x: Tensor,
+        x: Tensor,
         pos: usize,
         cache: &mut super::KvRows,
     ) -> Tensor {
-        let a = self.attn.decode(be, &self.ln1.apply(be, &x), pos, cache);
+        self.around(be, x, |n| self.attn.decode(be, n, pos, cache))
+    }
+
+    /// The pre-norm residual block around `attention` (of the normed input).
+    fn around(
+        &self,
+        be: &dyn Backend,
+        mut x: Tensor,
+        attention: impl FnOnce(&Tensor) -> Tensor,
+    ) -> Tensor {
+        let a = attention(&self.ln1.apply(be, &x));
         be.add_assign(x.data_mut(), a.data());
         let m = self.mlp.apply(be, &self.ln2.apply(be, &x));
         be.add_assign(x.data_mut(), m.data());

@@ -164,15 +164,12 @@ impl Worker {
             )
         };
         let theirs = self.wait_for((Tag::TiedGrad, other, step, partner), None, &what)?;
-        let own = self.tied_grad(mine)?;
-        if own.len() != theirs.data.len() {
-            return Err(RuntimeError::Fault(format!(
-                "tied embeddings: rank {partner} sent {} values, the copy here has {}",
-                theirs.data.len(),
-                own.len()
-            )));
-        }
-        nobubble_nn::add_tied_gradient(own, &theirs.data).map_err(fault)
+        nobubble_nn::add_tied_gradient(self.tied_grad(mine)?, &theirs.data).map_err(|e| {
+            RuntimeError::Fault(format!(
+                "tied embeddings: the gradient rank {partner} sent does not fit: {}",
+                e.message()
+            ))
+        })
     }
 
     /// This rank's copy of the tied embedding's gradient on `stage` (real compute only).

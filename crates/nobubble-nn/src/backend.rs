@@ -146,11 +146,17 @@ pub trait Backend: Send + Sync {
         inverse: bool,
     );
 
-    /// GELU (tanh approximation), elementwise.
-    fn gelu_forward(&self, u: &Tensor) -> Tensor;
+    /// GELU (tanh approximation) of `u + bias`, elementwise (`bias`: one value per column,
+    /// or empty). Why the bias here: a linear layer feeding GELU leaves its bias to this
+    /// kernel, which loads every element anyway, instead of a pass of its own.
+    fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor;
 
-    /// Turns `dy` into `du = dy ⊙ gelu'(u)` in place.
-    fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor);
+    /// Turns `dy` into `du = dy ⊙ gelu'(u + bias)` in place.
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor);
+
+    /// `dst[r, j] += src[r, j] + bias[j]` (`bias` empty: `dst += src`): a residual add that
+    /// also adds the bias of the linear layer that produced `src`.
+    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]);
 
     /// In-place causal softmax of an `n×n` row-major score block: row `i` keeps
     /// columns `0..=i`, later columns become exactly 0.

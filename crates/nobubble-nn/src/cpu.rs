@@ -167,6 +167,16 @@ impl CpuBackend {
         }
     }
 
+    /// The row length of a kernel that adds `bias` per column of `x` (1 without a bias:
+    /// then any split of the data is a split into rows).
+    fn bias_row(x: &Tensor, bias: &[f32]) -> usize {
+        if bias.is_empty() {
+            return 1;
+        }
+        assert_eq!(x.cols(), bias.len(), "one bias value per column");
+        bias.len()
+    }
+
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
     /// the caller's thread) when single-threaded or too small to be worth a split.
     fn rows_per_group(&self, rows: usize, cols: usize) -> usize {
@@ -412,28 +422,42 @@ impl Backend for CpuBackend {
             });
     }
 
-    fn gelu_forward(&self, u: &Tensor) -> Tensor {
+    fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
         let mut y = Tensor::for_overwrite(u.shape());
-        let chunk = self.rows_per_group(u.len(), 1);
+        let cols = Self::bias_row(u, bias);
+        let chunk = self.rows_per_group(u.len() / cols, cols) * cols;
         if chunk >= u.len() {
-            kernels::gelu_forward(self.simd, u.data(), y.data_mut());
+            kernels::gelu_forward(self.simd, u.data(), bias, y.data_mut());
             return y;
         }
         (y.data_mut().par_chunks_mut(chunk))
             .zip(u.data().par_chunks(chunk))
-            .for_each(|(y, u)| kernels::gelu_forward(self.simd, u, y));
+            .for_each(|(y, u)| kernels::gelu_forward(self.simd, u, bias, y));
         y
     }
 
-    fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor) {
         assert_eq!(u.shape(), dy.shape());
-        let chunk = self.rows_per_group(u.len(), 1);
+        let cols = Self::bias_row(u, bias);
+        let chunk = self.rows_per_group(u.len() / cols, cols) * cols;
         if chunk >= u.len() {
-            return kernels::gelu_backward(self.simd, u.data(), dy.data_mut());
+            return kernels::gelu_backward(self.simd, u.data(), bias, dy.data_mut());
         }
         (dy.data_mut().par_chunks_mut(chunk))
             .zip(u.data().par_chunks(chunk))
-            .for_each(|(dy, u)| kernels::gelu_backward(self.simd, u, dy));
+            .for_each(|(dy, u)| kernels::gelu_backward(self.simd, u, bias, dy));
+    }
+
+    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
+        assert_eq!(dst.shape(), src.shape());
+        let cols = Self::bias_row(src, bias);
+        let chunk = self.rows_per_group(src.len() / cols, cols) * cols;
+        if chunk >= src.len() {
+            return kernels::add_with_bias(self.simd, dst.data_mut(), src.data(), bias);
+        }
+        (dst.data_mut().par_chunks_mut(chunk))
+            .zip(src.data().par_chunks(chunk))
+            .for_each(|(d, s)| kernels::add_with_bias(self.simd, d, s, bias));
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {

@@ -152,8 +152,9 @@ macro_rules! wide {
 }
 
 wide! {
-    fn gelu_forward(u: &[f32], y: &mut [f32]);
-    fn gelu_backward(u: &[f32], dy: &mut [f32]);
+    fn gelu_forward(u: &[f32], bias: &[f32], y: &mut [f32]);
+    fn gelu_backward(u: &[f32], bias: &[f32], dy: &mut [f32]);
+    fn add_with_bias(dst: &mut [f32], src: &[f32], bias: &[f32]);
     fn causal_softmax(scores: &mut [f32], n: usize);
     fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
@@ -177,7 +178,9 @@ pub(crate) struct RopeShape {
 
 /// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
-    use super::{fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C};
+    use super::{
+        fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C, LANES,
+    };
 
     /// The logistic function `1 / (1 + e^{−x})`.
     #[inline(always)]
@@ -185,34 +188,91 @@ mod portable {
         1.0 / (1.0 + fast_exp(-x))
     }
 
+    /// `f(u[r, j] + bias[j], out[r, j])` over rows of `bias.len()` columns (`bias` empty:
+    /// `f(u, out)` elementwise): the bias a linear layer left to the kernel consuming its
+    /// output, added where the element is loaded anyway.
     #[inline(always)]
-    pub fn gelu_forward(u: &[f32], y: &mut [f32]) {
-        assert_eq!(u.len(), y.len());
-        for (o, &x) in y.iter_mut().zip(u) {
-            *o = x / (1.0 + fast_exp(-gelu_two_z(x)));
+    fn biased<O>(u: &[f32], bias: &[f32], out: &mut [O], f: impl Fn(f32, &mut O)) {
+        assert_eq!(u.len(), out.len());
+        if bias.is_empty() {
+            // Two vectors per step: two independent dependency chains for the scheduler.
+            let mut outs = out.chunks_exact_mut(2 * LANES);
+            let mut ins = u.chunks_exact(2 * LANES);
+            for (o, x) in (&mut outs).zip(&mut ins) {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    f(x, o);
+                }
+            }
+            for (o, &x) in outs.into_remainder().iter_mut().zip(ins.remainder()) {
+                f(x, o);
+            }
+            return;
         }
+        assert!(
+            u.len().is_multiple_of(bias.len()),
+            "bias length must divide the data"
+        );
+        let rows = out
+            .chunks_exact_mut(bias.len())
+            .zip(u.chunks_exact(bias.len()));
+        for (out, u) in rows {
+            let mut outs = out.chunks_exact_mut(2 * LANES);
+            let mut ins = u.chunks_exact(2 * LANES);
+            let mut biases = bias.chunks_exact(2 * LANES);
+            for ((o, x), b) in (&mut outs).zip(&mut ins).zip(&mut biases) {
+                for ((o, &x), &b) in o.iter_mut().zip(x).zip(b) {
+                    f(x + b, o);
+                }
+            }
+            let tail = outs.into_remainder().iter_mut().zip(ins.remainder());
+            for ((o, &x), &b) in tail.zip(biases.remainder()) {
+                f(x + b, o);
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn gelu_forward(u: &[f32], bias: &[f32], y: &mut [f32]) {
+        biased(u, bias, y, |x, o| *o = x / (1.0 + fast_exp(-gelu_two_z(x))));
     }
 
     /// `d/dx x·σ(2z) = σ + x·σ(1 − σ)·2z'`, with `2z' = 2c(1 + 3a·x²)`.
     #[inline(always)]
-    pub fn gelu_backward(u: &[f32], dy: &mut [f32]) {
-        assert_eq!(u.len(), dy.len());
-        for (d, &x) in dy.iter_mut().zip(u) {
+    pub fn gelu_backward(u: &[f32], bias: &[f32], dy: &mut [f32]) {
+        biased(u, bias, dy, |x, d| {
             let s = sigmoid(gelu_two_z(x));
             let two_dz = (x * x).mul_add(6.0 * GELU_C * GELU_A, 2.0 * GELU_C);
             *d *= (x * s * (1.0 - s)).mul_add(two_dz, s);
-        }
+        });
+    }
+
+    /// `dst[r, j] += src[r, j] + bias[j]` (a residual add that also adds the producing
+    /// linear's bias).
+    #[inline(always)]
+    pub fn add_with_bias(dst: &mut [f32], src: &[f32], bias: &[f32]) {
+        biased(src, bias, dst, |x, d| *d += x);
     }
 
     #[inline(always)]
     pub fn causal_softmax(scores: &mut [f32], n: usize) {
         assert_eq!(scores.len(), n * n);
         for (i, row) in scores.chunks_exact_mut(n).enumerate() {
-            let (valid, masked) = row.split_at_mut(i + 1);
-            let max = lane_max(valid);
-            for v in valid.iter_mut() {
+            let max = lane_max(&row[..=i]);
+            // The exponentials in whole groups of LANES, past the diagonal up to the group's
+            // end: a vector's work instead of up to 15 scalar ones (a row's tail, on every
+            // row). The masked values computed there (whatever the buffer held) are zeroed
+            // below and never reach a sum.
+            let groups = (i + 1).next_multiple_of(LANES).min(n);
+            let mut chunks = row[..groups].chunks_exact_mut(LANES);
+            for g in &mut chunks {
+                for v in g {
+                    *v = fast_exp(*v - max);
+                }
+            }
+            for v in chunks.into_remainder() {
                 *v = fast_exp(*v - max);
             }
+            let (valid, masked) = row.split_at_mut(i + 1);
             let inv = 1.0 / lane_sum(valid);
             for v in valid.iter_mut() {
                 *v *= inv;
@@ -439,9 +499,9 @@ mod tests {
         // GELU (tanh form) and its derivative against f64, including the saturated tails.
         let xs: Vec<f32> = (-3000..=3000).map(|i| i as f32 * 0.005).collect();
         let mut y = vec![0.0; xs.len()];
-        portable::gelu_forward(&xs, &mut y);
+        portable::gelu_forward(&xs, &[], &mut y);
         let mut dy = vec![1.0; xs.len()];
-        portable::gelu_backward(&xs, &mut dy);
+        portable::gelu_backward(&xs, &[], &mut dy);
         let (c, a) = (GELU_C as f64, GELU_A as f64);
         for ((&x, &y), &d) in xs.iter().zip(&y).zip(&dy) {
             let x = x as f64;
@@ -458,9 +518,33 @@ mod tests {
             );
         }
         let mut big = [0.0f32; 2];
-        portable::gelu_forward(&[-60.0, 60.0], &mut big);
+        portable::gelu_forward(&[-60.0, 60.0], &[], &mut big);
         assert_eq!(big[1], 60.0);
         assert!(big[0] <= 0.0 && big[0] > -1e-30);
+    }
+
+    #[test]
+    fn a_bias_inside_the_kernel_is_the_bias_added_first() {
+        let (rows, cols) = (7, 5);
+        let u: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.61).cos() * 3.0)
+            .collect();
+        let bias: Vec<f32> = (0..cols).map(|j| j as f32 * 0.3 - 0.7).collect();
+        let shifted: Vec<f32> = (u.chunks(cols))
+            .flat_map(|r| r.iter().zip(&bias).map(|(x, b)| x + b))
+            .collect();
+        let (mut a, mut b) = (vec![0.0; u.len()], vec![0.0; u.len()]);
+        portable::gelu_forward(&u, &bias, &mut a);
+        portable::gelu_forward(&shifted, &[], &mut b);
+        assert_eq!(a, b);
+        let (mut da, mut db) = (u.clone(), u.clone());
+        portable::gelu_backward(&u, &bias, &mut da);
+        portable::gelu_backward(&shifted, &[], &mut db);
+        assert_eq!(da, db);
+        let mut r = vec![1.0; u.len()];
+        portable::add_with_bias(&mut r, &u, &bias);
+        let want: Vec<f32> = shifted.iter().map(|x| 1.0 + x).collect();
+        assert_eq!(r, want);
     }
 
     #[test]
@@ -486,16 +570,23 @@ mod tests {
         let rows = u.len() / h;
         let g: Vec<f32> = u[..h].iter().map(|v| 1.0 + v * 0.1).collect();
         for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
-            let mut a = vec![0.0; u.len()];
-            let mut b = vec![0.0; u.len()];
-            gelu_forward(simd, &u, &mut a);
-            portable::gelu_forward(&u, &mut b);
-            assert_eq!(a, b, "{simd}");
-            let mut da = u.clone();
-            let mut db = u.clone();
-            gelu_backward(simd, &u, &mut da);
-            portable::gelu_backward(&u, &mut db);
-            assert_eq!(da, db, "{simd}");
+            // Biased (rows of 17, 1037 = 17·61) and plain.
+            for bias in [&u[..17], &[][..]] {
+                let mut a = vec![0.0; u.len()];
+                let mut b = vec![0.0; u.len()];
+                gelu_forward(simd, &u, bias, &mut a);
+                portable::gelu_forward(&u, bias, &mut b);
+                assert_eq!(a, b, "{simd}");
+                let mut da = u.clone();
+                let mut db = u.clone();
+                gelu_backward(simd, &u, bias, &mut da);
+                portable::gelu_backward(&u, bias, &mut db);
+                assert_eq!(da, db, "{simd}");
+                let (mut ra, mut rb) = (da.clone(), da.clone());
+                add_with_bias(simd, &mut ra, &u, bias);
+                portable::add_with_bias(&mut rb, &u, bias);
+                assert_eq!(ra, rb, "{simd}");
+            }
             let mut sa: Vec<f32> = u[..n * n].to_vec();
             let mut sb = sa.clone();
             causal_softmax(simd, &mut sa, n);

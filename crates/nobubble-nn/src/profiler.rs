@@ -165,12 +165,16 @@ impl Backend for TimingBackend<'_> {
         })
     }
 
-    fn gelu_forward(&self, u: &Tensor) -> Tensor {
-        self.time("gelu", || self.inner.gelu_forward(u))
+    fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
+        self.time("gelu", || self.inner.gelu_forward(u, bias))
     }
 
-    fn gelu_backward(&self, u: &Tensor, dy: &mut Tensor) {
-        self.time("gelu", || self.inner.gelu_backward(u, dy))
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor) {
+        self.time("gelu", || self.inner.gelu_backward(u, bias, dy))
+    }
+
+    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
+        self.time("add", || self.inner.add_with_bias(dst, src, bias))
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {
@@ -237,8 +241,8 @@ mod tests {
         let mut c = Tensor::zeros(&[2, 2]);
         timed.matmul(c.mat_mut(), a.mat(), a.mat(), 1.0, false);
         assert_eq!(c.data(), &[7.0, 10.0, 15.0, 22.0]);
-        let g = timed.gelu_forward(&a);
-        assert_eq!(g.data(), cpu.gelu_forward(&a).data());
+        let g = timed.gelu_forward(&a, &[]);
+        assert_eq!(g.data(), cpu.gelu_forward(&a, &[]).data());
         let t = timed.take();
         assert_eq!(t.keys().copied().collect::<Vec<_>>(), ["gelu", "matmul"]);
         assert!(t.values().all(|&s| s >= 0.0));

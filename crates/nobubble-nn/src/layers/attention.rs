@@ -7,7 +7,7 @@
 //! `5·a·s` per-token term of the paper's M_B). The score/softmax core and the rotation have
 //! no weights, so I frees both at once; only the two linears queue anything for W.
 
-use super::{Linear, SplitLayer, INIT_STD};
+use super::{add_bias, Linear, SplitLayer, INIT_STD};
 use crate::backend::{Backend, Task};
 use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
@@ -158,19 +158,51 @@ impl CausalSelfAttention {
         }
     }
 
-    /// The output alone (inference: nothing saved).
-    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+    /// The output without the projection's bias ([`Self::output_bias`], which the block's
+    /// residual add adds): inference, nothing saved.
+    pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
         let mut qkv = self.qkv.apply(be, x);
         self.rotate(be, &mut qkv, false);
         let (ctx, _probs) = self.core_forward(be, &qkv);
-        self.proj.apply(be, &ctx)
+        self.proj.apply_unbiased(be, &ctx)
+    }
+
+    /// The output projection's bias, which the `…_unbiased` passes leave to the caller
+    /// (empty: none).
+    pub(crate) fn output_bias(&self) -> &[f32] {
+        self.proj.bias_values()
+    }
+
+    /// F without the projection's bias ([`Self::output_bias`]).
+    pub(crate) fn forward_unbiased(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: Tensor,
+    ) -> Result<Tensor> {
+        if !x.rows().is_multiple_of(self.seq_len) {
+            return Err(NnError::BadInput(format!(
+                "attention `{}`: {} token rows are not a whole number of sequences of length {}",
+                self.core.layer(),
+                x.rows(),
+                self.seq_len
+            )));
+        }
+        self.core.check_forward(mb)?;
+        self.proj.check_forward(mb)?;
+        let mut qkv = self.qkv.forward(be, mb, x)?;
+        self.rotate(be, &mut qkv, false);
+        let (ctx, probs) = self.core_forward(be, &qkv);
+        self.core.save_forward(mb, (qkv, probs))?;
+        self.proj.forward_unbiased(be, mb, ctx)
     }
 
     /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
     /// values of the earlier positions in `cache`, which it extends: incremental decoding.
     /// The same products and softmax as [`Self::apply`] on one row, so the output matches
-    /// the full window's row `pos` up to the rounding of the products' shorter sums.
-    pub(crate) fn decode(
+    /// the full window's row `pos` up to the rounding of the products' shorter sums. Like
+    /// [`Self::apply_unbiased`], without the projection's bias.
+    pub(crate) fn decode_unbiased(
         &self,
         be: &dyn Backend,
         x: &Tensor,
@@ -211,7 +243,7 @@ impl CausalSelfAttention {
             let out = MatMut::new(ctx.data_mut(), head * d, 1, d, (a * d) as isize, 1);
             be.matmul(out, p, values, 1.0, false);
         }
-        self.proj.apply(be, &ctx)
+        self.proj.apply_unbiased(be, &ctx)
     }
 
     /// Scores, causal softmax and context for fused `qkv` rows: `(context, probabilities)`.
@@ -355,21 +387,9 @@ impl CausalSelfAttention {
 
 impl SplitLayer for CausalSelfAttention {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        if !x.rows().is_multiple_of(self.seq_len) {
-            return Err(NnError::BadInput(format!(
-                "attention `{}`: {} token rows are not a whole number of sequences of length {}",
-                self.core.layer(),
-                x.rows(),
-                self.seq_len
-            )));
-        }
-        self.core.check_forward(mb)?;
-        self.proj.check_forward(mb)?;
-        let mut qkv = self.qkv.forward(be, mb, x)?;
-        self.rotate(be, &mut qkv, false);
-        let (ctx, probs) = self.core_forward(be, &qkv);
-        self.core.save_forward(mb, (qkv, probs))?;
-        self.proj.forward(be, mb, ctx)
+        let mut y = self.forward_unbiased(be, mb, x)?;
+        add_bias(be, &mut y, self.output_bias());
+        Ok(y)
     }
 
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {

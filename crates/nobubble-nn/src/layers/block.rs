@@ -52,7 +52,7 @@ impl Block {
 
     /// The output alone (inference: nothing saved).
     pub(crate) fn apply(&self, be: &dyn Backend, x: Tensor) -> Tensor {
-        self.around(be, x, |n| self.attn.apply(be, n))
+        self.around(be, x, |n| self.attn.apply_unbiased(be, n))
     }
 
     /// One token at position `pos` (`x`: its `[1, h]` input) through the block, extending
@@ -64,10 +64,11 @@ impl Block {
         pos: usize,
         cache: &mut super::KvRows,
     ) -> Tensor {
-        self.around(be, x, |n| self.attn.decode(be, n, pos, cache))
+        self.around(be, x, |n| self.attn.decode_unbiased(be, n, pos, cache))
     }
 
-    /// The pre-norm residual block around `attention` (of the normed input).
+    /// The pre-norm residual block around `attention` (of the normed input, without its
+    /// output bias: the residual add adds it).
     fn around(
         &self,
         be: &dyn Backend,
@@ -75,9 +76,9 @@ impl Block {
         attention: impl FnOnce(&Tensor) -> Tensor,
     ) -> Tensor {
         let a = attention(&self.ln1.apply(be, &x));
-        be.add_assign(x.data_mut(), a.data());
-        let m = self.mlp.apply(be, &self.ln2.apply(be, &x));
-        be.add_assign(x.data_mut(), m.data());
+        be.add_with_bias(&mut x, &a, self.attn.output_bias());
+        let m = self.mlp.apply_unbiased(be, &self.ln2.apply(be, &x));
+        be.add_with_bias(&mut x, &m, self.mlp.output_bias());
         x
     }
 
@@ -100,12 +101,14 @@ impl SplitLayer for Block {
         self.attn.check_forward(mb)?;
         self.ln2.check_forward(mb)?;
         self.mlp.check_forward(mb)?;
+        // The sub-layers' output biases go into the residual adds (a pass over the
+        // output less each).
         let a = self.ln1.forward_ref(be, mb, &x)?;
-        let a = self.attn.forward(be, mb, a)?;
-        be.add_assign(x.data_mut(), a.data());
+        let a = self.attn.forward_unbiased(be, mb, a)?;
+        be.add_with_bias(&mut x, &a, self.attn.output_bias());
         let m = self.ln2.forward_ref(be, mb, &x)?;
-        let m = self.mlp.forward(be, mb, m)?;
-        be.add_assign(x.data_mut(), m.data());
+        let m = self.mlp.forward_unbiased(be, mb, m)?;
+        be.add_with_bias(&mut x, &m, self.mlp.output_bias());
         Ok(x)
     }
 

@@ -93,12 +93,54 @@ impl Linear {
                 be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, true);
                 y
             }
-            None => {
-                let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
-                be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, false);
-                y
-            }
+            None => self.apply_unbiased(be, x),
         }
+    }
+
+    /// `x·W` alone, the bias left to the caller ([`Self::bias_values`]): for an output that
+    /// goes straight into a kernel that loads every element anyway (GELU, a residual add),
+    /// which adds the bias there — a pass over the output less than [`Self::apply`] pays.
+    pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
+        be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, false);
+        y
+    }
+
+    /// The bias values (empty without a bias).
+    pub(crate) fn bias_values(&self) -> &[f32] {
+        self.bias.as_ref().map_or(&[], |b| b.value.data())
+    }
+
+    /// F without the bias (see [`Self::apply_unbiased`]); the same state is saved as by
+    /// [`SplitLayer::forward`], so I and W are unchanged.
+    pub(crate) fn forward_unbiased(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: Tensor,
+    ) -> Result<Tensor> {
+        self.forward_with(be, mb, x, Self::apply_unbiased)
+    }
+
+    fn forward_with(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: Tensor,
+        apply: impl FnOnce(&Self, &dyn Backend, &Tensor) -> Tensor,
+    ) -> Result<Tensor> {
+        if x.cols() != self.in_features() {
+            return Err(NnError::BadInput(format!(
+                "layer `{}` expects {} input features, got shape {:?}",
+                self.state.layer(),
+                self.in_features(),
+                x.shape()
+            )));
+        }
+        self.state.check_forward(mb)?;
+        let y = apply(self, be, &x);
+        self.state.save_forward(mb, x)?;
+        Ok(y)
     }
 
     /// Output feature count.
@@ -109,18 +151,7 @@ impl Linear {
 
 impl SplitLayer for Linear {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        if x.cols() != self.in_features() {
-            return Err(NnError::BadInput(format!(
-                "layer `{}` expects {} input features, got shape {:?}",
-                self.state.layer(),
-                self.in_features(),
-                x.shape()
-            )));
-        }
-        self.state.check_forward(mb)?;
-        let y = self.apply(be, &x);
-        self.state.save_forward(mb, x)?;
-        Ok(y)
+        self.forward_with(be, mb, x, Self::apply)
     }
 
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {

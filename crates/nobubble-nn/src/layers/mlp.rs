@@ -5,7 +5,7 @@
 //! F saves the activation's input (the linears save their own inputs). I frees it at once;
 //! W is the two linears' weight gradients.
 
-use super::{Linear, SplitLayer, INIT_STD};
+use super::{add_bias, Linear, SplitLayer, INIT_STD};
 use crate::backend::Backend;
 use crate::error::{MicrobatchId, Result};
 use crate::memory::PassState;
@@ -30,6 +30,7 @@ pub struct Mlp {
     pub fc2: Linear,
     /// What runs between them.
     pub activation: Activation,
+    /// fc1's output before its bias (GELU's input is it plus fc1's bias).
     act: PassState<Tensor, ()>,
 }
 
@@ -64,28 +65,53 @@ impl Mlp {
         }
     }
 
-    fn activate(&self, be: &dyn Backend, u: &Tensor) -> Tensor {
+    /// The activation of fc1's output `u` plus `bias` (fc1's bias, which GELU adds as it
+    /// loads `u`; SwiGLU MLPs have none).
+    fn activate(&self, be: &dyn Backend, u: &Tensor, bias: &[f32]) -> Tensor {
         match self.activation {
-            Activation::Gelu => be.gelu_forward(u),
-            Activation::SwiGlu => be.swiglu_forward(u),
+            Activation::Gelu => be.gelu_forward(u, bias),
+            Activation::SwiGlu => {
+                assert!(bias.is_empty(), "SwiGLU MLPs have no fc1 bias");
+                be.swiglu_forward(u)
+            }
         }
     }
 
-    /// The output alone (inference: nothing saved).
-    pub(crate) fn apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let u = self.fc1.apply(be, x);
-        self.fc2.apply(be, &self.activate(be, &u))
+    /// The output without fc2's bias ([`Self::output_bias`], which the block's residual add
+    /// adds): inference, nothing saved.
+    pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        let u = self.fc1.apply_unbiased(be, x);
+        let g = self.activate(be, &u, self.fc1.bias_values());
+        self.fc2.apply_unbiased(be, &g)
+    }
+
+    /// F without fc2's bias ([`Self::output_bias`]): the block adds it in its residual add.
+    /// fc1's bias goes into the activation the same way, so neither costs a pass of its own.
+    pub(crate) fn forward_unbiased(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: Tensor,
+    ) -> Result<Tensor> {
+        self.act.check_forward(mb)?;
+        self.fc2.check_forward(mb)?;
+        let u = self.fc1.forward_unbiased(be, mb, x)?;
+        let g = self.activate(be, &u, self.fc1.bias_values());
+        self.act.save_forward(mb, u)?;
+        self.fc2.forward_unbiased(be, mb, g)
+    }
+
+    /// fc2's bias, which [`Self::forward_unbiased`] leaves to the caller (empty: none).
+    pub(crate) fn output_bias(&self) -> &[f32] {
+        self.fc2.bias_values()
     }
 }
 
 impl SplitLayer for Mlp {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        self.act.check_forward(mb)?;
-        self.fc2.check_forward(mb)?;
-        let u = self.fc1.forward(be, mb, x)?;
-        let g = self.activate(be, &u);
-        self.act.save_forward(mb, u)?;
-        self.fc2.forward(be, mb, g)
+        let mut y = self.forward_unbiased(be, mb, x)?;
+        add_bias(be, &mut y, self.output_bias());
+        Ok(y)
     }
 
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
@@ -95,7 +121,9 @@ impl SplitLayer for Mlp {
         let u = self.act.take_forward(mb)?;
         let du = match self.activation {
             Activation::Gelu => {
-                be.gelu_backward(&u, &mut dg);
+                // The live bias is the one F added, as the live weights are the ones F
+                // multiplied by: parameters change only between steps.
+                be.gelu_backward(&u, self.fc1.bias_values(), &mut dg);
                 dg
             }
             Activation::SwiGlu => be.swiglu_backward(&u, &dg),

@@ -63,6 +63,14 @@ pub trait SplitLayer {
     fn params_mut(&mut self) -> Vec<&mut Param>;
 }
 
+/// Adds a bias left out by an `…_unbiased` pass (nothing if empty): what a sub-layer run on
+/// its own does with the bias a block adds inside its residual add.
+pub(crate) fn add_bias(be: &dyn Backend, y: &mut Tensor, bias: &[f32]) {
+    if !bias.is_empty() {
+        be.add_row_vector(y, bias);
+    }
+}
+
 /// GPT-2 style initialization scale for weight matrices.
 pub(crate) const INIT_STD: f32 = 0.02;
 

@@ -154,6 +154,11 @@ impl<F: Saved, W: Saved> PassState<F, W> {
         }
     }
 
+    /// What I queued for `mb`, without consuming it.
+    pub fn peek_weight_grad(&self, mb: MicrobatchId) -> Option<&W> {
+        self.for_weight_grad.get(&mb)
+    }
+
     /// Removes and returns what I kept (W consumes it; it is freed when W returns).
     pub fn take_weight_grad(&mut self, mb: MicrobatchId) -> Result<W> {
         self.check_weight_grad(mb)?;

@@ -112,23 +112,22 @@ impl SplitLayer for Block {
         Ok(x)
     }
 
-    fn backward_input(
-        &mut self,
-        be: &dyn Backend,
-        mb: MicrobatchId,
-        mut dy: Tensor,
-    ) -> Result<Tensor> {
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
         self.mlp.check_input_grad(mb)?;
         self.ln2.check_input_grad(mb)?;
         self.attn.check_input_grad(mb)?;
         self.ln1.check_input_grad(mb)?;
-        let dm = self.mlp.backward_input(be, mb, dy.clone())?;
-        let dh = self.ln2.backward_input(be, mb, dm)?;
-        be.add_assign(dy.data_mut(), dh.data());
-        let da = self.attn.backward_input(be, mb, dy.clone())?;
-        let dx = self.ln1.backward_input(be, mb, da)?;
-        be.add_assign(dy.data_mut(), dx.data());
-        Ok(dy)
+        // Each branch's last linear keeps the gradient it is handed for its W; the residual
+        // sum reads it back from there rather than from a copy made before (two copies of
+        // the residual gradient less per I). `a + b` is `b + a` in IEEE arithmetic, so the
+        // sums are the same bits either way round.
+        let dm = self.mlp.backward_input(be, mb, dy)?;
+        let mut dh = self.ln2.backward_input(be, mb, dm)?;
+        be.add_assign(dh.data_mut(), self.mlp.fc2.queued_output_grad(mb)?.data());
+        let da = self.attn.backward_input(be, mb, dh)?;
+        let mut dx = self.ln1.backward_input(be, mb, da)?;
+        be.add_assign(dx.data_mut(), self.attn.proj.queued_output_grad(mb)?.data());
+        Ok(dx)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

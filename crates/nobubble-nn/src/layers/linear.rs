@@ -106,6 +106,14 @@ impl Linear {
         y
     }
 
+    /// The output gradient I queued for `mb`'s W: a residual block reads its own gradient
+    /// back from here instead of keeping a copy of what it handed to this layer.
+    pub(crate) fn queued_output_grad(&self, mb: MicrobatchId) -> Result<&Tensor> {
+        self.state.check_weight_grad(mb)?;
+        let (_, dy) = self.state.peek_weight_grad(mb).expect("checked above");
+        Ok(dy)
+    }
+
     /// The bias values (empty without a bias).
     pub(crate) fn bias_values(&self) -> &[f32] {
         self.bias.as_ref().map_or(&[], |b| b.value.data())

@@ -124,17 +124,17 @@ fn gelu_two_z(x: f32) -> f32 {
 /// requested [`Simd`] level (AVX-512, AVX2, or the baseline build). Callers pass a level the
 /// CPU supports ([`Simd`] only hands out supported ones).
 macro_rules! wide {
-    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
-        pub(crate) fn $name(simd: Simd, $($arg: $ty),*) {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {$(
+        pub(crate) fn $name(simd: Simd, $($arg: $ty),*) $(-> $ret)? {
             debug_assert!(simd.is_supported(), "{simd} kernels on a CPU without them");
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-                unsafe fn avx512($($arg: $ty),*) {
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     portable::$name($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) {
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     portable::$name($($arg),*)
                 }
                 match simd {
@@ -165,6 +165,24 @@ wide! {
     fn swiglu_forward(u: &[f32], f: usize, y: &mut [f32]);
     fn swiglu_backward(u: &[f32], f: usize, dy: &[f32], du: &mut [f32]);
     fn rope(x: &mut [f32], cols: usize, first_row: usize, rope: RopeShape, cos: &[f32], sin: &[f32], inverse: bool);
+    fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: AdamWStep);
+    fn sum_of_squares(x: &[f32]) -> f64;
+}
+
+/// The scalars of one AdamW update of one parameter ([`adamw`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamWStep {
+    pub beta1: f32,
+    pub beta2: f32,
+    /// Bias corrections `1 − β1^t`, `1 − β2^t`.
+    pub bc1: f32,
+    pub bc2: f32,
+    pub eps: f32,
+    pub lr: f32,
+    /// `lr·λ` for decayed parameters, else 0.
+    pub decay: f32,
+    /// The clip factor the gradients are multiplied by.
+    pub grad_scale: f32,
 }
 
 /// Where rotary positions apply in a row-major `[rows, cols]` tensor: the first `heads`
@@ -178,6 +196,47 @@ pub(crate) struct RopeShape {
 
 /// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
+    use super::AdamWStep;
+
+    /// `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`, `θ ← θ·(1 − lr·λ) − lr·m̂/(√v̂ + ε)`
+    /// with `g` the scaled gradient: per element, unfused, so every build gives the same bits.
+    #[inline(always)]
+    pub fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: AdamWStep) {
+        let n = value.len();
+        assert!(grad.len() == n && m.len() == n && v.len() == n);
+        let lanes = value
+            .iter_mut()
+            .zip(grad)
+            .zip(m.iter_mut())
+            .zip(v.iter_mut());
+        for (((value, &grad), m), v) in lanes {
+            let g = grad * c.grad_scale;
+            *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+            *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+            let update = (*m / c.bc1) / ((*v / c.bc2).sqrt() + c.eps);
+            *value = *value * (1.0 - c.decay) - c.lr * update;
+        }
+    }
+
+    /// `Σ x²` in f64 as eight interleaved partial sums (element `j` into sum `j mod 8`)
+    /// added pairwise in a fixed order: a vector's throughput instead of one dependent f64
+    /// addition per element, and the same bits at every level.
+    #[inline(always)]
+    pub fn sum_of_squares(x: &[f32]) -> f64 {
+        let mut acc = [0.0f64; 8];
+        let mut groups = x.chunks_exact(8);
+        for g in &mut groups {
+            for (a, &v) in acc.iter_mut().zip(g) {
+                *a += v as f64 * v as f64;
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(groups.remainder()) {
+            *a += v as f64 * v as f64;
+        }
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+        ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    }
+
     use super::{
         fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C, LANES,
     };
@@ -524,6 +583,21 @@ mod tests {
     }
 
     #[test]
+    fn sum_of_squares_matches_a_sequential_f64_sum() {
+        for n in [0, 1, 7, 8, 9, 1000, 4099] {
+            let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin() * 3.0).collect();
+            let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let got = portable::sum_of_squares(&x);
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{n}: {got} vs {want}"
+            );
+        }
+        assert!(!portable::sum_of_squares(&[1.0, f32::NAN]).is_finite());
+        assert!(!portable::sum_of_squares(&[f32::INFINITY, 0.0]).is_finite());
+    }
+
+    #[test]
     fn a_bias_inside_the_kernel_is_the_bias_added_first() {
         let (rows, cols) = (7, 5);
         let u: Vec<f32> = (0..rows * cols)
@@ -570,6 +644,31 @@ mod tests {
         let rows = u.len() / h;
         let g: Vec<f32> = u[..h].iter().map(|v| 1.0 + v * 0.1).collect();
         for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            assert_eq!(
+                sum_of_squares(simd, &u).to_bits(),
+                portable::sum_of_squares(&u).to_bits(),
+                "{simd}"
+            );
+            let step = AdamWStep {
+                beta1: 0.9,
+                beta2: 0.95,
+                bc1: 0.1,
+                bc2: 0.05,
+                eps: 1e-8,
+                lr: 1e-3,
+                decay: 1e-4,
+                grad_scale: 0.7,
+            };
+            let (mut v1, mut m1, mut s1) = (
+                u.clone(),
+                g.repeat(36),
+                u.iter().map(|x| x * x).collect::<Vec<_>>(),
+            );
+            m1.truncate(u.len());
+            let (mut v2, mut m2, mut s2) = (v1.clone(), m1.clone(), s1.clone());
+            adamw(simd, &mut v1, &u, &mut m1, &mut s1, step);
+            portable::adamw(&mut v2, &u, &mut m2, &mut s2, step);
+            assert_eq!((&v1, &m1, &s1), (&v2, &m2, &s2), "{simd}");
             // Biased (rows of 17, 1037 = 17·61) and plain.
             for bias in [&u[..17], &[][..]] {
                 let mut a = vec![0.0; u.len()];

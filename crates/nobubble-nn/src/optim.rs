@@ -8,7 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{NnError, Result};
+use crate::kernels::{self, AdamWStep};
 use crate::param::Param;
+use crate::simd::Simd;
 
 /// AdamW hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,15 +44,10 @@ impl Default for AdamWConfig {
 /// Non-finite gradients make the result non-finite, which doubles as the inf/NaN
 /// check. Per stage this is the partial the runtime chains across stages.
 pub fn grad_norm_sq(params: &[&Param]) -> f64 {
+    let simd = Simd::selected();
     params
         .iter()
-        .map(|p| {
-            p.grad
-                .data()
-                .iter()
-                .map(|&g| (g as f64) * (g as f64))
-                .sum::<f64>()
-        })
+        .map(|p| kernels::sum_of_squares(simd, p.grad.data()))
         .sum()
 }
 
@@ -174,17 +171,28 @@ impl AdamW {
         self.steps += 1;
         let c = self.config;
         let (bc1, bc2) = self.bias_corrections(self.steps);
+        // The update is elementwise IEEE arithmetic: any SIMD level gives the same bits.
+        let simd = Simd::selected();
         for (p, st) in params.iter_mut().zip(&mut self.moments) {
-            let decay = if p.decay { c.lr * c.weight_decay } else { 0.0 };
-            let grad = p.grad.data();
-            let value = p.value.data_mut();
-            for i in 0..value.len() {
-                let g = grad[i] * grad_scale;
-                st.m[i] = c.beta1 * st.m[i] + (1.0 - c.beta1) * g;
-                st.v[i] = c.beta2 * st.v[i] + (1.0 - c.beta2) * g * g;
-                let update = (st.m[i] / bc1) / ((st.v[i] / bc2).sqrt() + c.eps);
-                value[i] = value[i] * (1.0 - decay) - c.lr * update;
-            }
+            let step = AdamWStep {
+                beta1: c.beta1,
+                beta2: c.beta2,
+                bc1,
+                bc2,
+                eps: c.eps,
+                lr: c.lr,
+                decay: if p.decay { c.lr * c.weight_decay } else { 0.0 },
+                grad_scale,
+            };
+            let Param { value, grad, .. } = &mut **p;
+            kernels::adamw(
+                simd,
+                value.data_mut(),
+                grad.data(),
+                &mut st.m,
+                &mut st.v,
+                step,
+            );
         }
         self.last = Some((c.lr, grad_scale));
         Ok(())

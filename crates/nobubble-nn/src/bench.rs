@@ -425,8 +425,8 @@ mod tests {
         let tiny = EngineBenchConfig {
             hidden: 16,
             heads: 2,
-            seq_len: 8,
-            microbatch_size: 1,
+            seq_len: 16,
+            microbatch_size: 2,
             repeats: 1,
             warmup: 0,
             ..EngineBenchConfig::default()

@@ -293,13 +293,8 @@ impl Backend for CpuBackend {
     }
 
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {
-        let cols = x.cols();
-        assert_eq!(cols, dst.len());
-        for row in x.data().chunks_exact(cols) {
-            for (d, v) in dst.iter_mut().zip(row) {
-                *d += v;
-            }
-        }
+        assert_eq!(x.cols(), dst.len());
+        kernels::column_sums(self.simd, dst, x.data());
     }
 
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {

@@ -167,6 +167,7 @@ wide! {
     fn rope(x: &mut [f32], cols: usize, first_row: usize, rope: RopeShape, cos: &[f32], sin: &[f32], inverse: bool);
     fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: AdamWStep);
     fn sum_of_squares(x: &[f32]) -> f64;
+    fn column_sums(dst: &mut [f32], x: &[f32]);
 }
 
 /// The scalars of one AdamW update of one parameter ([`adamw`]).
@@ -215,6 +216,17 @@ mod portable {
             *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
             let update = (*m / c.bc1) / ((*v / c.bc2).sqrt() + c.eps);
             *value = *value * (1.0 - c.decay) - c.lr * update;
+        }
+    }
+
+    /// `dst[j] += Σ_r x[r, j]` over rows of `dst.len()` columns, rows added in order (each
+    /// column's order is the same at any vector width).
+    #[inline(always)]
+    pub fn column_sums(dst: &mut [f32], x: &[f32]) {
+        for row in x.chunks_exact(dst.len().max(1)) {
+            for (d, v) in dst.iter_mut().zip(row) {
+                *d += v;
+            }
         }
     }
 

@@ -1,12 +1,13 @@
 //! Fully connected layer `y = x·W + b` — where the I/W split pays off.
 //!
-//! F saves `x`. I computes `dx = dy·Wᵀ` and queues `(x, dy)`. W computes
-//! `dW += xᵀ·dy`, `db += Σ_rows dy` and frees both.
+//! F saves `x`. I computes `dx = dy·Wᵀ` and queues `(x, dy)` with this microbatch's bias
+//! gradient `Σ_rows dy` (summed while `dy` is still in cache; `out` floats). W computes
+//! `dW += xᵀ·dy`, adds the bias partial and frees all three.
 
 use super::SplitLayer;
 use crate::backend::Backend;
 use crate::error::{MicrobatchId, NnError, Result};
-use crate::memory::PassState;
+use crate::memory::{PassState, Saved};
 use crate::param::{Init, Param};
 use crate::tensor::Tensor;
 
@@ -21,7 +22,23 @@ pub struct Linear {
     pub bias: Option<Param>,
     /// The weight is stored `[out, in]` and used transposed (`y = x·Wᵀ`).
     pub transposed: bool,
-    state: PassState<Tensor, (Tensor, Tensor)>,
+    state: PassState<Tensor, WeightGradInputs>,
+}
+
+/// What a linear's I leaves for its W.
+#[derive(Debug)]
+struct WeightGradInputs {
+    x: Tensor,
+    dy: Tensor,
+    /// `Σ_rows dy` (empty without a bias): summed in I, where `dy` has just been
+    /// produced and is still in cache, rather than read back from memory in W.
+    dbias: Vec<f32>,
+}
+
+impl Saved for WeightGradInputs {
+    fn saved_bytes(&self) -> usize {
+        self.x.saved_bytes() + self.dy.saved_bytes() + self.dbias.saved_bytes()
+    }
 }
 
 impl Linear {
@@ -110,8 +127,7 @@ impl Linear {
     /// back from here instead of keeping a copy of what it handed to this layer.
     pub(crate) fn queued_output_grad(&self, mb: MicrobatchId) -> Result<&Tensor> {
         self.state.check_weight_grad(mb)?;
-        let (_, dy) = self.state.peek_weight_grad(mb).expect("checked above");
-        Ok(dy)
+        Ok(&self.state.peek_weight_grad(mb).expect("checked above").dy)
     }
 
     /// The bias values (empty without a bias).
@@ -182,13 +198,18 @@ impl SplitLayer for Linear {
         }
         let x = self.state.take_forward(mb)?;
         let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
+        let mut dbias = vec![0.0; self.bias.as_ref().map_or(0, |_| dy.cols())];
+        if !dbias.is_empty() {
+            be.accumulate_column_sums(&mut dbias, &dy);
+        }
         be.matmul(dx.mat_mut(), dy.mat(), self.w().t(), 1.0, false);
-        self.state.queue_weight_grad(mb, (x, dy));
+        self.state
+            .queue_weight_grad(mb, WeightGradInputs { x, dy, dbias });
         Ok(dx)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {
-        let (x, dy) = self.state.take_weight_grad(mb)?;
+        let WeightGradInputs { x, dy, dbias } = self.state.take_weight_grad(mb)?;
         if self.transposed {
             // dWᵀ = dyᵀ·x, `[out, in]`.
             be.matmul(self.weight.grad.mat_mut(), dy.mat().t(), x.mat(), 1.0, true);
@@ -196,7 +217,7 @@ impl SplitLayer for Linear {
             be.matmul(self.weight.grad.mat_mut(), x.mat().t(), dy.mat(), 1.0, true);
         }
         if let Some(b) = &mut self.bias {
-            be.accumulate_column_sums(b.grad.data_mut(), &dy);
+            be.add_assign(b.grad.data_mut(), &dbias);
         }
         Ok(())
     }

@@ -481,17 +481,19 @@ fn block_memory_matches_hand_count() {
     b.backward_input(&be, 0, random_tensor(&[N, H], 1.0, 22))
         .unwrap();
     let after_i = b.held_bytes(0);
-    // ln partials 2h each; each linear keeps (input, output gradient).
+    // ln partials 2h each; each linear keeps (input, output gradient, bias partial).
     let i_floats = 2 * H
-        + (N * H + N * 3 * H)
-        + (N * H + N * H)
+        + (N * H + N * 3 * H + 3 * H)
+        + (N * H + N * H + H)
         + 2 * H
-        + (N * H + N * 4 * H)
-        + (N * 4 * H + N * H);
+        + (N * H + N * 4 * H + 4 * H)
+        + (N * 4 * H + N * H + H);
     assert_eq!(after_i, 4 * i_floats);
     b.backward_weight(&be, 0).unwrap();
     assert_eq!(b.held_bytes(0), 0);
-    assert!(after_f > after_i && after_i > 0);
+    // (At this size, 8 rows of 8, the 13h floats of norm and bias partials outweigh what I
+    // frees; `stage_memory_matches_hand_count_and_shrinks_after_i` checks the drop.)
+    assert!(after_i > 0);
 }
 
 /// Bytes after F, after I and after W for one microbatch.
@@ -511,12 +513,13 @@ fn footprint<L: SplitLayer>(layer: &mut L, x: Tensor) -> [usize; 3] {
 fn sublayer_memory_matches_hand_counts() {
     let x = || random_tensor(&[N, H], 1.0, 23);
     let fl = |floats: usize| 4 * floats;
-    // Linear keeps its input for I, then input + output gradient for W: it holds
-    // *more* after I — the saving of a split backward comes from the layers around it.
+    // Linear keeps its input for I, then input + output gradient (+ the bias gradient's
+    // partial sum) for W: it holds *more* after I — the saving of a split backward comes
+    // from the layers around it.
     let mut lin = Linear::new("lin", H, 3 * H, true, 0.02, 1);
     assert_eq!(
         footprint(&mut lin, x()),
-        [fl(N * H), fl(N * H + N * 3 * H), 0]
+        [fl(N * H), fl(N * H + N * 3 * H + 3 * H), 0]
     );
     let mut ln = Norm::layer_norm("ln", H, 1e-5, 1);
     assert_eq!(footprint(&mut ln, x()), [fl(N * H + N), fl(2 * H), 0]);
@@ -526,7 +529,7 @@ fn sublayer_memory_matches_hand_counts() {
         footprint(&mut attn, x()),
         [
             fl(N * H + N * 3 * H + seqs * HEADS * S * S + N * H),
-            fl(N * H + N * 3 * H + 2 * N * H),
+            fl(N * H + N * 3 * H + 3 * H + 2 * N * H + H),
             0
         ]
     );
@@ -535,7 +538,7 @@ fn sublayer_memory_matches_hand_counts() {
         footprint(&mut mlp, x()),
         [
             fl(N * H + 2 * N * 4 * H),
-            fl(N * H + N * 4 * H + N * 4 * H + N * H),
+            fl(N * H + N * 4 * H + 4 * H + N * 4 * H + N * H + H),
             0
         ]
     );

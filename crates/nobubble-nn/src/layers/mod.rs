@@ -10,8 +10,9 @@
 //!   and RMSNorm γ/β, biases and embeddings — so with W run in microbatch order the accumulated
 //!   gradients are bit-identical to an unsplit backward in microbatch order, whatever
 //!   order the I passes ran in. (LayerNorm computes its tiny per-microbatch γ/β
-//!   partial sums during I, because they need the large saved `xhat`; only the
-//!   addition into the accumulator waits for W.)
+//!   partial sums during I, because they need the large saved `xhat`, and a linear its
+//!   bias gradient's, while the output gradient is still in cache; only the addition
+//!   into the accumulator waits for W.)
 //! - Passes out of order (I without F, W with nothing queued, a second W) are errors.
 
 pub mod attention;

@@ -101,12 +101,12 @@ impl TreeSum {
     }
 }
 
-/// `left += right`, tensor by tensor, element by element.
+/// `left += right`, tensor by tensor, element by element (a vector kernel: every merge of
+/// the tree adds a whole stage's gradients).
 fn add_sets(left: &mut [Tensor], right: &[Tensor]) {
+    let simd = crate::simd::Simd::selected();
     for (a, b) in left.iter_mut().zip(right) {
-        for (x, y) in a.data_mut().iter_mut().zip(b.data()) {
-            *x += *y;
-        }
+        crate::kernels::add(simd, a.data_mut(), b.data());
     }
 }
 

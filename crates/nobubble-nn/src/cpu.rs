@@ -299,11 +299,7 @@ impl Backend for CpuBackend {
 
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len());
-        let add = |dst: &mut [f32], src: &[f32]| {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d += s;
-            }
-        };
+        let add = |dst: &mut [f32], src: &[f32]| kernels::add(self.simd, dst, src);
         let chunk = self.rows_per_group(dst.len(), 1);
         if chunk >= dst.len() {
             return add(dst, src);

@@ -170,6 +170,12 @@ wide! {
     fn column_sums(dst: &mut [f32], x: &[f32]);
 }
 
+/// `dst += src` elementwise at `simd`'s width (the same bits at every level).
+pub(crate) fn add(simd: Simd, dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len());
+    add_with_bias(simd, dst, src, &[]);
+}
+
 /// The scalars of one AdamW update of one parameter ([`adamw`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AdamWStep {

@@ -1,0 +1,73 @@
+"""Two or more `nobubble` binaries' block passes, alternating, as ratios to the first.
+
+    python python/bench/ab_engine.py BASE NEW [NEW2 ...] [--rounds 8] [-- bench-engine args]
+
+Why: on a shared VM a pass's time drifts by 10-20% over minutes (other tenants), far more
+than the effect of one kernel change. Running ``nobubble bench engine`` with each binary in
+turn, the order reversed every round, and taking the median of the per-round ratios cancels
+the drift that two separate measurements would mix into the comparison. The default workload
+is the PyTorch comparison's block (h 256, 4 heads, sequence 128, microbatch 8); arguments
+after ``--`` go to ``bench engine`` as they are (e.g. ``-- --simd avx2``).
+
+Build the base binary from another commit in its own worktree and target directory, e.g.
+``git worktree add /tmp/base REV && cargo build --release --manifest-path /tmp/base/Cargo.toml
+--target-dir /tmp/base-target -p nobubble``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+WORKLOAD = ["--hidden", "256", "--heads", "4", "--seq-len", "128", "--microbatch-size", "8"]
+PASSES = [("F", "f_ms"), ("I", "i_ms"), ("W", "w_ms")]
+
+
+def run(binary: str, extra: list[str]) -> dict:
+    cmd = [binary, "bench", "engine", *WORKLOAD, "--repeat", "5", "--json", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("binaries", nargs="+", help="the first is the base")
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args(argv)
+    if len(args.binaries) < 2:
+        parser.error("give at least two binaries: the base, then the ones to compare")
+    times = {b: {key: [] for _, key in PASSES} for b in args.binaries}
+    for r in range(args.rounds):
+        order = args.binaries if r % 2 == 0 else args.binaries[::-1]
+        for b in order:
+            result = run(b, extra)
+            for _, key in PASSES:
+                times[b][key].append(result[key])
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    base = args.binaries[0]
+    for b in args.binaries:
+        medians = "  ".join(
+            f"{name} {statistics.median(times[b][key]):6.2f} ms" for name, key in PASSES
+        )
+        line = f"{b}: {medians}"
+        if b != base:
+            ratios = [
+                statistics.median(x / y for x, y in zip(times[b][key], times[base][key]))
+                for _, key in PASSES
+            ]
+            line += "   ratio to base (median per round): " + "  ".join(
+                f"{name} {ratio:.3f}" for (name, _), ratio in zip(PASSES, ratios)
+            )
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

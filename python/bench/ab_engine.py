@@ -30,13 +30,25 @@ from pathlib import Path
 WORKLOAD = ["--hidden", "256", "--heads", "4", "--seq-len", "128", "--microbatch-size", "8"]
 PASSES = [("F", "f_ms"), ("I", "i_ms"), ("W", "w_ms")]
 TRAIN = [
-    "train", "--layers", "4", *WORKLOAD, "-m", "8", "-p", "2", "--threads-per-rank", "1",
+    "--layers", "4", *WORKLOAD, "-m", "8", "-p", "2", "--threads-per-rank", "1",
     "--steps", "12", "--warmup", "2", "--eval-sets", "1",
 ]  # fmt: skip
+SKIPPED_STEPS = 3  # the first steps (warm-up, re-planning on measured costs)
+
+
+def with_overrides(defaults: list[str], extra: list[str]) -> list[str]:
+    """``defaults`` (flag-value pairs) without the flags ``extra`` sets, then ``extra``."""
+    given = {arg.split("=")[0] for arg in extra if arg.startswith("-")}
+    kept = []
+    for flag, value in zip(defaults[::2], defaults[1::2]):
+        if flag not in given:
+            kept += [flag, value]
+    return kept + extra
 
 
 def run(binary: str, extra: list[str]) -> dict:
-    cmd = [binary, "bench", "engine", *WORKLOAD, "--repeat", "5", "--json", *extra]
+    args = with_overrides([*WORKLOAD, "--repeat", "5"], extra)
+    cmd = [binary, "bench", "engine", "--json", *args]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
@@ -46,12 +58,14 @@ def run(binary: str, extra: list[str]) -> dict:
 def train_step_ms(binary: str, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
-        cmd = [binary, *TRAIN, "--log", str(log), *extra]
+        cmd = [binary, "train", *with_overrides(TRAIN, extra), "--log", str(log)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
         rows = [json.loads(line) for line in log.read_text().splitlines()]
-    return {"step_ms": statistics.median(r["step_seconds"] for r in rows[3:]) * 1e3}
+    if len(rows) <= SKIPPED_STEPS:
+        sys.exit(f"--train needs more than {SKIPPED_STEPS} steps (they are skipped): use --steps")
+    return {"step_ms": statistics.median(r["step_seconds"] for r in rows[SKIPPED_STEPS:]) * 1e3}
 
 
 def main() -> None:

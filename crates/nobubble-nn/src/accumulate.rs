@@ -104,6 +104,7 @@ impl TreeSum {
 /// `left += right`, tensor by tensor, element by element (a vector kernel: every merge of
 /// the tree adds a whole stage's gradients).
 fn add_sets(left: &mut [Tensor], right: &[Tensor]) {
+    // Any level gives the same bits (an elementwise add): the process's serves.
     let simd = crate::simd::Simd::selected();
     for (a, b) in left.iter_mut().zip(right) {
         crate::kernels::add(simd, a.data_mut(), b.data());

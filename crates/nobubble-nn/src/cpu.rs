@@ -167,14 +167,30 @@ impl CpuBackend {
         }
     }
 
-    /// The row length of a kernel that adds `bias` per column of `x` (1 without a bias:
-    /// then any split of the data is a split into rows).
-    fn bias_row(x: &Tensor, bias: &[f32]) -> usize {
-        if bias.is_empty() {
-            return 1;
+    /// `kernel(src, dst)` over `src` and `dst` (of `src`'s length) in groups of whole rows,
+    /// in parallel with several threads: rows of `bias.len()` columns for a kernel that adds
+    /// `bias` per column (without one, any split is a split into rows).
+    fn by_row_groups(
+        &self,
+        src: &Tensor,
+        bias: &[f32],
+        dst: &mut [f32],
+        kernel: impl Fn(&[f32], &mut [f32]) + Sync,
+    ) {
+        assert_eq!(src.len(), dst.len());
+        let cols = if bias.is_empty() {
+            1
+        } else {
+            assert_eq!(src.cols(), bias.len(), "one bias value per column");
+            bias.len()
+        };
+        let chunk = self.rows_per_group(src.len() / cols, cols) * cols;
+        if chunk >= src.len() {
+            return kernel(src.data(), dst);
         }
-        assert_eq!(x.cols(), bias.len(), "one bias value per column");
-        bias.len()
+        (dst.par_chunks_mut(chunk))
+            .zip(src.data().par_chunks(chunk))
+            .for_each(|(dst, src)| kernel(src, dst));
     }
 
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
@@ -415,40 +431,24 @@ impl Backend for CpuBackend {
 
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
         let mut y = Tensor::for_overwrite(u.shape());
-        let cols = Self::bias_row(u, bias);
-        let chunk = self.rows_per_group(u.len() / cols, cols) * cols;
-        if chunk >= u.len() {
-            kernels::gelu_forward(self.simd, u.data(), bias, y.data_mut());
-            return y;
-        }
-        (y.data_mut().par_chunks_mut(chunk))
-            .zip(u.data().par_chunks(chunk))
-            .for_each(|(y, u)| kernels::gelu_forward(self.simd, u, bias, y));
+        self.by_row_groups(u, bias, y.data_mut(), |u, y| {
+            kernels::gelu_forward(self.simd, u, bias, y)
+        });
         y
     }
 
     fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor) {
         assert_eq!(u.shape(), dy.shape());
-        let cols = Self::bias_row(u, bias);
-        let chunk = self.rows_per_group(u.len() / cols, cols) * cols;
-        if chunk >= u.len() {
-            return kernels::gelu_backward(self.simd, u.data(), bias, dy.data_mut());
-        }
-        (dy.data_mut().par_chunks_mut(chunk))
-            .zip(u.data().par_chunks(chunk))
-            .for_each(|(dy, u)| kernels::gelu_backward(self.simd, u, bias, dy));
+        self.by_row_groups(u, bias, dy.data_mut(), |u, dy| {
+            kernels::gelu_backward(self.simd, u, bias, dy)
+        });
     }
 
     fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
         assert_eq!(dst.shape(), src.shape());
-        let cols = Self::bias_row(src, bias);
-        let chunk = self.rows_per_group(src.len() / cols, cols) * cols;
-        if chunk >= src.len() {
-            return kernels::add_with_bias(self.simd, dst.data_mut(), src.data(), bias);
-        }
-        (dst.data_mut().par_chunks_mut(chunk))
-            .zip(src.data().par_chunks(chunk))
-            .for_each(|(d, s)| kernels::add_with_bias(self.simd, d, s, bias));
+        self.by_row_groups(src, bias, dst.data_mut(), |src, dst| {
+            kernels::add_with_bias(self.simd, dst, src, bias)
+        });
     }
 
     fn causal_softmax(&self, scores: &mut [f32], n: usize) {

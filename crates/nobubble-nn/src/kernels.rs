@@ -8,9 +8,10 @@
 //! operations are explicit `mul_add`s, which are exactly rounded everywhere (a `vfmadd` in
 //! the AVX2 and AVX-512 builds, libm's `fmaf` in the baseline one), so they produce
 //! identical bits. Reductions (row sums, dot products) are written with
-//! [`LANES`] partial sums combined in a fixed order: that order is part of the kernel, not
-//! of the instruction set, so the compiler may map the partial sums onto vector registers
-//! of any width without changing a bit.
+//! [`LANES`] partial sums combined in a fixed order (the squared gradient norm: eight f64
+//! ones; column sums add whole rows in order, each column on its own): that order is part of
+//! the kernel, not of the instruction set, so the compiler may map the partial sums onto
+//! vector registers of any width without changing a bit.
 
 // Index loops read closer to the math in these kernels.
 #![allow(clippy::needless_range_loop)]
@@ -203,7 +204,10 @@ pub(crate) struct RopeShape {
 
 /// The kernel bodies, always inlined into the baseline, AVX2 and AVX-512 builds.
 mod portable {
-    use super::AdamWStep;
+    use super::{
+        fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, AdamWStep, RopeShape, GELU_A, GELU_C,
+        LANES,
+    };
 
     /// `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`, `θ ← θ·(1 − lr·λ) − lr·m̂/(√v̂ + ε)`
     /// with `g` the scaled gradient: per element, unfused, so every build gives the same bits.
@@ -255,10 +259,6 @@ mod portable {
         ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
     }
 
-    use super::{
-        fast_exp, gelu_two_z, lane_dot, lane_max, lane_sum, RopeShape, GELU_A, GELU_C, LANES,
-    };
-
     /// The logistic function `1 / (1 + e^{−x})`.
     #[inline(always)]
     fn sigmoid(x: f32) -> f32 {
@@ -269,7 +269,7 @@ mod portable {
     /// `f(u, out)` elementwise): the bias a linear layer left to the kernel consuming its
     /// output, added where the element is loaded anyway.
     #[inline(always)]
-    fn biased<O>(u: &[f32], bias: &[f32], out: &mut [O], f: impl Fn(f32, &mut O)) {
+    fn biased(u: &[f32], bias: &[f32], out: &mut [f32], f: impl Fn(f32, &mut f32)) {
         assert_eq!(u.len(), out.len());
         if bias.is_empty() {
             // Two vectors per step: two independent dependency chains for the scheduler.
@@ -598,6 +598,32 @@ mod tests {
         portable::gelu_forward(&[-60.0, 60.0], &[], &mut big);
         assert_eq!(big[1], 60.0);
         assert!(big[0] <= 0.0 && big[0] > -1e-30);
+    }
+
+    #[test]
+    fn whatever_lies_past_the_diagonal_never_reaches_the_softmax() {
+        // The kernel computes exponentials past the diagonal up to the end of a lane group;
+        // a reused buffer may hold anything there (NaN in debug builds, by design).
+        let n = 37;
+        let scores: Vec<f32> = (0..n * n)
+            .map(|i| ((i as f32) * 0.173).sin() * 5.0)
+            .collect();
+        let masked = |fill: f32| {
+            let mut s = scores.clone();
+            for i in 0..n {
+                s[i * n + i + 1..(i + 1) * n].fill(fill);
+            }
+            s
+        };
+        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            let mut want = masked(0.0);
+            causal_softmax(simd, &mut want, n);
+            for fill in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -0.0] {
+                let mut got = masked(fill);
+                causal_softmax(simd, &mut got, n);
+                assert_eq!(got, want, "{simd}, {fill} past the diagonal");
+            }
+        }
     }
 
     #[test]

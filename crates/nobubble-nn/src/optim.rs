@@ -44,6 +44,7 @@ impl Default for AdamWConfig {
 /// Non-finite gradients make the result non-finite, which doubles as the inf/NaN
 /// check. Per stage this is the partial the runtime chains across stages.
 pub fn grad_norm_sq(params: &[&Param]) -> f64 {
+    // The process's level, not a backend's: the kernel gives the same bits at every level.
     let simd = Simd::selected();
     params
         .iter()
@@ -171,7 +172,8 @@ impl AdamW {
         self.steps += 1;
         let c = self.config;
         let (bc1, bc2) = self.bias_corrections(self.steps);
-        // The update is elementwise IEEE arithmetic: any SIMD level gives the same bits.
+        // The update is elementwise IEEE arithmetic: any SIMD level gives the same bits, so
+        // the process's level serves (the optimizer has no backend).
         let simd = Simd::selected();
         for (p, st) in params.iter_mut().zip(&mut self.moments) {
             let step = AdamWStep {

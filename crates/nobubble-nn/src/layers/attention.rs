@@ -199,9 +199,9 @@ impl CausalSelfAttention {
 
     /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
     /// values of the earlier positions in `cache`, which it extends: incremental decoding.
-    /// The same products and softmax as [`Self::apply`] on one row, so the output matches
-    /// the full window's row `pos` up to the rounding of the products' shorter sums. Like
-    /// [`Self::apply_unbiased`], without the projection's bias.
+    /// The same products and softmax as [`Self::apply_unbiased`] on one row, so the output
+    /// matches the full window's row `pos` up to the rounding of the products' shorter sums;
+    /// like it, without the projection's bias.
     pub(crate) fn decode_unbiased(
         &self,
         be: &dyn Backend,

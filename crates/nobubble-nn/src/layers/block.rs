@@ -56,7 +56,7 @@ impl Block {
     }
 
     /// One token at position `pos` (`x`: its `[1, h]` input) through the block, extending
-    /// `cache` with its keys and values (see [`CausalSelfAttention::decode`]).
+    /// `cache` with its keys and values (see [`CausalSelfAttention::decode_unbiased`]).
     pub(crate) fn decode(
         &self,
         be: &dyn Backend,

@@ -30,7 +30,7 @@ pub struct Mlp {
     pub fc2: Linear,
     /// What runs between them.
     pub activation: Activation,
-    /// fc1's output before its bias (GELU's input is it plus fc1's bias).
+    /// fc1's output (for GELU before its bias: GELU's input is it plus fc1's bias).
     act: PassState<Tensor, ()>,
 }
 
@@ -65,28 +65,33 @@ impl Mlp {
         }
     }
 
-    /// The activation of fc1's output `u` plus `bias` (fc1's bias, which GELU adds as it
-    /// loads `u`; SwiGLU MLPs have none).
-    fn activate(&self, be: &dyn Backend, u: &Tensor, bias: &[f32]) -> Tensor {
+    /// GELU of fc1's output and fc1's bias, which GELU adds as it loads each element; SwiGLU
+    /// has no such kernel to fold it into, so there fc1 adds its own bias (Llama's has none).
+    fn expand(&self, be: &dyn Backend, u: &Tensor) -> Tensor {
         match self.activation {
-            Activation::Gelu => be.gelu_forward(u, bias),
-            Activation::SwiGlu => {
-                assert!(bias.is_empty(), "SwiGLU MLPs have no fc1 bias");
-                be.swiglu_forward(u)
-            }
+            Activation::Gelu => be.gelu_forward(u, self.fc1.bias_values()),
+            Activation::SwiGlu => be.swiglu_forward(u),
+        }
+    }
+
+    /// fc1's output as [`Self::expand`] takes it: without its bias for GELU, with it for
+    /// SwiGLU.
+    fn fc1_apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        match self.activation {
+            Activation::Gelu => self.fc1.apply_unbiased(be, x),
+            Activation::SwiGlu => self.fc1.apply(be, x),
         }
     }
 
     /// The output without fc2's bias ([`Self::output_bias`], which the block's residual add
     /// adds): inference, nothing saved.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let u = self.fc1.apply_unbiased(be, x);
-        let g = self.activate(be, &u, self.fc1.bias_values());
+        let g = self.expand(be, &self.fc1_apply(be, x));
         self.fc2.apply_unbiased(be, &g)
     }
 
     /// F without fc2's bias ([`Self::output_bias`]): the block adds it in its residual add.
-    /// fc1's bias goes into the activation the same way, so neither costs a pass of its own.
+    /// fc1's bias goes into GELU the same way, so neither costs a pass of its own.
     pub(crate) fn forward_unbiased(
         &mut self,
         be: &dyn Backend,
@@ -95,8 +100,11 @@ impl Mlp {
     ) -> Result<Tensor> {
         self.act.check_forward(mb)?;
         self.fc2.check_forward(mb)?;
-        let u = self.fc1.forward_unbiased(be, mb, x)?;
-        let g = self.activate(be, &u, self.fc1.bias_values());
+        let u = match self.activation {
+            Activation::Gelu => self.fc1.forward_unbiased(be, mb, x)?,
+            Activation::SwiGlu => self.fc1.forward(be, mb, x)?,
+        };
+        let g = self.expand(be, &u);
         self.act.save_forward(mb, u)?;
         self.fc2.forward_unbiased(be, mb, g)
     }

@@ -14,6 +14,9 @@
 //!   bias gradient's, while the output gradient is still in cache; only the addition
 //!   into the accumulator waits for W.)
 //! - Passes out of order (I without F, W with nothing queued, a second W) are errors.
+//! - Parameter values do not change while a microbatch is between its F and its I: I
+//!   differentiates with the live weights and biases (the optimizer steps between
+//!   iterations, after every microbatch's passes; a discarded attempt reruns its F).
 
 pub mod attention;
 pub mod block;

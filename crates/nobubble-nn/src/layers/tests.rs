@@ -543,3 +543,26 @@ fn sublayer_memory_matches_hand_counts() {
         ]
     );
 }
+
+#[test]
+fn a_swiglu_mlp_with_an_fc1_bias_adds_it_before_the_activation() {
+    // Llama's MLPs have no biases, but the fields are public: one set by hand must still
+    // count (fc1 adds it itself: only GELU folds it into its kernel).
+    let be = CpuBackend::single_thread();
+    let mut mlp = Mlp::new("mlp", H, 2 * H, Activation::SwiGlu, 2, 1);
+    let init = crate::param::Init::Constant(0.0);
+    let mut bias = crate::param::Param::new("mlp.fc1.bias", &[4 * H], init, false, 1);
+    for (j, b) in bias.value.data_mut().iter_mut().enumerate() {
+        *b = j as f32 * 0.01 - 0.1;
+    }
+    mlp.fc1.bias = Some(bias);
+    let x = random_tensor(&[N, H], 1.0, 31);
+    let u = mlp.fc1.apply(&be, &x);
+    let want = mlp.fc2.apply(&be, &be.swiglu_forward(&u));
+    let got = mlp.forward(&be, 0, x).unwrap();
+    assert_eq!(got.data(), want.data());
+    let unbiased_u = mlp
+        .fc1
+        .apply_unbiased(&be, &random_tensor(&[N, H], 1.0, 31));
+    assert_ne!(unbiased_u.data(), u.data(), "the bias is not zero");
+}

@@ -10,6 +10,11 @@ use crate::tensor::{MatMut, MatRef, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// Rows per block of a sum over rows (a norm backward's γ/β, bias gradients): sums run per
+/// block and then over the blocks in order, so that threads can take whole blocks without
+/// changing a bit.
+const SUM_ROWS: usize = 64;
+
 /// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
 /// one core uses `threads = 1`; a stage (or an unpipelined run) with more cores uses more.
 /// `simd` is the vector level of every kernel ([`Simd::selected`] unless set).
@@ -99,8 +104,10 @@ impl CpuBackend {
     }
 
     /// A row-wise norm's backward, `kernel(dy, xhat, rstd, dx, dgamma, dbeta)` (`dbeta` empty
-    /// without β). Split over threads: dx by row groups (their partial sums dropped), then the
-    /// γ/β sums by column groups ([`Self::norm_partial_sums`]) — the bits of one thread.
+    /// without β), over blocks of [`SUM_ROWS`] rows: each block's γ/β sums start from
+    /// zero and are then added in block order. The blocks are fixed, not the threads', so the
+    /// sums have the same bits on any thread count, and with several threads the blocks run
+    /// in parallel in one pass over the data (not a second one for the sums).
     fn norm_backward_rows(
         &self,
         dy: &Tensor,
@@ -112,59 +119,39 @@ impl CpuBackend {
         assert_eq!(dy.shape(), xhat.shape());
         assert_eq!(rstd.len(), dy.rows());
         let h = dy.cols();
+        let beta_len = if with_beta { h } else { 0 };
+        let width = h + beta_len;
         let mut dx = Tensor::for_overwrite(dy.shape());
-        let mut dgamma = vec![0.0f32; h];
-        let mut dbeta = vec![0.0f32; if with_beta { h } else { 0 }];
-        let rows = self.rows_per_group(dy.rows(), h);
-        if rows >= dy.rows() {
-            let (dyd, xd) = (dy.data(), xhat.data());
-            kernel(dyd, xd, rstd, dx.data_mut(), &mut dgamma, &mut dbeta);
-            return NormBackward { dx, dgamma, dbeta };
+        let blocks = dy.rows().div_ceil(SUM_ROWS);
+        let mut partials = vec![0.0f32; blocks * width];
+        let n = dy.rows();
+        // Block `r`: rows `r·SUM_ROWS..`, its dx rows and its partial sums.
+        let run = |r: usize, dx: &mut [f32], part: &mut [f32]| {
+            let rows = r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(n);
+            let span = rows.start * h..rows.end * h;
+            let (g, b) = part.split_at_mut(h);
+            let (dy, xhat) = (&dy.data()[span.clone()], &xhat.data()[span]);
+            kernel(dy, xhat, &rstd[rows], dx, g, b);
+        };
+        let (block, width) = (SUM_ROWS * h.max(1), width.max(1));
+        if self.rows_per_group(n, h) >= n {
+            (dx.data_mut().chunks_mut(block))
+                .zip(partials.chunks_mut(width))
+                .enumerate()
+                .for_each(|(r, (dx, part))| run(r, dx, part));
+        } else {
+            (dx.data_mut().par_chunks_mut(block))
+                .zip(partials.par_chunks_mut(width))
+                .enumerate()
+                .with_min_len(blocks.div_ceil(self.threads))
+                .for_each(|(r, (dx, part))| run(r, dx, part));
         }
-        let beta_len = dbeta.len();
-        (dx.data_mut().par_chunks_mut(rows * h))
-            .zip(dy.data().par_chunks(rows * h))
-            .zip(xhat.data().par_chunks(rows * h))
-            .zip(rstd.par_chunks(rows))
-            .for_each(|(((dx, dy), xhat), rstd)| {
-                let (mut g, mut b) = (vec![0.0f32; h], vec![0.0f32; beta_len]);
-                kernel(dy, xhat, rstd, dx, &mut g, &mut b);
-            });
-        let beta = with_beta.then_some(dbeta.as_mut_slice());
-        self.norm_partial_sums(dy, xhat, &mut dgamma, beta);
+        let (mut dgamma, mut dbeta) = (vec![0.0f32; h], vec![0.0f32; beta_len]);
+        for part in partials.chunks_exact(width) {
+            kernels::add(self.simd, &mut dgamma, &part[..h]);
+            kernels::add(self.simd, &mut dbeta, &part[h..]);
+        }
         NormBackward { dx, dgamma, dbeta }
-    }
-
-    /// The γ (and β) partial sums of a norm's backward split over columns, each column
-    /// summed over all rows in row order: the bits of one thread's row-wise kernel.
-    fn norm_partial_sums(
-        &self,
-        dy: &Tensor,
-        xhat: &Tensor,
-        dgamma: &mut [f32],
-        dbeta: Option<&mut [f32]>,
-    ) {
-        let h = dy.cols();
-        let cols = h.div_ceil(self.threads);
-        let rows = || dy.data().chunks_exact(h).zip(xhat.data().chunks_exact(h));
-        dgamma.par_chunks_mut(cols).enumerate().for_each(|(c, dg)| {
-            let c0 = c * cols;
-            for (dyr, xr) in rows() {
-                for j in 0..dg.len() {
-                    dg[j] += dyr[c0 + j] * xr[c0 + j];
-                }
-            }
-        });
-        if let Some(dbeta) = dbeta {
-            dbeta.par_chunks_mut(cols).enumerate().for_each(|(c, db)| {
-                let c0 = c * cols;
-                for dyr in dy.data().chunks_exact(h) {
-                    for j in 0..db.len() {
-                        db[j] += dyr[c0 + j];
-                    }
-                }
-            });
-        }
     }
 
     /// `kernel(src, dst)` over `src` and `dst` (of `src`'s length) in groups of whole rows,
@@ -302,15 +289,46 @@ impl Backend for CpuBackend {
 
     fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor {
         let mut t = Tensor::for_overwrite(&[rows, v.len()]);
-        for row in t.data_mut().chunks_exact_mut(v.len().max(1)) {
-            row.copy_from_slice(v);
+        let cols = v.len().max(1);
+        let fill = |rows: &mut [f32]| {
+            for row in rows.chunks_exact_mut(cols) {
+                row.copy_from_slice(v);
+            }
+        };
+        let group = self.rows_per_group(rows, cols) * cols;
+        if group >= t.len() {
+            fill(t.data_mut());
+        } else {
+            t.data_mut().par_chunks_mut(group).for_each(fill);
         }
         t
     }
 
+    /// Over blocks of [`SUM_ROWS`] rows, each summed from zero and then added in block
+    /// order: fixed blocks, so the same bits on any thread count, the blocks in parallel on
+    /// several.
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {
-        assert_eq!(x.cols(), dst.len());
-        kernels::column_sums(self.simd, dst, x.data());
+        let cols = x.cols();
+        assert_eq!(cols, dst.len());
+        if cols == 0 {
+            return;
+        }
+        let blocks = x.rows().div_ceil(SUM_ROWS);
+        let mut partials = vec![0.0f32; blocks * cols];
+        let run = |(part, rows): (&mut [f32], &[f32])| kernels::column_sums(self.simd, part, rows);
+        if self.rows_per_group(x.rows(), cols) >= x.rows() {
+            (partials.chunks_mut(cols))
+                .zip(x.data().chunks(SUM_ROWS * cols))
+                .for_each(run);
+        } else {
+            (partials.par_chunks_mut(cols))
+                .zip(x.data().par_chunks(SUM_ROWS * cols))
+                .with_min_len(blocks.div_ceil(self.threads))
+                .for_each(run);
+        }
+        for part in partials.chunks_exact(cols) {
+            kernels::add(self.simd, dst, part);
+        }
     }
 
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {

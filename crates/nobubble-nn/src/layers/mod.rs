@@ -11,7 +11,7 @@
 //!   gradients are bit-identical to an unsplit backward in microbatch order, whatever
 //!   order the I passes ran in. (LayerNorm computes its tiny per-microbatch γ/β
 //!   partial sums during I, because they need the large saved `xhat`, and a linear its
-//!   bias gradient's, while the output gradient is still in cache; only the addition
+//!   bias gradient's, where the output gradient has just been produced; only the addition
 //!   into the accumulator waits for W.)
 //! - Passes out of order (I without F, W with nothing queued, a second W) are errors.
 //! - Parameter values do not change while a microbatch is between its F and its I: I

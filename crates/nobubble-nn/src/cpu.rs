@@ -304,7 +304,7 @@ impl Backend for CpuBackend {
         t
     }
 
-    /// Over blocks of [`SUM_ROWS`] rows, each summed from zero and then added in block
+    /// Over blocks of 64 rows (`SUM_ROWS`), each summed from zero and then added in block
     /// order: fixed blocks, so the same bits on any thread count, the blocks in parallel on
     /// several.
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {

@@ -81,23 +81,23 @@ def main() -> None:
     measure = train_step_ms if args.train else run
     if len(args.binaries) < 2:
         parser.error("give at least two binaries: the base, then the ones to compare")
-    times = {b: {key: [] for _, key in passes} for b in args.binaries}
+    # By position, not by path: a binary against itself measures the noise floor.
+    binaries = list(enumerate(args.binaries))
+    times = [{key: [] for _, key in passes} for _ in binaries]
     for r in range(args.rounds):
-        order = args.binaries if r % 2 == 0 else args.binaries[::-1]
-        for b in order:
+        for i, b in binaries if r % 2 == 0 else binaries[::-1]:
             result = measure(b, extra)
             for _, key in passes:
-                times[b][key].append(result[key])
+                times[i][key].append(result[key])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    base = args.binaries[0]
-    for b in args.binaries:
+    for i, b in binaries:
         medians = "  ".join(
-            f"{name} {statistics.median(times[b][key]):6.2f} ms" for name, key in passes
+            f"{name} {statistics.median(times[i][key]):6.2f} ms" for name, key in passes
         )
         line = f"{b}: {medians}"
-        if b != base:
+        if i > 0:
             ratios = [
-                statistics.median(x / y for x, y in zip(times[b][key], times[base][key]))
+                statistics.median(x / y for x, y in zip(times[i][key], times[0][key]))
                 for _, key in passes
             ]
             line += "   ratio to base (median per round): " + "  ".join(

@@ -65,28 +65,24 @@ impl Mlp {
         }
     }
 
-    /// GELU of fc1's output and fc1's bias, which GELU adds as it loads each element; SwiGLU
-    /// has no such kernel to fold it into, so there fc1 adds its own bias (Llama's has none).
-    fn expand(&self, be: &dyn Backend, u: &Tensor) -> Tensor {
+    /// The activation of fc1's output `u`, computed without fc1's bias: GELU adds the bias as
+    /// it loads each element; SwiGLU has no such kernel, so the bias (Llama's MLPs have none)
+    /// is added to `u` first. Either way `u` is then what the backward differentiates at.
+    fn activate(&self, be: &dyn Backend, u: &mut Tensor) -> Tensor {
+        let bias = self.fc1.bias_values();
         match self.activation {
-            Activation::Gelu => be.gelu_forward(u, self.fc1.bias_values()),
-            Activation::SwiGlu => be.swiglu_forward(u),
-        }
-    }
-
-    /// fc1's output as [`Self::expand`] takes it: without its bias for GELU, with it for
-    /// SwiGLU.
-    fn fc1_apply(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        match self.activation {
-            Activation::Gelu => self.fc1.apply_unbiased(be, x),
-            Activation::SwiGlu => self.fc1.apply(be, x),
+            Activation::Gelu => be.gelu_forward(u, bias),
+            Activation::SwiGlu => {
+                add_bias(be, u, bias);
+                be.swiglu_forward(u)
+            }
         }
     }
 
     /// The output without fc2's bias ([`Self::output_bias`], which the block's residual add
     /// adds): inference, nothing saved.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let g = self.expand(be, &self.fc1_apply(be, x));
+        let g = self.activate(be, &mut self.fc1.apply_unbiased(be, x));
         self.fc2.apply_unbiased(be, &g)
     }
 
@@ -100,11 +96,8 @@ impl Mlp {
     ) -> Result<Tensor> {
         self.act.check_forward(mb)?;
         self.fc2.check_forward(mb)?;
-        let u = match self.activation {
-            Activation::Gelu => self.fc1.forward_unbiased(be, mb, x)?,
-            Activation::SwiGlu => self.fc1.forward(be, mb, x)?,
-        };
-        let g = self.expand(be, &u);
+        let mut u = self.fc1.forward_unbiased(be, mb, x)?;
+        let g = self.activate(be, &mut u);
         self.act.save_forward(mb, u)?;
         self.fc2.forward_unbiased(be, mb, g)
     }

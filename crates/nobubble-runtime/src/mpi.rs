@@ -59,6 +59,15 @@ impl MpiTransport {
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
         }
+        // A peer that dies closes its sockets; Open MPI's TCP transport then writes into a
+        // closed one. With SIGPIPE at its default (the CLI restores it for `… | head`) that
+        // write would end this rank silently, before its receive deadline can name the lost
+        // rank — and mpirun, told to keep going, would then wait forever. Ignored, the write
+        // fails inside MPI and the deadline reports it.
+        // SAFETY: only changes a signal disposition; no handler runs Rust code.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         let version = mpi::environment::library_version()
             .ok()
             .and_then(|v| v.split([',', '\n']).next().map(|l| l.trim().to_string()))

@@ -104,10 +104,8 @@ impl CpuBackend {
     }
 
     /// A row-wise norm's backward, `kernel(dy, xhat, rstd, dx, dgamma, dbeta)` (`dbeta` empty
-    /// without β), over blocks of [`SUM_ROWS`] rows: each block's γ/β sums start from
-    /// zero and are then added in block order. The blocks are fixed, not the threads', so the
-    /// sums have the same bits on any thread count, and with several threads the blocks run
-    /// in parallel in one pass over the data (not a second one for the sums).
+    /// without β), over [`Self::row_block_sums`]' blocks: each block writes its rows of `dx`
+    /// and its γ/β partial sums.
     fn norm_backward_rows(
         &self,
         dy: &Tensor,
@@ -118,40 +116,59 @@ impl CpuBackend {
     ) -> NormBackward {
         assert_eq!(dy.shape(), xhat.shape());
         assert_eq!(rstd.len(), dy.rows());
-        let h = dy.cols();
+        let (n, h) = (dy.rows(), dy.cols());
         let beta_len = if with_beta { h } else { 0 };
-        let width = h + beta_len;
         let mut dx = Tensor::for_overwrite(dy.shape());
-        let blocks = dy.rows().div_ceil(SUM_ROWS);
-        let mut partials = vec![0.0f32; blocks * width];
-        let n = dy.rows();
-        // Block `r`: rows `r·SUM_ROWS..`, its dx rows and its partial sums.
-        let run = |r: usize, dx: &mut [f32], part: &mut [f32]| {
-            let rows = r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(n);
+        let dx_blocks = dx.data_mut().chunks_mut(SUM_ROWS * h.max(1)).collect();
+        let mut sums = vec![0.0f32; h + beta_len];
+        self.row_block_sums(n, h, &mut sums, dx_blocks, |rows, dx, part| {
             let span = rows.start * h..rows.end * h;
             let (g, b) = part.split_at_mut(h);
             let (dy, xhat) = (&dy.data()[span.clone()], &xhat.data()[span]);
             kernel(dy, xhat, &rstd[rows], dx, g, b);
+        });
+        let dbeta = sums.split_off(h);
+        NormBackward {
+            dx,
+            dgamma: sums,
+            dbeta,
+        }
+    }
+
+    /// A sum over the `rows` rows of a `rows × cols` tensor, in fixed blocks of [`SUM_ROWS`]
+    /// rows: `block(rows, out, partial)` writes block `rows`' partial sums (`sums.len()`
+    /// floats, from zero) and whatever else it computes into `out` (one item per block);
+    /// then the partials are added into `sums` in block order. The blocks are fixed, not the
+    /// threads', so the sums have the same bits on any thread count; with several threads the
+    /// blocks run in parallel, in one pass over the data.
+    fn row_block_sums<T: Send>(
+        &self,
+        rows: usize,
+        cols: usize,
+        sums: &mut [f32],
+        outs: Vec<T>,
+        block: impl Fn(std::ops::Range<usize>, T, &mut [f32]) + Sync,
+    ) {
+        let blocks = rows.div_ceil(SUM_ROWS);
+        assert_eq!(outs.len(), blocks, "one item per block of rows");
+        let width = sums.len();
+        let mut partials = vec![0.0f32; blocks * width];
+        let run = |(r, (out, part)): (usize, (T, &mut [f32]))| {
+            block(r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(rows), out, part)
         };
-        let (block, width) = (SUM_ROWS * h.max(1), width.max(1));
-        if self.rows_per_group(n, h) >= n {
-            (dx.data_mut().chunks_mut(block))
-                .zip(partials.chunks_mut(width))
-                .enumerate()
-                .for_each(|(r, (dx, part))| run(r, dx, part));
+        let parts = partials.chunks_mut(width.max(1));
+        if self.rows_per_group(rows, cols) >= rows {
+            outs.into_iter().zip(parts).enumerate().for_each(run);
         } else {
-            (dx.data_mut().par_chunks_mut(block))
-                .zip(partials.par_chunks_mut(width))
+            let parts: Vec<&mut [f32]> = parts.collect();
+            (outs.into_par_iter().zip(parts))
                 .enumerate()
                 .with_min_len(blocks.div_ceil(self.threads))
-                .for_each(|(r, (dx, part))| run(r, dx, part));
+                .for_each(run);
         }
-        let (mut dgamma, mut dbeta) = (vec![0.0f32; h], vec![0.0f32; beta_len]);
-        for part in partials.chunks_exact(width) {
-            kernels::add(self.simd, &mut dgamma, &part[..h]);
-            kernels::add(self.simd, &mut dbeta, &part[h..]);
+        for part in partials.chunks_exact(width.max(1)) {
+            kernels::add(self.simd, sums, &part[..width]);
         }
-        NormBackward { dx, dgamma, dbeta }
     }
 
     /// `kernel(src, dst)` over `src` and `dst` (of `src`'s length) in groups of whole rows,
@@ -314,21 +331,10 @@ impl Backend for CpuBackend {
             return;
         }
         let blocks = x.rows().div_ceil(SUM_ROWS);
-        let mut partials = vec![0.0f32; blocks * cols];
-        let run = |(part, rows): (&mut [f32], &[f32])| kernels::column_sums(self.simd, part, rows);
-        if self.rows_per_group(x.rows(), cols) >= x.rows() {
-            (partials.chunks_mut(cols))
-                .zip(x.data().chunks(SUM_ROWS * cols))
-                .for_each(run);
-        } else {
-            (partials.par_chunks_mut(cols))
-                .zip(x.data().par_chunks(SUM_ROWS * cols))
-                .with_min_len(blocks.div_ceil(self.threads))
-                .for_each(run);
-        }
-        for part in partials.chunks_exact(cols) {
-            kernels::add(self.simd, dst, part);
-        }
+        self.row_block_sums(x.rows(), cols, dst, vec![(); blocks], |rows, (), part| {
+            let span = rows.start * cols..rows.end * cols;
+            kernels::column_sums(self.simd, part, &x.data()[span]);
+        });
     }
 
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {

@@ -573,6 +573,20 @@ fn metrics_then_stop(name: &str, signal_rank_1: bool) {
         assert!(text.contains(&format!(
             "nobubble_rank_idle_seconds_total{{rank=\"{rank}\"}}"
         )));
+        // Past MPI's start, every rank ignores SIGPIPE: a peer's death closes its sockets,
+        // and a write into one must not end this rank before its receive deadline can name
+        // the lost rank (with the CLI's default disposition it did, and mpirun then hung).
+        let Some(pid) = child_with_rank(child.id(), rank) else {
+            give_up(&mut child, &format!("rank {rank}'s process not found"))
+        };
+        let ignored = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
+        if ignored.is_none_or(|mask| mask & (1 << (libc::SIGPIPE - 1)) == 0) {
+            give_up(&mut child, &format!("rank {rank} does not ignore SIGPIPE"));
+        }
     }
     let (sig, target) = if signal_rank_1 {
         match child_with_rank(child.id(), 1) {

@@ -88,8 +88,8 @@ pub trait Backend: Send + Sync {
     /// per-head slices free.
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool);
 
-    /// Adds `v` to every row of `x` (bias add).
-    fn add_row_vector(&self, x: &mut Tensor, v: &[f32]);
+    /// Adds `v` to every row of the row-major rows `x` (`v.len()` columns): a bias add.
+    fn add_row_vector(&self, x: &mut [f32], v: &[f32]);
 
     /// A `[rows, v.len()]` tensor whose every row is `v` (a bias to accumulate onto).
     fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor;

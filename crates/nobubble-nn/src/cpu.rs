@@ -294,13 +294,17 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn add_row_vector(&self, x: &mut Tensor, v: &[f32]) {
-        let cols = x.cols();
-        assert_eq!(cols, v.len());
-        for row in x.data_mut().chunks_exact_mut(cols) {
-            for (o, b) in row.iter_mut().zip(v) {
-                *o += b;
-            }
+    fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {
+        if v.is_empty() {
+            return;
+        }
+        assert!(
+            x.len().is_multiple_of(v.len()),
+            "whole rows of {} columns",
+            v.len()
+        );
+        for row in x.chunks_exact_mut(v.len()) {
+            kernels::add(self.simd, row, v);
         }
     }
 

@@ -91,7 +91,7 @@ impl Backend for TimingBackend<'_> {
         self.time(kind, || self.inner.matmul(dst, a, b, scale, accumulate))
     }
 
-    fn add_row_vector(&self, x: &mut Tensor, v: &[f32]) {
+    fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {
         self.time("bias", || self.inner.add_row_vector(x, v))
     }
 

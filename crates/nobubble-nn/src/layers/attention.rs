@@ -161,10 +161,26 @@ impl CausalSelfAttention {
     /// The output without the projection's bias ([`Self::output_bias`], which the block's
     /// residual add adds): inference, nothing saved.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let mut qkv = self.qkv.apply(be, x);
+        let mut qkv = if self.rope.is_none() {
+            self.qkv.apply_unbiased(be, x)
+        } else {
+            self.qkv.apply(be, x)
+        };
         self.rotate(be, &mut qkv, false);
-        let (ctx, _probs) = self.core_forward(be, &qkv);
+        let (ctx, _probs) = self.core_forward(be, &mut qkv, self.core_bias());
         self.proj.apply_unbiased(be, &ctx)
+    }
+
+    /// The QKV bias the core adds to each sequence's rows just before it reads them (a
+    /// broadcast pass over the whole `[n, (a + 2·kv)·d]` output less, the bits unchanged);
+    /// empty with rotary positions, whose rotation needs the biased values first (Llama's
+    /// projections have no bias anyway), and without a bias.
+    fn core_bias(&self) -> &[f32] {
+        if self.rope.is_none() {
+            self.qkv.bias_values()
+        } else {
+            &[]
+        }
     }
 
     /// The output projection's bias, which the `…_unbiased` passes leave to the caller
@@ -190,9 +206,13 @@ impl CausalSelfAttention {
         }
         self.core.check_forward(mb)?;
         self.proj.check_forward(mb)?;
-        let mut qkv = self.qkv.forward(be, mb, x)?;
+        let mut qkv = if self.rope.is_none() {
+            self.qkv.forward_unbiased(be, mb, x)?
+        } else {
+            self.qkv.forward(be, mb, x)?
+        };
         self.rotate(be, &mut qkv, false);
-        let (ctx, probs) = self.core_forward(be, &qkv);
+        let (ctx, probs) = self.core_forward(be, &mut qkv, self.core_bias());
         self.core.save_forward(mb, (qkv, probs))?;
         self.proj.forward_unbiased(be, mb, ctx)
     }
@@ -246,11 +266,17 @@ impl CausalSelfAttention {
         self.proj.apply_unbiased(be, &ctx)
     }
 
-    /// Scores, causal softmax and context for fused `qkv` rows: `(context, probabilities)`.
-    /// Crate-visible so the inference path (`generate.rs`) runs the very same arithmetic.
-    /// Sequences are independent: one task each, run in parallel on a multi-threaded backend.
-    pub(crate) fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
-        let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
+    /// Scores, causal softmax and context for fused `qkv` rows, after adding `bias` to each
+    /// row (see [`Self::core_bias`]): `(context, probabilities)`. Crate-visible so the
+    /// inference path (`generate.rs`) runs the very same arithmetic. Sequences are
+    /// independent: one task each, run in parallel on a multi-threaded backend.
+    pub(crate) fn core_forward(
+        &self,
+        be: &dyn Backend,
+        qkv: &mut Tensor,
+        bias: &[f32],
+    ) -> (Tensor, Tensor) {
+        let (h, s, a, w) = (self.hidden(), self.seq_len, self.heads, self.qkv_width());
         let n = qkv.rows();
         let mut probs = Tensor::for_overwrite(&[n / s, a, s, s]);
         let mut ctx = Tensor::for_overwrite(&[n, h]);
@@ -258,25 +284,21 @@ impl CausalSelfAttention {
             .data_mut()
             .chunks_mut(a * s * s)
             .zip(ctx.data_mut().chunks_mut(s * h))
-            .enumerate()
-            .map(|(seq, (probs, ctx))| -> Task<'_> {
-                Box::new(move |be: &dyn Backend| self.sequence_forward(be, qkv, seq, probs, ctx))
+            .zip(qkv.data_mut().chunks_mut(s * w))
+            .map(|((probs, ctx), rows)| -> Task<'_> {
+                Box::new(move |be: &dyn Backend| {
+                    be.add_row_vector(rows, bias);
+                    self.sequence_forward(be, rows, probs, ctx)
+                })
             })
             .collect();
         be.run_tasks(tasks);
         (ctx, probs)
     }
 
-    /// [`Self::core_forward`] of sequence `seq`: its probabilities `[a, s, s]` and its
-    /// context rows `[s, h]`.
-    fn sequence_forward(
-        &self,
-        be: &dyn Backend,
-        qkv: &Tensor,
-        seq: usize,
-        probs: &mut [f32],
-        ctx: &mut [f32],
-    ) {
+    /// [`Self::core_forward`] of one sequence's QKV rows `[s, (a + 2·kv)·d]`: its
+    /// probabilities `[a, s, s]` and its context rows `[s, h]`.
+    fn sequence_forward(&self, be: &dyn Backend, qkv: &[f32], probs: &mut [f32], ctx: &mut [f32]) {
         let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
         let d = h / a;
         let scale = 1.0 / (d as f32).sqrt();
@@ -285,15 +307,15 @@ impl CausalSelfAttention {
             // Scores only where the mask lets them through: row block [r0, r1)
             // needs columns [0, r1).
             for (r0, r1) in causal_blocks(s) {
-                let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, r1);
-                let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
+                let q_rows = self.head_rows(qkv, 0, head, 0, r0, r1);
+                let k_rows = self.head_rows(qkv, 0, head, 1, 0, r1);
                 let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
                 be.matmul(dst, q_rows, k_rows.t(), scale, false);
             }
             be.causal_softmax(block, s);
             for (r0, r1) in causal_blocks(s) {
                 let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                let v_rows = self.head_rows(qkv, 0, head, 2, 0, r1);
                 let out = MatMut::new(ctx, r0 * h + head * d, r1 - r0, d, h as isize, 1);
                 be.matmul(out, p, v_rows, 1.0, false);
             }

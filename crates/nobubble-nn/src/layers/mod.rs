@@ -71,7 +71,8 @@ pub trait SplitLayer {
 /// its own does with the bias a block adds inside its residual add.
 pub(crate) fn add_bias(be: &dyn Backend, y: &mut Tensor, bias: &[f32]) {
     if !bias.is_empty() {
-        be.add_row_vector(y, bias);
+        assert_eq!(y.cols(), bias.len(), "one bias value per column");
+        be.add_row_vector(y.data_mut(), bias);
     }
 }
 

@@ -125,6 +125,10 @@ fn template(placement: &[usize], ranks: usize, costs: &CostModel, period: f64) -
 
 /// Microbatch j runs the template `j · period` later; each rank's order is its passes
 /// sorted by those times (ties by microbatch, then dependency order).
+///
+/// Each template pass's copies are already in that order (their times grow with j), so a
+/// rank's order is a merge of a few sorted lists — one per template pass on the rank —
+/// rather than a sort of all `m ×` of them (the sort was a fifth of `v-auto`'s time).
 fn expand(
     name: &str,
     placement: &[usize],
@@ -133,18 +137,39 @@ fn expand(
     template: &Template,
     period: f64,
 ) -> Result<Schedule, Error> {
-    let mut timed: Vec<Vec<(f64, usize, usize, Action)>> = vec![Vec::new(); ranks];
-    for j in 0..m {
-        for (k, &(a, t)) in template.iter().enumerate() {
-            let act = Action::new(a.stage, a.kind, j);
-            timed[placement[a.stage]].push((t + j as f64 * period, j, k, act));
-        }
+    let mut on_rank: Vec<Vec<usize>> = vec![Vec::new(); ranks];
+    for (k, (a, _)) in template.iter().enumerate() {
+        on_rank[placement[a.stage]].push(k);
     }
-    let orders = timed
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-            v.into_iter().map(|x| x.3).collect()
+    let time = |k: usize, j: usize| template[k].1 + j as f64 * period;
+    let orders = on_rank
+        .iter()
+        .map(|lists| {
+            // The next microbatch of each list; the smallest (time, j, k) goes next.
+            let mut next = vec![0usize; lists.len()];
+            let mut order = Vec::with_capacity(lists.len() * m);
+            loop {
+                let mut pick: Option<(usize, f64)> = None;
+                for (l, &k) in lists.iter().enumerate() {
+                    let j = next[l];
+                    if j == m {
+                        continue;
+                    }
+                    let t = time(k, j);
+                    let earlier = pick.is_none_or(|(p, tp)| {
+                        let (jp, kp) = (next[p], lists[p]);
+                        t.total_cmp(&tp).then(j.cmp(&jp)).then(k.cmp(&kp)).is_lt()
+                    });
+                    if earlier {
+                        pick = Some((l, t));
+                    }
+                }
+                let Some((l, _)) = pick else { break };
+                let a = template[lists[l]].0;
+                order.push(Action::new(a.stage, a.kind, next[l]));
+                next[l] += 1;
+            }
+            order
         })
         .collect();
     Schedule::new(name, placement.len(), ranks, m, placement.to_vec(), orders)
@@ -184,6 +209,34 @@ fn earliest_free(busy: &[(f64, f64)], ready: f64, dur: f64, period: f64) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The merge gives each rank the order of a plain sort by (time, microbatch, template
+    /// index), ties included: a V of 2 ranks whose template times collide across microbatches
+    /// (period 2: microbatch 1's F(0) at 2 lands on microbatch 0's W(3)).
+    #[test]
+    fn expansion_orders_each_rank_by_time_then_microbatch() {
+        let placement = [0, 1, 1, 0];
+        let times = [0.0, 1.0, 1.0, 2.0, 2.0, 2.5, 3.0, 4.0, 2.0, 5.0, 4.0, 5.5];
+        let kinds = [Kind::F, Kind::I, Kind::W];
+        let template: Template = (0..12)
+            .map(|k| (Action::new(k % 4, kinds[k / 4], 0), times[k]))
+            .collect();
+        let (m, period) = (5, 2.0);
+        let s = expand("t", &placement, 2, m, &template, period).unwrap();
+        for (r, order) in s.orders.iter().enumerate() {
+            let mut want: Vec<(f64, usize, usize)> = (0..m)
+                .flat_map(|j| (0..12).map(move |k| (j, k)))
+                .filter(|&(_, k)| placement[template[k].0.stage] == r)
+                .map(|(j, k)| (template[k].1 + j as f64 * period, j, k))
+                .collect();
+            want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            let want: Vec<Action> = want
+                .iter()
+                .map(|&(_, j, k)| Action::new(template[k].0.stage, template[k].0.kind, j))
+                .collect();
+            assert_eq!(order, &want, "rank {r}");
+        }
+    }
 
     #[test]
     fn free_time_is_found_modulo_the_period() {

@@ -119,7 +119,12 @@ impl CpuBackend {
         let (n, h) = (dy.rows(), dy.cols());
         let beta_len = if with_beta { h } else { 0 };
         let mut dx = Tensor::for_overwrite(dy.shape());
-        let dx_blocks = dx.data_mut().chunks_mut(SUM_ROWS * h.max(1)).collect();
+        // Zero columns: nothing to compute (and no dx rows to split into blocks).
+        let dx_blocks = if h == 0 {
+            Vec::new()
+        } else {
+            dx.data_mut().chunks_mut(SUM_ROWS * h).collect()
+        };
         let mut sums = vec![0.0f32; h + beta_len];
         self.row_block_sums(n, h, &mut sums, dx_blocks, |rows, dx, part| {
             let span = rows.start * h..rows.end * h;
@@ -149,6 +154,9 @@ impl CpuBackend {
         outs: Vec<T>,
         block: impl Fn(std::ops::Range<usize>, T, &mut [f32]) + Sync,
     ) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
         let blocks = rows.div_ceil(SUM_ROWS);
         assert_eq!(outs.len(), blocks, "one item per block of rows");
         let width = sums.len();

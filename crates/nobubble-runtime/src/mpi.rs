@@ -50,6 +50,17 @@ impl MpiTransport {
     /// Initializes MPI (once per process). Errors if this process is not an MPI rank or MPI
     /// was already initialized.
     pub fn init() -> Result<(MpiTransport, MpiEnvironment), String> {
+        // A peer that dies closes its sockets; Open MPI's TCP transport then writes into a
+        // closed one. With SIGPIPE at its default (the CLI restores it for `… | head`) that
+        // write would end this rank silently, before its receive deadline can name the lost
+        // rank — and mpirun, told to keep going, would then wait forever. Ignored (from
+        // before MPI starts, whose start-up talks over sockets too), the write fails inside
+        // MPI and the deadline reports it. A closed standard output then fails a print
+        // instead, which the CLI reports as an error.
+        // SAFETY: only changes a signal disposition; no handler runs Rust code.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             .ok_or("MPI was already initialized in this process")?;
         let world = universe.world();
@@ -58,15 +69,6 @@ impl MpiTransport {
         // SAFETY: sets this thread's timer slack; no memory is involved.
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
-        }
-        // A peer that dies closes its sockets; Open MPI's TCP transport then writes into a
-        // closed one. With SIGPIPE at its default (the CLI restores it for `… | head`) that
-        // write would end this rank silently, before its receive deadline can name the lost
-        // rank — and mpirun, told to keep going, would then wait forever. Ignored, the write
-        // fails inside MPI and the deadline reports it.
-        // SAFETY: only changes a signal disposition; no handler runs Rust code.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         }
         let version = mpi::environment::library_version()
             .ok()

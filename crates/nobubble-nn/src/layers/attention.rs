@@ -161,20 +161,30 @@ impl CausalSelfAttention {
     /// The output without the projection's bias ([`Self::output_bias`], which the block's
     /// residual add adds): inference, nothing saved.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let mut qkv = if self.rope.is_none() {
-            self.qkv.apply_unbiased(be, x)
-        } else {
-            self.qkv.apply(be, x)
-        };
+        let mut qkv = self.project(be, x);
         self.rotate(be, &mut qkv, false);
         let (ctx, _probs) = self.core_forward(be, &mut qkv, self.core_bias());
         self.proj.apply_unbiased(be, &ctx)
     }
 
-    /// The QKV bias the core adds to each sequence's rows just before it reads them (a
-    /// broadcast pass over the whole `[n, (a + 2·kv)·d]` output less, the bits unchanged);
-    /// empty with rotary positions, whose rotation needs the biased values first (Llama's
-    /// projections have no bias anyway), and without a bias.
+    /// The QKV projection of `x` for inference, without [`Self::core_bias`] (which the core
+    /// adds), exactly as F computes it.
+    fn project(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+        if self.rope.is_none() {
+            self.qkv.apply_unbiased(be, x)
+        } else {
+            self.qkv.apply(be, x)
+        }
+    }
+
+    /// The QKV bias the core adds to each sequence's rows just before it reads them, rather
+    /// than a broadcast that the product accumulates onto (a pass over the whole
+    /// `[n, (a + 2·kv)·d]` output less). The bits are those of the broadcast while `h` fits
+    /// in one of `gemm`'s depth blocks (512 and more; one rounding of `bias + Σ` either way);
+    /// beyond, the bias now follows the blocks' partial sums instead of preceding them, which
+    /// moves last bits (the same in every schedule and in the reference trainer, which run
+    /// this very code). Empty with rotary positions, whose rotation needs the biased values
+    /// first (Llama's projections have no bias anyway), and without a bias.
     fn core_bias(&self) -> &[f32] {
         if self.rope.is_none() {
             self.qkv.bias_values()
@@ -230,7 +240,9 @@ impl CausalSelfAttention {
         cache: &mut KvRows,
     ) -> Tensor {
         let (a, kv, d) = (self.heads, self.kv_heads, self.head_dim());
-        let mut qkv = self.qkv.apply(be, x);
+        // Biased as the core biases the window's rows, so cached keys and values are theirs.
+        let mut qkv = self.project(be, x);
+        be.add_row_vector(qkv.data_mut(), self.core_bias());
         if let Some(rope) = &self.rope {
             // The tables' row `pos` as a one-position table: the kernel training runs.
             let half = d / 2;

@@ -137,6 +137,8 @@ fn expand(
     template: &Template,
     period: f64,
 ) -> Result<Schedule, Error> {
+    // The merge needs each pass's copies in time order, i.e. a period that can be added.
+    debug_assert!(period.is_finite() && period >= 0.0, "period {period}");
     let mut on_rank: Vec<Vec<usize>> = vec![Vec::new(); ranks];
     for (k, (a, _)) in template.iter().enumerate() {
         on_rank[placement[a.stage]].push(k);
@@ -212,7 +214,7 @@ mod tests {
 
     /// The merge gives each rank the order of a plain sort by (time, microbatch, template
     /// index), ties included: a V of 2 ranks whose template times collide across microbatches
-    /// (period 2: microbatch 1's F(0) at 2 lands on microbatch 0's W(3)).
+    /// (period 2: microbatch 1's F(0) at 2 lands on microbatch 0's F(3), I(0) and W(0)).
     #[test]
     fn expansion_orders_each_rank_by_time_then_microbatch() {
         let placement = [0, 1, 1, 0];

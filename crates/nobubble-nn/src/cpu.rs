@@ -119,12 +119,7 @@ impl CpuBackend {
         let (n, h) = (dy.rows(), dy.cols());
         let beta_len = if with_beta { h } else { 0 };
         let mut dx = Tensor::for_overwrite(dy.shape());
-        // Zero columns: nothing to compute (and no dx rows to split into blocks).
-        let dx_blocks = if h == 0 {
-            Vec::new()
-        } else {
-            dx.data_mut().chunks_mut(SUM_ROWS * h).collect()
-        };
+        let dx_blocks = dx.data_mut().chunks_mut(SUM_ROWS * h.max(1)).collect();
         let mut sums = vec![0.0f32; h + beta_len];
         self.row_block_sums(n, h, &mut sums, dx_blocks, |rows, dx, part| {
             let span = rows.start * h..rows.end * h;
@@ -145,7 +140,7 @@ impl CpuBackend {
     /// floats, from zero) and whatever else it computes into `out` (one item per block);
     /// then the partials are added into `sums` in block order. The blocks are fixed, not the
     /// threads', so the sums have the same bits on any thread count; with several threads the
-    /// blocks run in parallel, in one pass over the data.
+    /// blocks run in parallel, in one pass over the data. Nothing runs without rows or sums.
     fn row_block_sums<T: Send>(
         &self,
         rows: usize,
@@ -154,7 +149,7 @@ impl CpuBackend {
         outs: Vec<T>,
         block: impl Fn(std::ops::Range<usize>, T, &mut [f32]) + Sync,
     ) {
-        if rows == 0 || cols == 0 {
+        if rows == 0 || sums.is_empty() {
             return;
         }
         let blocks = rows.div_ceil(SUM_ROWS);
@@ -164,7 +159,7 @@ impl CpuBackend {
         let run = |(r, (out, part)): (usize, (T, &mut [f32]))| {
             block(r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(rows), out, part)
         };
-        let parts = partials.chunks_mut(width.max(1));
+        let parts = partials.chunks_mut(width);
         if self.rows_per_group(rows, cols) >= rows {
             outs.into_iter().zip(parts).enumerate().for_each(run);
         } else {
@@ -174,8 +169,8 @@ impl CpuBackend {
                 .with_min_len(blocks.div_ceil(self.threads))
                 .for_each(run);
         }
-        for part in partials.chunks_exact(width.max(1)) {
-            kernels::add(self.simd, sums, &part[..width]);
+        for part in partials.chunks_exact(width) {
+            kernels::add(self.simd, sums, part);
         }
     }
 
@@ -339,9 +334,6 @@ impl Backend for CpuBackend {
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor) {
         let cols = x.cols();
         assert_eq!(cols, dst.len());
-        if cols == 0 {
-            return;
-        }
         let blocks = x.rows().div_ceil(SUM_ROWS);
         self.row_block_sums(x.rows(), cols, dst, vec![(); blocks], |rows, (), part| {
             let span = rows.start * cols..rows.end * cols;

@@ -161,36 +161,10 @@ impl CausalSelfAttention {
     /// The output without the projection's bias ([`Self::output_bias`], which the block's
     /// residual add adds): inference, nothing saved.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        let mut qkv = self.project(be, x);
+        let mut qkv = self.qkv.apply_unbiased(be, x);
         self.rotate(be, &mut qkv, false);
-        let (ctx, _probs) = self.core_forward(be, &mut qkv, self.core_bias());
+        let (ctx, _probs) = self.core_forward(be, &mut qkv);
         self.proj.apply_unbiased(be, &ctx)
-    }
-
-    /// The QKV projection of `x` for inference, without [`Self::core_bias`] (which the core
-    /// adds), exactly as F computes it.
-    fn project(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
-        if self.rope.is_none() {
-            self.qkv.apply_unbiased(be, x)
-        } else {
-            self.qkv.apply(be, x)
-        }
-    }
-
-    /// The QKV bias the core adds to each sequence's rows just before it reads them, rather
-    /// than a broadcast that the product accumulates onto (a pass over the whole
-    /// `[n, (a + 2·kv)·d]` output less). The bits are those of the broadcast while `h` fits
-    /// in one of `gemm`'s depth blocks (512 and more; one rounding of `bias + Σ` either way);
-    /// beyond, the bias now follows the blocks' partial sums instead of preceding them, which
-    /// moves last bits (the same in every schedule and in the reference trainer, which run
-    /// this very code). Empty with rotary positions, whose rotation needs the biased values
-    /// first (Llama's projections have no bias anyway), and without a bias.
-    fn core_bias(&self) -> &[f32] {
-        if self.rope.is_none() {
-            self.qkv.bias_values()
-        } else {
-            &[]
-        }
     }
 
     /// The output projection's bias, which the `…_unbiased` passes leave to the caller
@@ -216,13 +190,9 @@ impl CausalSelfAttention {
         }
         self.core.check_forward(mb)?;
         self.proj.check_forward(mb)?;
-        let mut qkv = if self.rope.is_none() {
-            self.qkv.forward_unbiased(be, mb, x)?
-        } else {
-            self.qkv.forward(be, mb, x)?
-        };
+        let mut qkv = self.qkv.forward_unbiased(be, mb, x)?;
         self.rotate(be, &mut qkv, false);
-        let (ctx, probs) = self.core_forward(be, &mut qkv, self.core_bias());
+        let (ctx, probs) = self.core_forward(be, &mut qkv);
         self.core.save_forward(mb, (qkv, probs))?;
         self.proj.forward_unbiased(be, mb, ctx)
     }
@@ -241,8 +211,8 @@ impl CausalSelfAttention {
     ) -> Tensor {
         let (a, kv, d) = (self.heads, self.kv_heads, self.head_dim());
         // Biased as the core biases the window's rows, so cached keys and values are theirs.
-        let mut qkv = self.project(be, x);
-        be.add_row_vector(qkv.data_mut(), self.core_bias());
+        let mut qkv = self.qkv.apply_unbiased(be, x);
+        be.add_row_vector(qkv.data_mut(), self.qkv.bias_values());
         if let Some(rope) = &self.rope {
             // The tables' row `pos` as a one-position table: the kernel training runs.
             let half = d / 2;
@@ -278,16 +248,24 @@ impl CausalSelfAttention {
         self.proj.apply_unbiased(be, &ctx)
     }
 
-    /// Scores, causal softmax and context for fused `qkv` rows, after adding `bias` to each
-    /// row (see [`Self::core_bias`]): `(context, probabilities)`. Crate-visible so the
-    /// inference path (`generate.rs`) runs the very same arithmetic. Sequences are
-    /// independent: one task each, run in parallel on a multi-threaded backend.
-    pub(crate) fn core_forward(
-        &self,
-        be: &dyn Backend,
-        qkv: &mut Tensor,
-        bias: &[f32],
-    ) -> (Tensor, Tensor) {
+    /// Scores, causal softmax and context for the fused `qkv` rows of the projection without
+    /// its bias: `(context, probabilities)`; `qkv` leaves biased. Sequences are independent:
+    /// one task each, run in parallel on a multi-threaded backend.
+    ///
+    /// Each task adds the QKV bias to its sequence's rows just before reading them, rather
+    /// than the product accumulating onto a broadcast of it (a pass over the whole
+    /// `[n, (a + 2·kv)·d]` output less). The bits are the broadcast's while `h` fits in one of
+    /// `gemm`'s depth blocks (512 and more; one rounding of `bias + Σ` either way); beyond,
+    /// the bias follows the blocks' partial sums instead of preceding them, which moves last
+    /// bits (the same in every schedule and in the reference trainer, which run this code).
+    /// Adding it after the rotation is right only because rotary models have no QKV bias
+    /// (Llama blocks are built without, and Hugging Face models with one are refused).
+    fn core_forward(&self, be: &dyn Backend, qkv: &mut Tensor) -> (Tensor, Tensor) {
+        let bias = self.qkv.bias_values();
+        debug_assert!(
+            bias.is_empty() || self.rope.is_none(),
+            "a bias to add before rotating"
+        );
         let (h, s, a, w) = (self.hidden(), self.seq_len, self.heads, self.qkv_width());
         let n = qkv.rows();
         let mut probs = Tensor::for_overwrite(&[n / s, a, s, s]);

@@ -111,6 +111,15 @@ def test_bounds_exports_and_the_simulator_agree_with_the_plan() -> None:
     assert "zb-auto" in repr(plan)
 
 
+def test_a_notebook_draws_a_plan_and_leaves_a_large_one_as_text() -> None:
+    small = nobubble.plan("zb-h1", 4, 8)
+    assert small._repr_svg_() == small.to_svg()
+    # 3 passes × 32 stages × 64 microbatches = 6144 actions: past the inline limit (4096).
+    large = nobubble.plan("zb-h1", 32, 64)
+    assert large._repr_svg_() is None
+    assert large.to_svg().startswith("<svg")
+
+
 def test_pytorch_class_names_are_schedule_names() -> None:
     a = nobubble.plan("ScheduleZBVZeroBubble", 2, 4)
     b = nobubble.plan("zb-v", 2, 4)

@@ -183,6 +183,9 @@ fn in_range(what: &str, index: usize, count: usize) -> PyResult<()> {
 
 /// A planned schedule: its actions per rank in PyTorch's notation, the stages each rank
 /// builds, and what the simulator predicts.
+/// The largest plan a notebook draws inline (about 0.5 KB of SVG per action).
+const SVG_REPR_MAX_ACTIONS: usize = 4096;
+
 #[pyclass(module = "nobubble", frozen)]
 struct Plan {
     inner: Planned,
@@ -337,6 +340,14 @@ impl Plan {
     /// The simulated timeline as an SVG picture.
     fn to_svg(&self) -> String {
         svg::render(&self.inner.schedule, &self.inner.sim)
+    }
+
+    /// The picture a notebook (Jupyter, VS Code) shows for a plan left as a cell's value:
+    /// [`Self::to_svg`], up to [`SVG_REPR_MAX_ACTIONS`] actions. Larger plans show their
+    /// text instead (their SVG runs to megabytes, saved in the notebook); `to_svg()` still
+    /// draws them.
+    fn _repr_svg_(&self) -> Option<String> {
+        (self.inner.schedule.len() <= SVG_REPR_MAX_ACTIONS).then(|| self.to_svg())
     }
 
     fn __repr__(&self) -> String {

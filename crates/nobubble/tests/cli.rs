@@ -405,6 +405,77 @@ fn train_refuses_bad_input_before_training() {
     assert!(e.contains("cannot write --trace"), "{e}");
 }
 
+/// Each of `train`'s own checks, one bad flag at a time: the message names the flag and what
+/// to write instead, and no step runs.
+#[test]
+fn train_checks_every_flag_before_training() {
+    let emulated = ["--compute", "emulated", "--cost", "0.1,0.1,0.1"];
+    let with = |extra: &[&'static str]| {
+        let mut v = micro_train("1", &emulated);
+        v.extend_from_slice(extra);
+        v
+    };
+    let cases: [(Vec<&str>, &[&str]); 12] = [
+        (
+            micro_train("1", &["-p", "4097"]),
+            &["--stages 4097", "(4096)"],
+        ),
+        (micro_train("0", &[]), &["must be at least 1"]),
+        (
+            micro_train("1", &["--compute", "emulated", "--cost", "1,x,1"]),
+            &["--cost: `x` is not a number"],
+        ),
+        (
+            micro_train("1", &["--compute", "emulated", "--cost", "1,1"]),
+            &["--cost takes three positive milliseconds"],
+        ),
+        (
+            micro_train("1", &["--comm", "0.5"]),
+            &["--comm emulates a link's latency", "--compute emulated"],
+        ),
+        (
+            with(&["--collective-latency=-1"]),
+            &["--collective-latency must be between 0 and 1e6"],
+        ),
+        (
+            with(&["--save", "/tmp/x"]),
+            &["--save and --resume need real compute"],
+        ),
+        (
+            with(&["--peak-flops", "1e11"]),
+            &["--peak-flops", "--compute real"],
+        ),
+        (
+            micro_train("1", &["--keep-last", "2"]),
+            &["need --save DIR"],
+        ),
+        (
+            with(&["--mem-limit", "1GiB"]),
+            &["a multiple of a rank's M_B"],
+        ),
+        (
+            micro_train("1", &["--lr", "0"]),
+            &["--lr must be a positive number"],
+        ),
+        (
+            micro_train("1", &["--recv-timeout", "0"]),
+            &["--recv-timeout must be between 0.001 and 1e6"],
+        ),
+    ];
+    for (args, says) in cases {
+        let e = fails(&args);
+        for s in says {
+            assert!(e.contains(s), "{args:?}: expected `{s}` in: {e}");
+        }
+        assert!(!e.contains("step 1"), "{args:?} trained: {e}");
+    }
+    let e = fails(&micro_train("1", &["--max-grad-norm=-1"]));
+    assert!(
+        e.contains("--max-grad-norm must be zero (off) or positive"),
+        "{e}"
+    );
+}
+
 #[test]
 fn plan_says_which_objective_and_placement_zb_auto_used() {
     let base = [

@@ -1,0 +1,432 @@
+//! The training job the flags of `train` describe: the model, the data, the schedule and the
+//! runtime's settings, with every flag checked before anything starts (a typo found after an
+//! hour of training loses the hour).
+
+use super::{data, TrainArgs};
+use nobubble_nn::config::Arch;
+use nobubble_nn::{AdamWConfig, GptConfig, StageLayout, TrainConfig};
+use nobubble_runtime::launch;
+use nobubble_runtime::training::TrainJob;
+use nobubble_runtime::worker::Rollback;
+use nobubble_runtime::Fault;
+use nobubble_runtime::{Compute, RunConfig, SessionOptions};
+use nobubble_schedule::export::csv;
+use nobubble_schedule::{CostSpec, MemLimit, Objective, RankCost, Schedule, ScheduleKind};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The job the flags describe, checked before anything starts.
+pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
+    let (kind, file) = schedule_choice(a)?;
+    let (stages, microbatches) = pipeline_shape(a, file.as_ref())?;
+    let mut model = model_config(a)?;
+    let data = data::load(a, &mut model)?;
+    let model = checked_size(model)?;
+    eprintln!("{}", data.description);
+    let emulated = emulated_costs(a)?;
+    check_emulation(a, emulated.is_some())?;
+    check_outputs(a, &model)?;
+    check_run_flags(a, emulated.is_some())?;
+    let mem_limit = mem_limit(a, emulated.is_some())?;
+    check_numbers(a)?;
+    let run = RunConfig {
+        model,
+        train: train_config(a, microbatches, stages * a.data_parallel)?,
+        layout: StageLayout::Even,
+        compute: Compute::Real,
+        recv_timeout: Duration::from_secs_f64(a.recv_timeout),
+        fault: a.inject_fault.as_deref().map(parse_fault).transpose()?,
+        post_validate: match a.post_validate.as_deref() {
+            None => None,
+            Some("copy") => Some(Rollback::Copy),
+            Some(_) => Some(Rollback::Analytic),
+        },
+        data_parallel: a.data_parallel,
+    };
+    Ok(TrainJob {
+        session: SessionOptions {
+            run,
+            kind,
+            file,
+            ranks: stages,
+            chunks: a.chunks,
+            mem_limit,
+            emulated,
+            collective_ms: a.collective_latency,
+            // Under a synchronous optimizer step every iteration waits for the slowest
+            // rank (the makespan); post-validated steps let iterations tile (the span).
+            objective: if a.post_validate.is_some() {
+                Objective::Span
+            } else {
+                Objective::Makespan
+            },
+        },
+        steps: a.steps,
+        replan_after: a.replan_after,
+        eval_sets: a.eval_sets,
+        save: a.save.clone(),
+        save_every: a.save_every,
+        keep_last: a.keep_last,
+        resume: a.resume.clone(),
+        init_from: a.init_from.clone(),
+        corpus: Arc::new(data.corpus),
+        eval: Arc::new(data.eval),
+        tokenizer: data.tokenizer,
+        stop: None,
+        max_nan_steps: a.max_nan_steps,
+        overwrite: a.overwrite,
+    })
+}
+
+/// Ranks and microbatches: the flags', or the schedule file's.
+fn pipeline_shape(a: &TrainArgs, file: Option<&Schedule>) -> Result<(usize, usize), String> {
+    let stages = file.map_or(a.stages.unwrap_or(2), |s| s.ranks);
+    let microbatches = file.map_or(a.microbatches.unwrap_or(8), |s| s.microbatches);
+    if stages == 0 || microbatches == 0 || a.steps == 0 || a.data_parallel == 0 {
+        return Err(
+            "--stages, --data-parallel, --microbatches and --steps must be at least 1".into(),
+        );
+    }
+    if stages * a.data_parallel > 4096 {
+        return Err(format!(
+            "--stages {} × --data-parallel {} is more ranks than this runtime supports (4096)",
+            stages, a.data_parallel
+        ));
+    }
+    Ok((stages, microbatches))
+}
+
+/// With `--compute emulated`, the passes' times from `--cost` (the ranks only sleep).
+fn emulated_costs(a: &TrainArgs) -> Result<Option<CostSpec>, String> {
+    if a.compute != "emulated" {
+        return Ok(None);
+    }
+    let t: Vec<f64> = a
+        .cost
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("--cost: `{x}` is not a number"))
+        })
+        .collect::<Result<_, _>>()?;
+    if t.len() != 3 || t.iter().any(|v| !(v.is_finite() && *v > 0.0 && *v <= 1e6)) {
+        return Err(
+            "--cost takes three positive milliseconds F,I,W (up to 1e6), e.g. --cost 2,2,2".into(),
+        );
+    }
+    let cost = RankCost {
+        f: t[0],
+        i: t[1],
+        w: t[2],
+        mem_b: 1.0,
+        mem_w: 0.5,
+    };
+    Ok(Some(CostSpec::uniform(cost, a.comm)))
+}
+
+/// Flags that only emulated runs take, and those they cannot take.
+fn check_emulation(a: &TrainArgs, emulated: bool) -> Result<(), String> {
+    for (flag, v) in [
+        ("--comm", a.comm),
+        ("--collective-latency", a.collective_latency),
+    ] {
+        if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
+            return Err(format!(
+                "{flag} must be between 0 and 1e6 milliseconds, got {v}"
+            ));
+        }
+        if v > 0.0 && !emulated {
+            return Err(format!(
+                "{flag} emulates a link's latency and needs --compute emulated; real runs measure theirs"
+            ));
+        }
+    }
+    if emulated && (a.save.is_some() || a.resume.is_some()) {
+        return Err(
+            "--save and --resume need real compute: emulated passes have no weights".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Problems with where the results go, found now rather than after the training.
+fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
+    if let Some(dir) = &a.save {
+        use nobubble_runtime::checkpoint_fs as fs;
+        // Every step a save may write: the end, and each --save-every multiple before it.
+        let every = a.save_every;
+        let first = a.resume.as_deref().and_then(fs::peek_step).unwrap_or(0);
+        let (last, overwrite) = (a.steps, a.overwrite);
+        let saves = move |k: u64| {
+            k > first && k <= last && (k == last || (every > 0 && k.is_multiple_of(every)))
+        };
+        fs::check_run_target(dir)
+            .and_then(|_| match fs::resolve(dir) {
+                Ok(latest) => fs::check_save_model(&latest, model, a.overwrite),
+                Err(_) => Ok(()),
+            })
+            .and_then(|_| fs::check_run_steps(dir, saves, overwrite))
+            .map_err(|e| format!("--save: {e}"))?;
+    }
+    for (flag, path) in [
+        ("--trace", &a.trace),
+        ("--report", &a.report),
+        ("--timeline-svg", &a.timeline_svg),
+        ("--log", &a.log),
+    ] {
+        let Some(path) = path else { continue };
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
+            return Err(format!(
+                "cannot write {flag} {}: its directory does not exist or it is a directory",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `--peak-flops`, and the checkpoint flags that need `--save`.
+fn check_run_flags(a: &TrainArgs, emulated: bool) -> Result<(), String> {
+    if let Some(f) = a.peak_flops {
+        if emulated {
+            return Err(
+                "--peak-flops sets MFU's peak, and emulated passes (they only sleep) have no MFU: \
+                 leave --peak-flops out, or train with --compute real"
+                    .into(),
+            );
+        }
+        if !(f.is_finite() && f > 0.0) {
+            return Err(format!(
+                "--peak-flops must be a positive FLOP/s figure (e.g. 2e11), got {f}"
+            ));
+        }
+    }
+    if (a.save_every > 0 || a.keep_last > 0 || a.overwrite) && a.save.is_none() {
+        return Err(
+            "--save-every, --keep-last and --overwrite need --save DIR (where to write the checkpoints)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `--mem-limit`. Emulated passes hold no tensors: their memory is counted in M_B, so the
+/// limit is a multiple of it, as for `plan`.
+fn mem_limit(a: &TrainArgs, emulated: bool) -> Result<MemLimit, String> {
+    let mem_limit = a.mem_limit.clone().unwrap_or_default();
+    let below_one = mem_limit.as_multiple().is_some_and(|x| x < 1.0);
+    if emulated && (!mem_limit.budgets().is_empty() || below_one) {
+        return Err(format!(
+            "with --compute emulated, --mem-limit is a multiple of a rank's M_B (a bare number \
+             ≥ 1, e.g. 8), got `{mem_limit}`"
+        ));
+    }
+    Ok(mem_limit)
+}
+
+/// The optimizer's numbers and the receive deadline.
+fn check_numbers(a: &TrainArgs) -> Result<(), String> {
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(format!("--lr must be a positive number, got {}", a.lr));
+    }
+    if !(a.max_grad_norm.is_finite() && a.max_grad_norm >= 0.0) {
+        return Err(format!(
+            "--max-grad-norm must be zero (off) or positive, got {}",
+            a.max_grad_norm
+        ));
+    }
+    if !(a.recv_timeout.is_finite() && (0.001..=1e6).contains(&a.recv_timeout)) {
+        return Err(format!(
+            "--recv-timeout must be between 0.001 and 1e6 seconds, got {}",
+            a.recv_timeout
+        ));
+    }
+    Ok(())
+}
+
+/// What every rank's trainer runs with; `world` ranks share this machine's cores.
+fn train_config(a: &TrainArgs, microbatches: usize, world: usize) -> Result<TrainConfig, String> {
+    Ok(TrainConfig {
+        seed: a.seed,
+        data_seed: a.seed.wrapping_add(1),
+        microbatches,
+        optimizer: AdamWConfig {
+            lr: a.lr,
+            ..AdamWConfig::default()
+        },
+        warmup_steps: a.warmup,
+        max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+        threads: threads_per_rank(a, world)?,
+    })
+}
+
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    let bad = || {
+        format!(
+            "--inject-fault: `{text}` is not panic-at:ACTION, exit-at:ACTION, lose-input-of:ACTION or nan-grad-at:STEP"
+        )
+    };
+    let (kind, arg) = text.split_once(':').ok_or_else(bad)?;
+    let action = || arg.parse::<nobubble_schedule::Action>().map_err(|_| bad());
+    Ok(match kind {
+        "panic-at" => Fault::PanicAt(action()?),
+        "exit-at" => Fault::ExitAt(action()?),
+        "lose-input-of" => Fault::LoseInputOf(action()?),
+        "nan-grad-at" => Fault::NanGradAt(arg.parse().map_err(|_| bad())?),
+        _ => return Err(bad()),
+    })
+}
+
+/// The model of `--init-from DIR`: its config.json, with this run's sequence shape. Flags
+/// that would describe another model are refused rather than ignored.
+fn init_from_config(a: &TrainArgs, dir: &Path) -> Result<GptConfig, String> {
+    let s = &a.shape;
+    let set = [
+        ("--layers", s.layers.is_some()),
+        ("--hidden", s.hidden.is_some()),
+        ("--heads", s.heads.is_some()),
+        ("--kv-heads", a.kv_heads.is_some()),
+        ("--ffn-hidden", a.ffn_hidden.is_some()),
+        ("--arch llama", a.arch != "gpt"),
+        ("--rope-theta", a.rope_theta != 10_000.0),
+        ("--tie-embeddings", a.tie_embeddings),
+    ];
+    if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "--init-from takes the model from {}; drop {flag}",
+            dir.join("config.json").display()
+        ));
+    }
+    let preset = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
+    let b = s.microbatch_size.unwrap_or(preset.microbatch_size);
+    nobubble_runtime::checkpoint::hf::read_config(dir, s.seq_len, b)
+        .map_err(|e| format!("--init-from: {e}"))
+}
+
+fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
+    let arch = Arch::parse(&a.arch).map_err(|e| e.to_string())?;
+    let mut m = match &a.init_from {
+        Some(dir) => init_from_config(a, dir)?,
+        None => GptConfig::preset(&a.model).map_err(|e| e.to_string())?,
+    };
+    if a.init_from.is_some() {
+        return checked_size(m);
+    }
+    if let Some(v) = a.shape.layers {
+        m.layers = v;
+    }
+    if let Some(v) = a.shape.hidden {
+        m.hidden = v;
+    }
+    if let Some(v) = a.shape.heads {
+        m.heads = v;
+    }
+    if let Some(v) = a.shape.seq_len {
+        m.seq_len = v;
+    }
+    if let Some(v) = a.shape.microbatch_size {
+        m.microbatch_size = v;
+    }
+    let mut m = m.with_arch(arch);
+    if a.kv_heads.is_some() {
+        if arch != Arch::Llama {
+            return Err("--kv-heads needs --arch llama (GPT blocks have a K/V per head)".into());
+        }
+        m.kv_heads = a.kv_heads;
+    }
+    m.ffn_hidden = a.ffn_hidden;
+    m.rope_theta = a.rope_theta;
+    m.tie_embeddings = a.tie_embeddings;
+    m.validate().map_err(|e| e.to_string())?;
+    checked_size(m)
+}
+
+/// Guards against typos that would try to allocate the machine away.
+fn checked_size(m: GptConfig) -> Result<GptConfig, String> {
+    let activation = m.tokens_per_microbatch() as f64 * m.hidden as f64 * 4.0;
+    // Attention's probabilities, kept per layer from F to I: b · a · s² floats.
+    let s = m.seq_len as f64;
+    let scores = m.microbatch_size as f64 * m.heads as f64 * s * s * 4.0;
+    let largest = activation.max(scores);
+    if largest > (1u64 << 32) as f64 || m.parameter_count() > 1 << 31 {
+        return Err(format!(
+            "this model is too large for this trainer: {} parameters, {:.1} GiB per activation \
+             tensor; reduce --hidden, --seq-len, --microbatch-size or --layers",
+            m.parameter_count(),
+            largest / (1u64 << 30) as f64
+        ));
+    }
+    Ok(m)
+}
+
+/// `--schedule`: a family by name, or a schedule file (validated, and checked to be
+/// trainable) whose name is its file stem.
+fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), String> {
+    let path = Path::new(&a.schedule);
+    // A schedule's name wins over a file of that name in the current directory.
+    let looks_like_file = a.schedule.ends_with(".csv") || a.schedule.contains('/');
+    let named = ScheduleKind::from_name(&a.schedule);
+    if !looks_like_file && (named.is_ok() || !path.is_file()) {
+        return Ok((
+            named.map_err(|e| {
+                format!("{e}; or give a schedule file in PyTorch's compute-only CSV format")
+            })?,
+            None,
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--schedule: cannot read {}: {e}", path.display()))?;
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("custom")
+        .to_string();
+    let invalid = |e: String| format!("--schedule {}: invalid schedule: {e}", path.display());
+    let schedule = csv::read(&text, &name).map_err(|e| invalid(e.to_string()))?;
+    nobubble_schedule::check_structure(&schedule)
+        .and_then(|_| nobubble_schedule::check_weight_order(&schedule))
+        .map_err(|e| invalid(e.to_string()))?;
+    for (flag, given, from_file) in [
+        ("--stages", a.stages, schedule.ranks),
+        ("--microbatches", a.microbatches, schedule.microbatches),
+    ] {
+        if given.is_some_and(|g| g != from_file) {
+            return Err(format!(
+                "{flag} {} disagrees with --schedule {}, which has {from_file}; leave {flag} out \
+                 (the file sets it)",
+                given.unwrap_or(0),
+                path.display()
+            ));
+        }
+    }
+    // The kind only names what is never consulted for a file (no re-planning).
+    Ok((ScheduleKind::OneFOneB, Some(schedule)))
+}
+
+/// `--threads-per-rank`, or its default: this machine's cores shared by the ranks on it
+/// (the job's ranks as threads; under mpirun, the node's ranks as Open MPI counts them).
+fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local = match launch::launched_world_size() {
+        Some(_) => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(cores),
+        None => world,
+    };
+    match a.threads_per_rank {
+        Some(0) => Err("--threads-per-rank must be at least 1".into()),
+        Some(t) if t * local > cores && a.compute == "real" => {
+            eprintln!(
+                "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",
+                (cores / local.max(1)).max(1)
+            );
+            Ok(t)
+        }
+        Some(t) => Ok(t),
+        None => Ok((cores / local.max(1)).max(1)),
+    }
+}

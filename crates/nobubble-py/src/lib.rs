@@ -334,7 +334,7 @@ impl Plan {
 
     /// The simulated timeline as a Chrome/Perfetto trace (JSON text).
     fn to_chrome_trace(&self) -> String {
-        chrome::trace(&self.inner.schedule, &self.inner.sim).to_string()
+        chrome::to_json(&self.inner.schedule, &self.inner.sim)
     }
 
     /// The simulated timeline as an SVG picture.

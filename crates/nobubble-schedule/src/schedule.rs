@@ -25,6 +25,30 @@ pub struct Schedule {
     pub orders: Vec<Vec<Action>>,
 }
 
+/// Most ranks a schedule may have: beyond any real pipeline (and `train`'s limit too). The
+/// bounds and the reports cost ranks × stages, so a typo's extra digits are refused at once
+/// rather than planned for minutes.
+pub const MAX_RANKS: usize = 4096;
+
+/// Most stages a schedule may have (4 chunks per rank at [`MAX_RANKS`]).
+pub const MAX_STAGES: usize = 4 * MAX_RANKS;
+
+/// Refuses more than [`MAX_RANKS`] ranks or [`MAX_STAGES`] stages, naming the fix.
+pub fn check_size(ranks: usize, stages: usize) -> Result<(), Error> {
+    if ranks > MAX_RANKS {
+        return Err(Error::Input(format!(
+            "{ranks} ranks is more than the planner handles ({MAX_RANKS}); is a digit too many?"
+        )));
+    }
+    if stages > MAX_STAGES {
+        return Err(Error::Input(format!(
+            "{stages} stages is more than the planner handles ({MAX_STAGES}); use fewer ranks \
+             or chunks"
+        )));
+    }
+    Ok(())
+}
+
 impl Schedule {
     /// Builds a schedule and checks only that its shape is self-consistent (placement length,
     /// ranks in range, each action listed on the rank holding its stage). Full checking of
@@ -108,6 +132,7 @@ impl Schedule {
                 self.stages, self.ranks, self.microbatches
             )));
         }
+        check_size(self.ranks, self.stages)?;
         if self.placement.len() != self.stages {
             return Err(Error::Input(format!(
                 "placement lists {} stages but the schedule has {}",

@@ -79,17 +79,20 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             if let Some(per_rank) = mem_limit.per_rank(schedule.ranks) {
                 // The budgets as given (the report's own are what the planner could use,
                 // at most m microbatches' worth).
-                v["mem_budget"] = serde_json::json!(per_rank);
+                v.fields
+                    .insert("mem_budget".into(), serde_json::json!(per_rank));
             }
             if let Some(LayerSplit { counts, even }) = split {
-                v["layer_split"] = serde_json::json!(counts);
-                v["even_split"] = match even {
+                v.fields
+                    .insert("layer_split".into(), serde_json::json!(counts));
+                let even = match even {
                     Some((c, e)) => serde_json::json!({"layers": c,
                         "makespan": e.metrics.makespan, "bubble_rate": e.metrics.bubble_rate}),
                     None => serde_json::Value::Null,
                 };
+                v.fields.insert("even_split".into(), even);
             }
-            json_text(&v, *objective)
+            json_text(v, *objective)
         }
         format => {
             let colour = use_colour(args.output.is_some());

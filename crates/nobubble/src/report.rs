@@ -4,9 +4,11 @@
 use nobubble_schedule::error::fmt_num;
 use nobubble_schedule::export::{chrome, csv, svg, text};
 use nobubble_schedule::{
-    lower_bound, span_lower_bound, CostModel, Objective, Placement, Schedule, Simulation,
+    lower_bound, span_lower_bound, Action, CostModel, Objective, Placement, Schedule, Simulation,
+    Slot,
 };
-use serde_json::{json, Value};
+use serde::{Serialize, Serializer};
+use serde_json::{json, Map, Value};
 use std::io::IsTerminal;
 use std::path::Path;
 
@@ -25,18 +27,29 @@ pub enum Format {
     Svg,
 }
 
-/// The JSON report: stable field names scripts can rely on.
-pub fn json_report(
-    schedule: &Schedule,
+/// The JSON report: stable field names scripts can rely on. The two per-action lists
+/// (`actions`, `timeline`) serialize straight from the schedule and its simulation: as a tree
+/// of JSON values they took about 2 KB per action, and a pipeline at the planner's size limit
+/// could not be printed. The other fields are a map the caller may add to.
+pub struct JsonReport<'a> {
+    schedule: &'a Schedule,
+    sim: &'a Simulation,
+    /// Every field but `actions` and `timeline` (which sort first and last among them).
+    pub fields: Map<String, Value>,
+}
+
+/// The report of `schedule` as simulated by `sim` under `costs` and the limit.
+pub fn json_report<'a>(
+    schedule: &'a Schedule,
     costs: &CostModel,
-    sim: &Simulation,
+    sim: &'a Simulation,
     mem_limit: Option<f64>,
-) -> Value {
+) -> JsonReport<'a> {
     let m = &sim.metrics;
     let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     let span_bound = span_lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     let max_span = m.span.iter().copied().fold(0.0, f64::max);
-    json!({
+    let fields = json!({
         "schedule": schedule.name,
         "stages": schedule.stages,
         "ranks": schedule.ranks,
@@ -61,19 +74,84 @@ pub fn json_report(
         "comm": costs.comm,
         "critical_path": sim.critical_path.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "placement": schedule.placement,
-        "actions": schedule.orders.iter()
-            .map(|o| o.iter().map(|a| a.to_string()).collect::<Vec<_>>())
-            .collect::<Vec<_>>(),
-        "timeline": sim.timeline.iter().map(|slots| slots.iter()
-            .map(|s| json!({"action": s.action.to_string(), "start": s.start, "end": s.end}))
-            .collect::<Vec<_>>()).collect::<Vec<_>>(),
-    })
+    });
+    let Value::Object(fields) = fields else {
+        unreachable!("json! of braces is an object")
+    };
+    JsonReport {
+        schedule,
+        sim,
+        fields,
+    }
+}
+
+impl Serialize for JsonReport<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Report<'a> {
+            actions: Actions<'a>,
+            #[serde(flatten)]
+            fields: &'a Map<String, Value>,
+            timeline: Timeline<'a>,
+        }
+        debug_assert!(self
+            .fields
+            .keys()
+            .all(|k| k.as_str() > "actions" && k.as_str() < "timeline"));
+        Report {
+            actions: Actions(&self.schedule.orders),
+            fields: &self.fields,
+            timeline: Timeline(&self.sim.timeline),
+        }
+        .serialize(serializer)
+    }
+}
+
+/// Per rank, its actions as text (`0F3`).
+struct Actions<'a>(&'a [Vec<Action>]);
+
+impl Serialize for Actions<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        struct Rank<'a>(&'a [Action]);
+        impl Serialize for Rank<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(Action::to_string))
+            }
+        }
+        serializer.collect_seq(self.0.iter().map(|o| Rank(o)))
+    }
+}
+
+/// Per rank, its simulated slots.
+struct Timeline<'a>(&'a [Vec<Slot>]);
+
+impl Serialize for Timeline<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct SlotJson {
+            action: String,
+            end: f64,
+            start: f64,
+        }
+        struct Rank<'a>(&'a [Slot]);
+        impl Serialize for Rank<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(|s| SlotJson {
+                    action: s.action.to_string(),
+                    end: s.end,
+                    start: s.start,
+                }))
+            }
+        }
+        serializer.collect_seq(self.0.iter().map(|o| Rank(o)))
+    }
 }
 
 /// The JSON report as printed, with the objective an automatic schedule was planned for.
-pub fn json_text(report: &Value, planned_for: Option<Objective>) -> String {
-    let mut report = report.clone();
-    report["objective"] = planned_for.map(|o| o.name()).into();
+pub fn json_text(mut report: JsonReport<'_>, planned_for: Option<Objective>) -> String {
+    report
+        .fields
+        .insert("objective".into(), planned_for.map(|o| o.name()).into());
     let mut s = serde_json::to_string_pretty(&report).expect("report serializes");
     s.push('\n');
     s
@@ -189,7 +267,7 @@ pub fn render(
             }
             out
         }
-        Format::Json => json_text(&json_report(schedule, costs, sim, mem_limit), planned_for),
+        Format::Json => json_text(json_report(schedule, costs, sim, mem_limit), planned_for),
         Format::Csv => csv::write(schedule),
         Format::Chrome => {
             let mut s =

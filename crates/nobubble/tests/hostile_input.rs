@@ -38,6 +38,75 @@ fn a_small_csv_asking_for_huge_tables_is_refused_cheaply() {
 }
 
 #[test]
+fn a_digit_too_many_is_refused_at_once() {
+    // Bounds and reports cost ranks × stages: 10⁵ ranks would plan for minutes.
+    let e = fails(&["plan", "-p", "100000", "-m", "4"]);
+    assert!(
+        e.contains("100000 ranks is more than the planner handles (4096)"),
+        "{e}"
+    );
+    let e = fails(&[
+        "plan",
+        "-s",
+        "interleaved",
+        "-p",
+        "4096",
+        "-m",
+        "4096",
+        "--chunks",
+        "5",
+    ]);
+    assert!(
+        e.contains("20480 stages is more than the planner handles (16384)"),
+        "{e}"
+    );
+    // The same for a schedule file: 5000 one-stage ranks.
+    let rows: Vec<String> = (0..5000).map(|r| format!("{r}F0,{r}B0")).collect();
+    let p = file("wide.csv", rows.join("\n").as_bytes());
+    let e = fails(&["check", p.to_str().unwrap()]);
+    assert!(
+        e.contains("5000 ranks is more than the planner handles"),
+        "{e}"
+    );
+}
+
+/// A plan's JSON report and Chrome trace are written from the schedule one action at a time:
+/// as trees of JSON values they took about 2 and 4 KB per action, and a plan within the
+/// planner's size limit could not be printed.
+#[test]
+fn large_plans_export_without_a_tree_of_values() {
+    // 307 200 actions: about 0.6 GB each as trees, under 0.1 GB now.
+    for format in ["json", "chrome"] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -v 524288; exec {} plan -p 512 -m 200 -f {format}",
+                env!("CARGO_BIN_EXE_nobubble"),
+            ))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "-f {format}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let passes = match format {
+            "json" => v["timeline"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_array().unwrap().len())
+                .sum(),
+            _ => v["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] == "X")
+                .count(),
+        };
+        assert_eq!(passes, 3 * 512 * 200, "-f {format}");
+    }
+}
+
+#[test]
 fn check_names_a_missing_pass_and_what_train_would_refuse() {
     let p = file("nof.csv", b"0F1,0B0,0B1,0F2,0B2\n");
     let e = fails(&["check", p.to_str().unwrap()]);

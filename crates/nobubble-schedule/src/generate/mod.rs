@@ -381,6 +381,7 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             ),
         ));
     }
+    crate::schedule::check_size(p, stages)?;
     let actions = stages.saturating_mul(m).saturating_mul(3);
     if actions > MAX_ACTIONS {
         return Err(Error::Input(format!(

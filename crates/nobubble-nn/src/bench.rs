@@ -155,6 +155,7 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     }
     .with_arch(cfg.arch);
     model.validate()?;
+    model.check_size()?;
     let mut block = Block::new(0, &model, 7);
     let x = random(&[n, h], 1);
     let dy = random(&[n, h], 2);

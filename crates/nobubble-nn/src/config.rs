@@ -238,6 +238,26 @@ impl GptConfig {
         Ok(())
     }
 
+    /// Guards against typos that would try to allocate the machine away: at most 2³¹
+    /// parameters, and no activation tensor (a microbatch's `[tokens, h]` rows, or its
+    /// attention probabilities `b · a · s²`) over 4 GiB. Checked by `train` and the engine
+    /// benchmark before anything is allocated.
+    pub fn check_size(&self) -> Result<()> {
+        let activation = self.tokens_per_microbatch() as f64 * self.hidden as f64 * 4.0;
+        let s = self.seq_len as f64;
+        let scores = self.microbatch_size as f64 * self.heads as f64 * s * s * 4.0;
+        let largest = activation.max(scores);
+        if largest > (1u64 << 32) as f64 || self.parameter_count() > 1 << 31 {
+            return Err(NnError::Config(format!(
+                "this model is too large for this trainer: {} parameters, {:.1} GiB per \
+                 activation tensor; reduce --hidden, --seq-len, --microbatch-size or --layers",
+                self.parameter_count(),
+                largest / (1u64 << 30) as f64
+            )));
+        }
+        Ok(())
+    }
+
     /// Activation rows per microbatch: `microbatch_size × seq_len`.
     pub fn tokens_per_microbatch(&self) -> usize {
         self.microbatch_size * self.seq_len

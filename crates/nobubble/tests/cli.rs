@@ -469,6 +469,17 @@ fn train_checks_every_flag_before_training() {
         }
         assert!(!e.contains("step 1"), "{args:?} trained: {e}");
     }
+    // A typo's extra digits, before anything is allocated (here 120 GB), in `train` and in
+    // the engine benchmark alike.
+    for args in [
+        micro_train("1", &["--hidden", "100000"]),
+        vec!["bench", "engine", "--hidden", "100000"],
+        vec!["bench", "engine", "--seq-len", "1000000"],
+    ] {
+        let e = fails(&args);
+        assert!(e.contains("too large for this trainer"), "{args:?}: {e}");
+        assert!(!e.contains("memory allocation"), "{args:?}: {e}");
+    }
     let e = fails(&micro_train("1", &["--max-grad-norm=-1"]));
     assert!(
         e.contains("--max-grad-norm must be zero (off) or positive"),

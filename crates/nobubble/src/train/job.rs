@@ -344,21 +344,9 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
     checked_size(m)
 }
 
-/// Guards against typos that would try to allocate the machine away.
+/// [`GptConfig::check_size`], as the CLI reports it.
 fn checked_size(m: GptConfig) -> Result<GptConfig, String> {
-    let activation = m.tokens_per_microbatch() as f64 * m.hidden as f64 * 4.0;
-    // Attention's probabilities, kept per layer from F to I: b · a · s² floats.
-    let s = m.seq_len as f64;
-    let scores = m.microbatch_size as f64 * m.heads as f64 * s * s * 4.0;
-    let largest = activation.max(scores);
-    if largest > (1u64 << 32) as f64 || m.parameter_count() > 1 << 31 {
-        return Err(format!(
-            "this model is too large for this trainer: {} parameters, {:.1} GiB per activation \
-             tensor; reduce --hidden, --seq-len, --microbatch-size or --layers",
-            m.parameter_count(),
-            largest / (1u64 << 30) as f64
-        ));
-    }
+    m.check_size().map_err(|e| e.to_string())?;
     Ok(m)
 }
 

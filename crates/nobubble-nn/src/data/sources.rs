@@ -76,7 +76,9 @@ fn read_error(path: &Path, e: std::io::Error) -> NnError {
     NnError::BadInput(format!("cannot read {}: {e}", path.display()))
 }
 
-/// Every file below `dir`, sorted by path, hidden files and directories skipped.
+/// Every regular file below `dir`, sorted by path, hidden files and directories skipped.
+/// Pipes, sockets and devices are skipped too: reading a pipe nobody writes to would wait
+/// forever (a named pipe given as `--data` itself is read: that is a stream on purpose).
 fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -90,7 +92,7 @@ fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
             }
             if path.is_dir() {
                 stack.push(path);
-            } else {
+            } else if path.is_file() {
                 out.push(path);
             }
         }
@@ -292,6 +294,28 @@ mod tests {
         assert_eq!(Format::of(&d.join("b.txt")), Format::Text);
         let err = pack(&d.join("dataset_info.json"), &mut bytes_of, 256, 257).unwrap_err();
         assert!(err.to_string().contains(".jsonl"), "{err}");
+    }
+
+    #[test]
+    fn a_directory_s_pipes_are_skipped_not_waited_on() {
+        let d = dir("pipes");
+        std::fs::write(d.join("a.txt"), "a").unwrap();
+        // A named pipe nobody writes to, as Open MPI leaves in /tmp: reading it never ends.
+        let made = std::process::Command::new("mkfifo")
+            .arg(d.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = d.clone();
+        std::thread::spawn(move || {
+            let packed = pack(&path, &mut bytes_of, 256, 257).map(|p| p.documents);
+            let _ = tx.send(packed);
+        });
+        let packed = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("reading the directory waited on its pipe");
+        assert_eq!(packed.unwrap(), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod checkpoint;
 pub mod error;
 pub mod launch;
+pub mod machine;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi;

@@ -6,6 +6,7 @@
 
 use crate::error::RuntimeError;
 use crate::launch::RankContext;
+use crate::machine;
 use crate::rank::Rank;
 use crate::run::{Compute, RunConfig, StepRecord};
 use crate::worker::{MeasuredSlot, RankStep};
@@ -229,8 +230,24 @@ impl Session {
             // Unit times until we have measured some; real bytes from now on.
             let times: Vec<(f64, f64, f64)> = vec![(1.0, 1.0, 1.0); plan.schedule.stages];
             session.plan = session.replan_with(&times, 0.0, "unit pass times, measured memory")?;
+            session.check_machine_memory()?;
         }
         Ok(session)
+    }
+
+    /// Refuses a plan whose activations would not fit in the memory free on the machines
+    /// ([`crate::machine`]). A collective: the ranks exchange their readings and all judge
+    /// the same ones.
+    fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
+        let pipeline_rank = self.rank.rank() % self.plan.schedule.ranks;
+        let mine = machine::Reading::here(self.plan.predicted_peak[pipeline_rank]);
+        let bytes = serde_json::to_vec(&mine).expect("a reading serializes");
+        let readings = (self.rank.all_gather(bytes)?.iter())
+            .map(|b| serde_json::from_slice(b))
+            .collect::<Result<Vec<machine::Reading>, _>>()
+            .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))?;
+        machine::check_fits(&readings)
+            .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::setting("mem_limit", e)))
     }
 
     fn replan_with(

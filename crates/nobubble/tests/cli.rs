@@ -480,6 +480,23 @@ fn train_checks_every_flag_before_training() {
         assert!(e.contains("too large for this trainer"), "{args:?}: {e}");
         assert!(!e.contains("memory allocation"), "{args:?}: {e}");
     }
+    // Activations beyond the memory the machine has free: refused before the first step
+    // (the kernel would kill the run mid-step, with no message).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(micro_train("1", &[]))
+        .env("NOBUBBLE_MEM_AVAILABLE", "100000")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("--mem-limit: the plan holds") && e.contains("2 ranks of machine"),
+        "{e}"
+    );
+    assert!(
+        e.contains("97.7 KiB free: give") && !e.contains("step 1/1"),
+        "{e}"
+    );
     let e = fails(&micro_train("1", &["--max-grad-norm=-1"]));
     assert!(
         e.contains("--max-grad-norm must be zero (off) or positive"),

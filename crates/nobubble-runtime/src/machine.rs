@@ -1,8 +1,13 @@
-//! Whether a plan's activations fit in the memory the machines have free. Past it the kernel
-//! kills the process mid-step (exit 137, no message) and every rank's work with it; checked
-//! once before training, the run instead ends at once saying what to change.
+//! Whether a run's activations fit in the memory the machines have free. Past it the kernel
+//! kills the process (exit 137, no message) and every rank's work with it. Checked twice
+//! before training — before the stages' memory is measured (a microbatch on each at once,
+//! estimated from the model's shape) and on the plan's measured peak — the run instead ends
+//! at once saying what to change.
 
-use crate::session::human_bytes;
+use crate::error::RuntimeError;
+use crate::rank::Rank;
+use crate::session::{estimated_layer_costs, human_bytes, SessionOptions};
+use nobubble_schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
 /// What one rank reports: its machine, the memory free there, and what its plan will add.
@@ -47,9 +52,11 @@ fn host_name() -> String {
 }
 
 /// Every rank's reading, in rank order: an error naming the first machine whose ranks would
-/// hold more than it has free, and what to change. Every rank judges the same readings, so
-/// all come to the same verdict.
-pub fn check_fits(readings: &[Reading]) -> Result<(), String> {
+/// hold more than it has free (`what` holds the readings' need: "the plan holds"), and what
+/// to change: a memory limit (`suggest_limit`: when the schedule could plan within one), or
+/// smaller microbatches. Every rank judges the same readings, so all come to the same
+/// verdict.
+pub fn check_fits(readings: &[Reading], what: &str, suggest_limit: bool) -> Result<(), String> {
     let mut hosts: Vec<&str> = readings.iter().map(|r| r.host.as_str()).collect();
     hosts.sort_unstable();
     hosts.dedup();
@@ -68,15 +75,21 @@ pub fn check_fits(readings: &[Reading]) -> Result<(), String> {
             } else {
                 format!("machine {host}")
             };
+            let fix = if suggest_limit {
+                format!(
+                    "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), \
+                     or use a smaller microbatch or sequence",
+                    suggested_limit(0.8 * free as f64 / ranks.len() as f64)
+                )
+            } else {
+                "use a smaller microbatch or sequence, or more machines".to_string()
+            };
             return Err(format!(
-                "the plan holds {} of activations at its peak on the {} rank{} of {name}, \
-                 which has {} free: give a limit (e.g. --mem-limit {} for each rank; zb-auto \
-                 plans within it), or use a smaller microbatch or sequence",
+                "{what} {} of activations on the {} rank{} of {name}, which has {} free: {fix}",
                 human_bytes(need),
                 ranks.len(),
                 if ranks.len() == 1 { "" } else { "s" },
                 human_bytes(free as f64),
-                suggested_limit(0.8 * free as f64 / ranks.len() as f64),
             ));
         }
     }
@@ -98,6 +111,43 @@ fn suggested_limit(bytes: f64) -> String {
     }
 }
 
+/// Whether `need` bytes on this rank, with every other rank's, fit in the memory the machines
+/// have free ([`crate::machine`]). A collective: the ranks exchange their readings and all
+/// judge the same ones.
+pub(crate) fn fits(
+    rank: &mut Rank,
+    need: f64,
+    what: &str,
+    suggest_limit: bool,
+) -> Result<Result<(), String>, RuntimeError> {
+    let mine = Reading::here(need);
+    let bytes = serde_json::to_vec(&mine).expect("a reading serializes");
+    let readings = (rank.all_gather(bytes)?.iter())
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<Vec<Reading>, _>>()
+        .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))?;
+    Ok(check_fits(&readings, what, suggest_limit))
+}
+
+/// About what measuring this rank's stages holds: one microbatch on each at once, from the
+/// model's shape ([`estimated_layer_costs`]); `rank` is global.
+pub(crate) fn probe_bytes(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> f64 {
+    let pipeline_rank = rank % schedule.ranks;
+    let model = &opts.run.model;
+    let est = estimated_layer_costs(model);
+    let block = est.block.map_or(0.0, |b| b.mem_b);
+    let counts = nobubble_nn::config::block_counts(model.layers, schedule.stages, &opts.run.layout)
+        .unwrap_or_else(|_| vec![model.layers.div_ceil(schedule.stages); schedule.stages]);
+    let last = schedule.stages - 1;
+    (schedule.stages_of(pipeline_rank).into_iter())
+        .map(|s| {
+            counts[s] as f64 * block
+                + if s == 0 { est.embedding.mem_b } else { 0.0 }
+                + if s == last { est.head.mem_b } else { 0.0 }
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,11 +166,20 @@ mod tests {
         let g = GIB as f64;
         // Two ranks of 6 GiB each fit in 16 GiB; three do not.
         assert_eq!(
-            check_fits(&vec![reading("a", Some(16 * GIB), 6.0 * g); 2]),
+            check_fits(
+                &vec![reading("a", Some(16 * GIB), 6.0 * g); 2],
+                "holds",
+                true
+            ),
             Ok(())
         );
-        let e = check_fits(&vec![reading("a", Some(16 * GIB), 6.0 * g); 3]).unwrap_err();
-        assert!(e.contains("18.00 GiB of activations"), "{e}");
+        let e = check_fits(
+            &vec![reading("a", Some(16 * GIB), 6.0 * g); 3],
+            "holds",
+            true,
+        )
+        .unwrap_err();
+        assert!(e.contains("holds 18.00 GiB of activations"), "{e}");
         assert_eq!(suggested_limit(300.5 * (1u64 << 20) as f64), "300MiB");
         assert_eq!(suggested_limit(40000.0), "39KiB");
         assert!(
@@ -135,13 +194,16 @@ mod tests {
             reading("a", Some(16 * GIB), 6.0 * g),
             reading("b", Some(11 * GIB), 6.0 * g),
         ];
-        let e = check_fits(&two).unwrap_err();
+        let e = check_fits(&two, "holds", true).unwrap_err();
         assert!(
             e.contains("2 ranks of machine b, which has 11.00 GiB free"),
             "{e}"
         );
         // Unreadable memory is not judged.
-        assert_eq!(check_fits(&[reading("", None, 1e30)]), Ok(()));
+        assert_eq!(
+            check_fits(&[reading("", None, 1e30)], "holds", true),
+            Ok(())
+        );
     }
 
     #[test]

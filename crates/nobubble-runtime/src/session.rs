@@ -217,6 +217,13 @@ impl Session {
             None => Compute::Real,
         };
         let mut rank = Rank::new(&opts.run, &plan.schedule, ctx, corpus, eval)?;
+        if opts.emulated.is_none() {
+            // The measurement below holds a microbatch on every stage at once.
+            let need = machine::probe_bytes(&opts, &plan.schedule, rank.rank());
+            let what = "measuring the stages' memory (a microbatch on each) holds about";
+            machine::fits(&mut rank, need, what, false)?
+                .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::Input(e)))?;
+        }
         let stage_bytes = rank.measure_memory()?;
         let real = opts.emulated.is_none();
         let mut session = Session {
@@ -235,18 +242,11 @@ impl Session {
         Ok(session)
     }
 
-    /// Refuses a plan whose activations would not fit in the memory free on the machines
-    /// ([`crate::machine`]). A collective: the ranks exchange their readings and all judge
-    /// the same ones.
+    /// Refuses a plan whose activations would not fit in the memory free on the machines.
     fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
         let pipeline_rank = self.rank.rank() % self.plan.schedule.ranks;
-        let mine = machine::Reading::here(self.plan.predicted_peak[pipeline_rank]);
-        let bytes = serde_json::to_vec(&mine).expect("a reading serializes");
-        let readings = (self.rank.all_gather(bytes)?.iter())
-            .map(|b| serde_json::from_slice(b))
-            .collect::<Result<Vec<machine::Reading>, _>>()
-            .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))?;
-        machine::check_fits(&readings)
+        let need = self.plan.predicted_peak[pipeline_rank];
+        machine::fits(&mut self.rank, need, "at its peak the plan holds", true)?
             .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::setting("mem_limit", e)))
     }
 

@@ -481,20 +481,34 @@ fn train_checks_every_flag_before_training() {
         assert!(!e.contains("memory allocation"), "{args:?}: {e}");
     }
     // Activations beyond the memory the machine has free: refused before the first step
-    // (the kernel would kill the run mid-step, with no message).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
-        .args(micro_train("1", &[]))
-        .env("NOBUBBLE_MEM_AVAILABLE", "100000")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{e}");
+    // (the kernel would kill the run mid-step, with no message), with a limit that fits,
+    // which then trains; and before measuring, if a microbatch per stage would not fit.
+    let with_free = |bytes: &str, extra: &[&'static str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+            .args(micro_train("1", extra))
+            .env("NOBUBBLE_MEM_AVAILABLE", bytes)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr).to_string();
+        (out.status.code(), e)
+    };
+    let (code, e) = with_free("300000", &[]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("--mem-limit: at its peak the plan holds"), "{e}");
+    assert!(e.contains("2 ranks of machine"), "{e}");
     assert!(
-        e.contains("--mem-limit: the plan holds") && e.contains("2 ranks of machine"),
+        e.contains("293.0 KiB free: give a limit (e.g. --mem-limit 117KiB"),
         "{e}"
     );
+    assert!(!e.contains("step 1/1"), "{e}");
+    let (code, e) = with_free("300000", &["--mem-limit", "117KiB"]);
+    assert_eq!(code, Some(0), "{e}");
+    assert!(e.contains("step    1/1"), "{e}");
+    let (code, e) = with_free("100000", &[]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("error: measuring the stages' memory"), "{e}");
     assert!(
-        e.contains("97.7 KiB free: give") && !e.contains("step 1/1"),
+        e.contains("use a smaller microbatch or sequence, or more machines"),
         "{e}"
     );
     let e = fails(&micro_train("1", &["--max-grad-norm=-1"]));

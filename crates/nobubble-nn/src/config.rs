@@ -239,9 +239,10 @@ impl GptConfig {
     }
 
     /// Guards against typos that would try to allocate the machine away: at most 2³¹
-    /// parameters, and no activation tensor (a microbatch's `[tokens, h]` rows, or its
-    /// attention probabilities `b · a · s²`) over 4 GiB. Checked by `train` and the engine
-    /// benchmark before anything is allocated.
+    /// parameters, and neither a microbatch's `[tokens, h]` rows nor its attention
+    /// probabilities (`b · a · s²`) over 4 GiB (the MLP's and the logits' wider tensors
+    /// scale with these). Checked by `train` and the engine benchmark before anything is
+    /// allocated; whether the machine has the memory is the runtime's check.
     pub fn check_size(&self) -> Result<()> {
         let activation = self.tokens_per_microbatch() as f64 * self.hidden as f64 * 4.0;
         let s = self.seq_len as f64;
@@ -250,7 +251,7 @@ impl GptConfig {
         if largest > (1u64 << 32) as f64 || self.parameter_count() > 1 << 31 {
             return Err(NnError::Config(format!(
                 "this model is too large for this trainer: {} parameters, {:.1} GiB per \
-                 activation tensor; reduce --hidden, --seq-len, --microbatch-size or --layers",
+                 activation tensor; reduce the hidden size, sequence length, microbatch size or layers",
                 self.parameter_count(),
                 largest / (1u64 << 30) as f64
             )));

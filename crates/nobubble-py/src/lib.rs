@@ -181,11 +181,11 @@ fn in_range(what: &str, index: usize, count: usize) -> PyResult<()> {
     )))
 }
 
-/// A planned schedule: its actions per rank in PyTorch's notation, the stages each rank
-/// builds, and what the simulator predicts.
 /// The largest plan a notebook draws inline (about 0.5 KB of SVG per action).
 const SVG_REPR_MAX_ACTIONS: usize = 4096;
 
+/// A planned schedule: its actions per rank in PyTorch's notation, the stages each rank
+/// builds, and what the simulator predicts.
 #[pyclass(module = "nobubble", frozen)]
 struct Plan {
     inner: Planned,

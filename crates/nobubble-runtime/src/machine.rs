@@ -1,43 +1,62 @@
-//! Whether a run's activations fit in the memory the machines have free. Past it the kernel
-//! kills the process (exit 137, no message) and every rank's work with it. Checked twice
-//! before training — before the stages' memory is measured (a microbatch on each at once,
-//! estimated from the model's shape) and on the plan's measured peak — the run instead ends
-//! at once saying what to change.
+//! Whether a run fits in the memory its machines have free. Past it the kernel kills the
+//! process (exit 137, no message) and every rank's work with it; checked before training,
+//! the run instead ends at once saying what to change.
+//!
+//! Twice, both after the weights are built: before the stages' memory is measured (the
+//! largest stage's microbatch, estimated from the model's shape, since stages are measured
+//! one at a time), and on the plan's measured peak (again after each re-plan). What a rank
+//! will add to what it holds now counts: activations, and the optimizer's moments and
+//! gradients, which are allocated untouched and take memory only when first written. The
+//! free memory is read once, at the first check: later the buffers the measurement freed
+//! stay cached in the process for the activations to reuse, and a reading would count them
+//! twice.
 
 use crate::error::RuntimeError;
 use crate::rank::Rank;
 use crate::session::{estimated_layer_costs, human_bytes, SessionOptions};
+use nobubble_nn::GptConfig;
 use nobubble_schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
-/// What one rank reports: its machine, the memory free there, and what its plan will add.
+/// What one rank reports: its machine, the memory free there, and what it will add.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reading {
-    /// The machine's host name (ranks with the same one share its memory).
+    /// Which machine (its kernel's boot id; ranks with the same one share its memory).
+    pub machine: String,
+    /// The machine's host name, for messages.
     pub host: String,
     /// Memory the kernel could give this machine's processes without swapping
     /// (`MemAvailable`), or `None` where it cannot be read.
     pub available: Option<u64>,
-    /// Bytes the rank will hold at its plan's peak: the predicted activations.
-    pub need: f64,
+    /// Activation bytes the rank will add.
+    pub activations: f64,
+    /// Bytes of optimizer state and gradients the rank will add (not helped by a limit).
+    pub state: f64,
 }
 
 impl Reading {
-    /// This machine's reading for a rank that will hold `need` bytes.
-    pub fn here(need: f64) -> Reading {
+    /// This machine's reading for a rank that will add `activations` and `state` bytes.
+    pub fn here(activations: f64, state: f64) -> Reading {
+        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+        let host = read("/proc/sys/kernel/hostname").unwrap_or_default();
         Reading {
-            host: host_name(),
+            machine: read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| host.clone()),
+            host,
             available: available_bytes(),
-            need,
+            activations,
+            state,
         }
     }
 }
 
-/// `MemAvailable` from `/proc/meminfo`, in bytes (Linux); for tests,
-/// `NOBUBBLE_MEM_AVAILABLE` (bytes) stands in for it.
+/// `MemAvailable` from `/proc/meminfo`, in bytes (Linux). For tests, a number of bytes in
+/// `NOBUBBLE_MEM_AVAILABLE` stands in for it.
 pub fn available_bytes() -> Option<u64> {
-    if let Some(v) = std::env::var_os("NOBUBBLE_MEM_AVAILABLE") {
-        return v.to_str()?.parse().ok();
+    if let Some(v) = std::env::var("NOBUBBLE_MEM_AVAILABLE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Some(v);
     }
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -45,53 +64,98 @@ pub fn available_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
+/// What to tell a run that does not fit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Remedy {
+    /// A smaller microbatch or sequence, or more machines.
+    Smaller,
+    /// A memory limit, for a schedule that plans within one, if a limit of at least this
+    /// many bytes per rank (every rank's one microbatch) would fit; else as `Smaller`.
+    Limit(f64),
 }
 
 /// Every rank's reading, in rank order: an error naming the first machine whose ranks would
-/// hold more than it has free (`what` holds the readings' need: "the plan holds"), and what
-/// to change: a memory limit (`suggest_limit`: when the schedule could plan within one), or
-/// smaller microbatches. Every rank judges the same readings, so all come to the same
+/// add more than it has free (`what` says to what the activations belong: "the plan's
+/// peak"), and what to change. Every rank judges the same readings, so all come to the same
 /// verdict.
-pub fn check_fits(readings: &[Reading], what: &str, suggest_limit: bool) -> Result<(), String> {
-    let mut hosts: Vec<&str> = readings.iter().map(|r| r.host.as_str()).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    for host in hosts {
-        let ranks: Vec<usize> = (0..readings.len())
-            .filter(|&r| readings[r].host == host)
-            .collect();
+pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<(), String> {
+    let mut machines: Vec<&str> = readings.iter().map(|r| r.machine.as_str()).collect();
+    machines.sort_unstable();
+    machines.dedup();
+    for machine in machines {
+        let here: Vec<&Reading> = readings.iter().filter(|r| r.machine == machine).collect();
         // The smallest reading: the ranks read at slightly different moments.
-        let Some(free) = ranks.iter().filter_map(|&r| readings[r].available).min() else {
+        let Some(free) = here.iter().filter_map(|r| r.available).min() else {
             continue;
         };
-        let need: f64 = ranks.iter().map(|&r| readings[r].need).sum();
-        if need > free as f64 {
-            let name = if host.is_empty() {
-                "this machine".to_string()
-            } else {
-                format!("machine {host}")
-            };
-            let fix = if suggest_limit {
-                format!(
-                    "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), \
-                     or use a smaller microbatch or sequence",
-                    suggested_limit(0.8 * free as f64 / ranks.len() as f64)
-                )
-            } else {
-                "use a smaller microbatch or sequence, or more machines".to_string()
-            };
-            return Err(format!(
-                "{what} {} of activations on the {} rank{} of {name}, which has {} free: {fix}",
-                human_bytes(need),
-                ranks.len(),
-                if ranks.len() == 1 { "" } else { "s" },
-                human_bytes(free as f64),
-            ));
+        let free = free as f64;
+        let activations: f64 = here.iter().map(|r| r.activations).sum();
+        let state: f64 = here.iter().map(|r| r.state).sum();
+        if activations + state <= free {
+            continue;
         }
+        let n = here.len();
+        let host = &here[0].host;
+        let name = if host.is_empty() {
+            "this machine".to_string()
+        } else {
+            format!("machine {host}")
+        };
+        let state_part = if state > 0.0 {
+            format!(
+                " and {} of optimizer state and gradients",
+                human_bytes(state)
+            )
+        } else {
+            String::new()
+        };
+        let per_rank = 0.8 * (free - state) / n as f64;
+        let fix = match remedy {
+            Remedy::Limit(least) if per_rank >= least => format!(
+                "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
+                 use a smaller microbatch or sequence",
+                suggested_limit(per_rank)
+            ),
+            _ => "use a smaller microbatch or sequence, fewer layers, or more machines".into(),
+        };
+        return Err(format!(
+            "{what} takes {} of activations{state_part} on the {n} rank{} of {name}, which \
+             has {} free: {fix}",
+            human_bytes(activations),
+            if n == 1 { "" } else { "s" },
+            human_bytes(free),
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes per parameter a rank keeps: the weight, its gradient and AdamW's two moments.
+const BYTES_PER_PARAMETER: f64 = 16.0;
+
+/// Whether `replicas` copies of `model`'s weights, gradients and optimizer moments fit in
+/// the memory this machine has free, for a job whose ranks are all threads of this process.
+/// Checked before any rank allocates (each rank reading the free memory while the others
+/// allocate theirs would refuse wrongly).
+pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
+    let Some(free) = available_bytes() else {
+        return Ok(());
+    };
+    let params = model.parameter_count() as f64;
+    let need = params * BYTES_PER_PARAMETER * replicas.max(1) as f64;
+    if need > free as f64 {
+        return Err(format!(
+            "the model's weights, gradients and AdamW moments take {} ({:.2} M parameters × 16 \
+             bytes{}), and this machine has {} free: use fewer layers or a smaller hidden size, \
+             or spread the ranks over several machines (mpirun)",
+            human_bytes(need),
+            params / 1e6,
+            if replicas > 1 {
+                format!(" × {replicas} data-parallel replicas")
+            } else {
+                String::new()
+            },
+            human_bytes(free as f64),
+        ));
     }
     Ok(())
 }
@@ -111,52 +175,100 @@ fn suggested_limit(bytes: f64) -> String {
     }
 }
 
-/// Whether `need` bytes on this rank, with every other rank's, fit in the memory the machines
-/// have free ([`crate::machine`]). A collective: the ranks exchange their readings and all
-/// judge the same ones.
-pub(crate) fn fits(
+/// Every rank's reading, this rank's built from `activations` and `state`: a collective
+/// (every rank calls it at the same point).
+pub(crate) fn gather(
     rank: &mut Rank,
-    need: f64,
-    what: &str,
-    suggest_limit: bool,
-) -> Result<Result<(), String>, RuntimeError> {
-    let mine = Reading::here(need);
+    activations: f64,
+    state: f64,
+) -> Result<Vec<Reading>, RuntimeError> {
+    let mine = Reading::here(activations, state);
     let bytes = serde_json::to_vec(&mine).expect("a reading serializes");
-    let readings = (rank.all_gather(bytes)?.iter())
+    (rank.all_gather(bytes)?.iter())
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<Vec<Reading>, _>>()
-        .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))?;
-    Ok(check_fits(&readings, what, suggest_limit))
+        .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))
 }
 
-/// About what measuring this rank's stages holds: one microbatch on each at once, from the
-/// model's shape ([`estimated_layer_costs`]); `rank` is global.
-pub(crate) fn probe_bytes(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> f64 {
-    let pipeline_rank = rank % schedule.ranks;
+/// A rank's stages: each stage's estimated microbatch activations and parameter count, from
+/// the model's shape ([`estimated_layer_costs`]).
+fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> Vec<(f64, f64)> {
     let model = &opts.run.model;
     let est = estimated_layer_costs(model);
     let block = est.block.map_or(0.0, |b| b.mem_b);
+    let count = |layers| {
+        GptConfig {
+            layers,
+            ..model.clone()
+        }
+        .parameter_count() as f64
+    };
+    let (bare, block_params) = (count(0), count(1) - count(0));
+    let h = model.hidden as f64;
+    let positions = if model.arch == nobubble_nn::config::Arch::Gpt {
+        model.seq_len as f64 * h
+    } else {
+        0.0
+    };
+    let embedding_params = model.vocab as f64 * h + positions;
     let counts = nobubble_nn::config::block_counts(model.layers, schedule.stages, &opts.run.layout)
         .unwrap_or_else(|_| vec![model.layers.div_ceil(schedule.stages); schedule.stages]);
     let last = schedule.stages - 1;
-    (schedule.stages_of(pipeline_rank).into_iter())
+    (schedule.stages_of(rank % schedule.ranks).into_iter())
         .map(|s| {
-            counts[s] as f64 * block
-                + if s == 0 { est.embedding.mem_b } else { 0.0 }
-                + if s == last { est.head.mem_b } else { 0.0 }
+            let blocks = counts[s] as f64;
+            let (mut bytes, mut params) = (blocks * block, blocks * block_params);
+            if s == 0 {
+                bytes += est.embedding.mem_b;
+                params += embedding_params;
+            }
+            if s == last {
+                bytes += est.head.mem_b;
+                params += bare - embedding_params;
+            }
+            (bytes, params)
         })
-        .sum()
+        .collect()
+}
+
+/// What measuring the stages' memory adds on global rank `rank`, as (activations, state):
+/// the largest stage's microbatch (stages are measured one after another, each freed after
+/// its W) and the gradients the measurement writes, with the copy it restores them from; on
+/// the first replica only (the others measure nothing).
+pub(crate) fn measurement_bytes(
+    opts: &SessionOptions,
+    schedule: &Schedule,
+    rank: usize,
+) -> (f64, f64) {
+    if rank >= schedule.ranks {
+        return (0.0, 0.0);
+    }
+    let stages = stage_estimates(opts, schedule, rank);
+    let largest = stages.iter().map(|s| s.0).fold(0.0, f64::max);
+    let params: f64 = stages.iter().map(|s| s.1).sum();
+    (largest, 8.0 * params)
+}
+
+/// The optimizer's moments and the gradients global rank `rank` will write in training:
+/// allocated untouched, they take memory only then.
+pub(crate) fn state_bytes(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> f64 {
+    let params: f64 = (stage_estimates(opts, schedule, rank).iter())
+        .map(|s| s.1)
+        .sum();
+    (BYTES_PER_PARAMETER - 4.0) * params
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reading(host: &str, available: Option<u64>, need: f64) -> Reading {
+    fn reading(machine: &str, available: Option<u64>, activations: f64) -> Reading {
         Reading {
-            host: host.into(),
+            machine: machine.into(),
+            host: machine.into(),
             available,
-            need,
+            activations,
+            state: 0.0,
         }
     }
 
@@ -164,51 +276,59 @@ mod tests {
     fn the_ranks_of_a_machine_share_its_memory() {
         const GIB: u64 = 1 << 30;
         let g = GIB as f64;
+        let limit = Remedy::Limit(1.0);
         // Two ranks of 6 GiB each fit in 16 GiB; three do not.
-        assert_eq!(
-            check_fits(
-                &vec![reading("a", Some(16 * GIB), 6.0 * g); 2],
-                "holds",
-                true
-            ),
-            Ok(())
+        let two = vec![reading("a", Some(16 * GIB), 6.0 * g); 2];
+        assert_eq!(check_fits(&two, "the plan's peak", limit), Ok(()));
+        let three = vec![reading("a", Some(16 * GIB), 6.0 * g); 3];
+        let e = check_fits(&three, "the plan's peak", limit).unwrap_err();
+        assert!(
+            e.contains("the plan's peak takes 18.00 GiB of activations"),
+            "{e}"
         );
-        let e = check_fits(
-            &vec![reading("a", Some(16 * GIB), 6.0 * g); 3],
-            "holds",
-            true,
-        )
-        .unwrap_err();
-        assert!(e.contains("holds 18.00 GiB of activations"), "{e}");
-        assert_eq!(suggested_limit(300.5 * (1u64 << 20) as f64), "300MiB");
-        assert_eq!(suggested_limit(40000.0), "39KiB");
         assert!(
             e.contains("3 ranks of machine a, which has 16.00 GiB free"),
             "{e}"
         );
         assert!(e.contains("--mem-limit 4.2GiB"), "{e}");
+        // A limit below one microbatch would not help: say what would.
+        let e = check_fits(&three, "the plan's peak", Remedy::Limit(5.0 * g)).unwrap_err();
+        assert!(
+            e.contains("use a smaller microbatch") && !e.contains("--mem-limit"),
+            "{e}"
+        );
+        // Optimizer state counts, and no limit makes room for it.
+        let mut state = two.clone();
+        state[0].state = 3.0 * g;
+        state[1].state = 3.0 * g;
+        let e = check_fits(&state, "the plan's peak", limit).unwrap_err();
+        assert!(
+            e.contains("and 6.00 GiB of optimizer state and gradients"),
+            "{e}"
+        );
+        assert!(e.contains("--mem-limit 4.0GiB"), "{e}");
         // On two machines, each judged by its own ranks; the smallest reading counts.
-        let two = [
+        let two_machines = [
             reading("a", Some(16 * GIB), 6.0 * g),
             reading("b", Some(16 * GIB), 6.0 * g),
             reading("a", Some(16 * GIB), 6.0 * g),
             reading("b", Some(11 * GIB), 6.0 * g),
         ];
-        let e = check_fits(&two, "holds", true).unwrap_err();
+        let e = check_fits(&two_machines, "x", limit).unwrap_err();
         assert!(
             e.contains("2 ranks of machine b, which has 11.00 GiB free"),
             "{e}"
         );
         // Unreadable memory is not judged.
-        assert_eq!(
-            check_fits(&[reading("", None, 1e30)], "holds", true),
-            Ok(())
-        );
+        assert_eq!(check_fits(&[reading("", None, 1e30)], "x", limit), Ok(()));
+        assert_eq!(suggested_limit(300.5 * (1u64 << 20) as f64), "300MiB");
+        assert_eq!(suggested_limit(40000.0), "39KiB");
     }
 
     #[test]
     fn this_machine_reads_its_free_memory() {
-        let here = Reading::here(1.0);
+        let here = Reading::here(1.0, 0.0);
+        assert!(!here.machine.is_empty());
         let free = here.available.expect("Linux has MemAvailable");
         assert!(free > 1 << 20, "{free}");
     }

@@ -87,6 +87,8 @@ pub struct Session {
     pub stage_bytes: Vec<(usize, usize)>,
     /// The next step to run.
     pub step: u64,
+    /// Each rank's machine's free memory before the measurement (real compute).
+    free_at_start: Vec<Option<u64>>,
 }
 
 /// The planner's request for this session on `spec`, keeping `keep`'s placement (a re-plan:
@@ -217,12 +219,15 @@ impl Session {
             None => Compute::Real,
         };
         let mut rank = Rank::new(&opts.run, &plan.schedule, ctx, corpus, eval)?;
+        let mut free_at_start = Vec::new();
         if opts.emulated.is_none() {
-            // The measurement below holds a microbatch on every stage at once.
-            let need = machine::probe_bytes(&opts, &plan.schedule, rank.rank());
-            let what = "measuring the stages' memory (a microbatch on each) holds about";
-            machine::fits(&mut rank, need, what, false)?
+            let (activations, state) =
+                machine::measurement_bytes(&opts, &plan.schedule, rank.rank());
+            let readings = machine::gather(&mut rank, activations, state)?;
+            let what = "measuring the stages' memory";
+            machine::check_fits(&readings, what, machine::Remedy::Smaller)
                 .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::Input(e)))?;
+            free_at_start = readings.iter().map(|r| r.available).collect();
         }
         let stage_bytes = rank.measure_memory()?;
         let real = opts.emulated.is_none();
@@ -232,6 +237,7 @@ impl Session {
             options: opts,
             stage_bytes,
             step: 0,
+            free_at_start,
         };
         if real {
             // Unit times until we have measured some; real bytes from now on.
@@ -242,12 +248,30 @@ impl Session {
         Ok(session)
     }
 
-    /// Refuses a plan whose activations would not fit in the memory free on the machines.
+    /// Refuses a plan whose peak activations, with the optimizer state training will write,
+    /// would not fit in the memory the machines had free before the measurement
+    /// ([`machine`]). A collective, at start and after each re-plan.
     fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
-        let pipeline_rank = self.rank.rank() % self.plan.schedule.ranks;
-        let need = self.plan.predicted_peak[pipeline_rank];
-        machine::fits(&mut self.rank, need, "at its peak the plan holds", true)?
-            .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::setting("mem_limit", e)))
+        if self.free_at_start.is_empty() {
+            return Ok(());
+        }
+        let schedule = &self.plan.schedule;
+        let rank = self.rank.rank();
+        let peak = self.plan.predicted_peak[rank % schedule.ranks];
+        let state = machine::state_bytes(&self.options, schedule, rank);
+        let mut readings = machine::gather(&mut self.rank, peak, state)?;
+        for (r, &free) in readings.iter_mut().zip(&self.free_at_start) {
+            r.available = free;
+        }
+        // A limit helps a schedule that plans within one, if it leaves every rank a microbatch.
+        let remedy = if self.options.file.is_none() && self.options.kind.takes_limit() {
+            let one = (0..schedule.ranks).map(|r| self.plan.costs.rank_mem_b(schedule, r));
+            machine::Remedy::Limit(one.fold(0.0, f64::max))
+        } else {
+            machine::Remedy::Smaller
+        };
+        machine::check_fits(&readings, "the plan's peak", remedy)
+            .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::Input(e)))
     }
 
     fn replan_with(
@@ -439,6 +463,7 @@ impl Session {
             "measured pass times, message latency and memory",
         )?;
         self.plan = plan.clone();
+        self.check_machine_memory()?;
         Ok(Some(plan))
     }
 

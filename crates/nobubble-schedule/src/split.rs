@@ -15,6 +15,10 @@ use crate::limit::MemLimit;
 use crate::schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
+/// Most transformer blocks a split is planned for: beyond any model (the largest have a few
+/// hundred), and the split's exact search costs stages × blocks².
+pub const MAX_BLOCKS: usize = 2048;
+
 /// A model's layers in order, for [`plan_split`]: the `--layer-costs FILE.json` format.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +68,13 @@ impl LayerCosts {
 
     /// The blocks in order, from either form.
     pub fn blocks(&self) -> Result<Vec<RankCost>, Error> {
+        let n = self.count.max(self.blocks.len());
+        if n > MAX_BLOCKS {
+            return Err(Error::Input(format!(
+                "layer costs: {n} blocks is more than the planner splits into stages \
+                 ({MAX_BLOCKS}; the split's search grows as their square); is the count mistyped?"
+            )));
+        }
         let blocks = match (&self.block, self.blocks.is_empty()) {
             (Some(b), true) if self.count > 0 => vec![*b; self.count],
             (None, false) if self.count == 0 => self.blocks.clone(),

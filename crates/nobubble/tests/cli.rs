@@ -492,23 +492,35 @@ fn train_checks_every_flag_before_training() {
         let e = String::from_utf8_lossy(&out.stderr).to_string();
         (out.status.code(), e)
     };
-    let (code, e) = with_free("300000", &[]);
+    let (code, e) = with_free("900000", &[]);
     assert_eq!(code, Some(1), "{e}");
-    assert!(e.contains("--mem-limit: at its peak the plan holds"), "{e}");
-    assert!(e.contains("2 ranks of machine"), "{e}");
     assert!(
-        e.contains("293.0 KiB free: give a limit (e.g. --mem-limit 117KiB"),
+        e.contains("error: the plan's peak takes 520.1 KiB of activations and"),
+        "{e}"
+    );
+    assert!(
+        e.contains("of optimizer state and gradients on the 2 ranks of machine"),
+        "{e}"
+    );
+    assert!(
+        e.contains("878.9 KiB free: give a limit (e.g. --mem-limit 152KiB"),
         "{e}"
     );
     assert!(!e.contains("step 1/1"), "{e}");
-    let (code, e) = with_free("300000", &["--mem-limit", "117KiB"]);
+    let (code, e) = with_free("900000", &["--mem-limit", "152KiB"]);
     assert_eq!(code, Some(0), "{e}");
     assert!(e.contains("step    1/1"), "{e}");
-    let (code, e) = with_free("100000", &[]);
+    let (code, e) = with_free("2000000", &["--microbatch-size", "64"]);
     assert_eq!(code, Some(1), "{e}");
-    assert!(e.contains("error: measuring the stages' memory"), "{e}");
     assert!(
-        e.contains("use a smaller microbatch or sequence, or more machines"),
+        e.contains("error: measuring the stages' memory takes"),
+        "{e}"
+    );
+    assert!(e.contains("use a smaller microbatch or sequence, fewer layers, or more machines"));
+    let (code, e) = with_free("300000", &[]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(
+        e.contains("the model's weights, gradients and AdamW moments take"),
         "{e}"
     );
     let e = fails(&micro_train("1", &["--max-grad-norm=-1"]));

@@ -90,9 +90,11 @@ fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
             if name.starts_with('.') || (path.is_file() && name.ends_with(".json")) {
                 continue;
             }
+            // A link that leads nowhere stays in, for reading to say so.
+            let special = std::fs::metadata(&path).is_ok_and(|m| !m.is_file() && !m.is_dir());
             if path.is_dir() {
                 stack.push(path);
-            } else if path.is_file() {
+            } else if !special {
                 out.push(path);
             }
         }

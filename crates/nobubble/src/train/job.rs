@@ -88,9 +88,10 @@ fn pipeline_shape(a: &TrainArgs, file: Option<&Schedule>) -> Result<(usize, usiz
             "--stages, --data-parallel, --microbatches and --steps must be at least 1".into(),
         );
     }
-    if stages * a.data_parallel > 4096 {
+    let most = nobubble_schedule::schedule::MAX_RANKS;
+    if stages.saturating_mul(a.data_parallel) > most {
         return Err(format!(
-            "--stages {} × --data-parallel {} is more ranks than this runtime supports (4096)",
+            "--stages {} × --data-parallel {} is more ranks than this runtime supports ({most})",
             stages, a.data_parallel
         ));
     }

@@ -211,6 +211,9 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
         Some(n) if cfg!(feature = "mpi") || n > 1 => run_mpi(a, &job, n),
         // One process under a launcher, without MPI built in: the ranks are threads.
         _ => {
+            if job.session.emulated.is_none() {
+                nobubble_runtime::machine::check_weights(&job.session.run.model, a.data_parallel)?;
+            }
             header(a, &job, "threads");
             let world = job.session.ranks * a.data_parallel;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -303,18 +303,39 @@ impl GptConfig {
 
     /// Total trainable parameters.
     pub fn parameter_count(&self) -> usize {
+        self.embedding_parameter_count()
+            + self.layers * self.block_parameter_count()
+            + self.head_parameter_count()
+    }
+
+    /// Parameters of the token (and, for GPT, position) embedding: the first stage's.
+    pub fn embedding_parameter_count(&self) -> usize {
+        let h = self.hidden;
+        match self.arch {
+            Arch::Gpt => self.vocab * h + self.seq_len * h,
+            Arch::Llama => self.vocab * h,
+        }
+    }
+
+    /// Parameters of one transformer block.
+    pub fn block_parameter_count(&self) -> usize {
         let (h, f) = (self.hidden, self.ffn_hidden());
         match self.arch {
-            Arch::Gpt => {
-                let block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h);
-                self.vocab * h + self.seq_len * h + self.layers * block + 2 * h + self.head_params()
-            }
+            Arch::Gpt => 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h),
             Arch::Llama => {
                 let qkv = h * (self.heads + 2 * self.kv_heads()) * self.head_dim();
-                let block = 2 * h + qkv + h * h + h * 2 * f + f * h;
-                self.vocab * h + self.layers * block + h + self.head_params()
+                2 * h + qkv + h * h + h * 2 * f + f * h
             }
         }
+    }
+
+    /// Parameters of the final norm and the LM head (none for a tied head): the last stage's.
+    pub fn head_parameter_count(&self) -> usize {
+        let norm = match self.arch {
+            Arch::Gpt => 2 * self.hidden,
+            Arch::Llama => self.hidden,
+        };
+        norm + self.head_params()
     }
 }
 

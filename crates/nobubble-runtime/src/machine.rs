@@ -196,21 +196,7 @@ fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> V
     let model = &opts.run.model;
     let est = estimated_layer_costs(model);
     let block = est.block.map_or(0.0, |b| b.mem_b);
-    let count = |layers| {
-        GptConfig {
-            layers,
-            ..model.clone()
-        }
-        .parameter_count() as f64
-    };
-    let (bare, block_params) = (count(0), count(1) - count(0));
-    let h = model.hidden as f64;
-    let positions = if model.arch == nobubble_nn::config::Arch::Gpt {
-        model.seq_len as f64 * h
-    } else {
-        0.0
-    };
-    let embedding_params = model.vocab as f64 * h + positions;
+    let block_params = model.block_parameter_count() as f64;
     let counts = nobubble_nn::config::block_counts(model.layers, schedule.stages, &opts.run.layout)
         .unwrap_or_else(|_| vec![model.layers.div_ceil(schedule.stages); schedule.stages]);
     let last = schedule.stages - 1;
@@ -220,11 +206,11 @@ fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> V
             let (mut bytes, mut params) = (blocks * block, blocks * block_params);
             if s == 0 {
                 bytes += est.embedding.mem_b;
-                params += embedding_params;
+                params += model.embedding_parameter_count() as f64;
             }
             if s == last {
                 bytes += est.head.mem_b;
-                params += bare - embedding_params;
+                params += model.head_parameter_count() as f64;
             }
             (bytes, params)
         })

@@ -270,8 +270,7 @@ pub fn render(
         Format::Json => json_text(json_report(schedule, costs, sim, mem_limit), planned_for),
         Format::Csv => csv::write(schedule),
         Format::Chrome => {
-            let mut s =
-                serde_json::to_string(&chrome::trace(schedule, sim)).expect("trace serializes");
+            let mut s = chrome::to_json(schedule, sim);
             s.push('\n');
             s
         }

@@ -219,8 +219,9 @@ impl Session {
             None => Compute::Real,
         };
         let mut rank = Rank::new(&opts.run, &plan.schedule, ctx, corpus, eval)?;
+        let real = opts.emulated.is_none();
         let mut free_at_start = Vec::new();
-        if opts.emulated.is_none() {
+        if real {
             let (activations, state) =
                 machine::measurement_bytes(&opts, &plan.schedule, rank.rank());
             let readings = machine::gather(&mut rank, activations, state)?;
@@ -230,7 +231,6 @@ impl Session {
             free_at_start = readings.iter().map(|r| r.available).collect();
         }
         let stage_bytes = rank.measure_memory()?;
-        let real = opts.emulated.is_none();
         let mut session = Session {
             rank,
             plan: plan.clone(),

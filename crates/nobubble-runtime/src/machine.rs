@@ -11,6 +11,8 @@
 //! stay cached in the process for the activations to reuse, and a reading would count them
 //! twice.
 
+pub mod cgroup;
+
 use crate::error::RuntimeError;
 use crate::rank::Rank;
 use crate::session::{estimated_layer_costs, human_bytes, SessionOptions};
@@ -25,9 +27,14 @@ pub struct Reading {
     pub machine: String,
     /// The machine's host name, for messages.
     pub host: String,
-    /// Memory the kernel could give this machine's processes without swapping
-    /// (`MemAvailable`), or `None` where it cannot be read.
+    /// Memory the kernel could give this rank without swapping or killing it: the
+    /// machine's `MemAvailable`, or less where the rank's memory cgroup allows less (a
+    /// container); `None` where neither can be read.
     pub available: Option<u64>,
+    /// The memory cgroup limit that bounds `available`, in bytes, if one does (for
+    /// messages).
+    #[serde(default)]
+    pub cgroup_limit: Option<u64>,
     /// Activation bytes the rank will add.
     pub activations: f64,
     /// Bytes of optimizer state and gradients the rank will add (not helped by a limit).
@@ -39,25 +46,42 @@ impl Reading {
     pub fn here(activations: f64, state: f64) -> Reading {
         let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
         let host = read("/proc/sys/kernel/hostname").unwrap_or_default();
+        let mut machine = read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| host.clone());
+        let (available, cgroup) = free_bytes();
+        // Ranks under one cgroup limit share it; containers on one host each have their own.
+        if let Some(c) = &cgroup {
+            machine = format!("{machine}:{}", c.cgroup.display());
+        }
         Reading {
-            machine: read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| host.clone()),
+            machine,
             host,
-            available: available_bytes(),
+            available,
+            cgroup_limit: cgroup.map(|c| c.limit),
             activations,
             state,
         }
     }
 }
 
-/// `MemAvailable` from `/proc/meminfo`, in bytes (Linux). For tests, a number of bytes in
-/// `NOBUBBLE_MEM_AVAILABLE` stands in for it.
-pub fn available_bytes() -> Option<u64> {
+/// The memory this process can still take, in bytes: `MemAvailable`, or its memory
+/// cgroup's headroom where that is smaller (then also the cgroup). For tests, a number of
+/// bytes in `NOBUBBLE_MEM_AVAILABLE` stands in for both.
+pub fn free_bytes() -> (Option<u64>, Option<cgroup::Headroom>) {
     if let Some(v) = std::env::var("NOBUBBLE_MEM_AVAILABLE")
         .ok()
         .and_then(|v| v.parse().ok())
     {
-        return Some(v);
+        return (Some(v), None);
     }
+    let machine = mem_available();
+    match cgroup::headroom() {
+        Some(c) if machine.is_none_or(|m| c.bytes < m) => (Some(c.bytes), Some(c)),
+        _ => (machine, None),
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes (Linux).
+fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -120,10 +144,11 @@ pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<()
         };
         return Err(format!(
             "{what} takes {} of activations{state_part} on the {n} rank{} of {name}, which \
-             has {} free: {fix}",
+             has {} free{}: {fix}",
             human_bytes(activations),
             if n == 1 { "" } else { "s" },
             human_bytes(free),
+            under_limit(here.iter().find_map(|r| r.cgroup_limit)),
         ));
     }
     Ok(())
@@ -137,7 +162,7 @@ const BYTES_PER_PARAMETER: f64 = 16.0;
 /// Checked before any rank allocates (each rank reading the free memory while the others
 /// allocate theirs would refuse wrongly).
 pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
-    let Some(free) = available_bytes() else {
+    let (Some(free), cgroup) = free_bytes() else {
         return Ok(());
     };
     let params = model.parameter_count() as f64;
@@ -145,8 +170,8 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
     if need > free as f64 {
         return Err(format!(
             "the model's weights, gradients and AdamW moments take {} ({:.2} M parameters × 16 \
-             bytes{}), and this machine has {} free: use fewer layers or a smaller hidden size, \
-             or spread the ranks over several machines (mpirun)",
+             bytes{}), and this machine has {} free{}: use fewer layers or a smaller hidden \
+             size, or spread the ranks over several machines (mpirun)",
             human_bytes(need),
             params / 1e6,
             if replicas > 1 {
@@ -155,9 +180,20 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
                 String::new()
             },
             human_bytes(free as f64),
+            cgroup.map_or(String::new(), |c| under_limit(Some(c.limit))),
         ));
     }
     Ok(())
+}
+
+/// " under its memory cgroup's limit of …" for a message, where such a limit binds.
+fn under_limit(limit: Option<u64>) -> String {
+    limit.map_or(String::new(), |l| {
+        format!(
+            " under its memory cgroup's limit of {} (a container's)",
+            human_bytes(l as f64)
+        )
+    })
 }
 
 /// `bytes` as a `--mem-limit` size, rounded down: `8.3GiB`, else whole MiB or KiB.
@@ -253,6 +289,7 @@ mod tests {
             machine: machine.into(),
             host: machine.into(),
             available,
+            cgroup_limit: None,
             activations,
             state: 0.0,
         }
@@ -303,6 +340,14 @@ mod tests {
         let e = check_fits(&two_machines, "x", limit).unwrap_err();
         assert!(
             e.contains("2 ranks of machine b, which has 11.00 GiB free"),
+            "{e}"
+        );
+        // A container's limit is named, so the user knows which memory ran short.
+        let mut boxed = three.clone();
+        boxed[1].cgroup_limit = Some(20 * GIB);
+        let e = check_fits(&boxed, "x", limit).unwrap_err();
+        assert!(
+            e.contains("16.00 GiB free under its memory cgroup's limit of 20.00 GiB"),
             "{e}"
         );
         // Unreadable memory is not judged.

@@ -557,17 +557,33 @@ fn metrics_then_stop(name: &str, signal_rank_1: bool) {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    // Each request is bounded (a stuck connection must not outlast the deadline), and the
+    // deadline is generous: on a loaded 2-core CI machine, two oversubscribed ranks measure
+    // and plan before their first step. A failure shows what the last scrape returned.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut last;
     let text = loop {
-        if let Ok(mut r) = ureq::get(&url).call() {
-            let body = r.body_mut().read_to_string().unwrap();
-            if body.contains("active_microbatch_memory_mb{rank=\"1\"}") {
-                break body;
+        match agent.get(&url).call() {
+            Ok(mut r) => {
+                let body = r.body_mut().read_to_string().unwrap_or_default();
+                if body.contains("active_microbatch_memory_mb{rank=\"1\"}") {
+                    break body;
+                }
+                last = body;
             }
+            Err(e) => last = format!("(error: {e})"),
         }
-        if t.elapsed() > Duration::from_secs(60) {
-            give_up(&mut child, "no scrape with rank 1");
+        if t.elapsed() > Duration::from_secs(150) {
+            let steps = std::fs::read_to_string(&log).map_or(0, |l| l.lines().count());
+            give_up(
+                &mut child,
+                &format!("no scrape with rank 1 ({steps} steps logged); last scrape:\n{last}"),
+            );
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(100));
     };
     for rank in 0..2 {
         assert!(text.contains(&format!(

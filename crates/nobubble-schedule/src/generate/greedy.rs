@@ -95,147 +95,254 @@ pub fn list_schedule_bound(
     x: f64,
     policy: &Policy,
 ) -> Result<(Schedule, bool), Error> {
-    let mut memory_bound = false;
-    let n = placement.len();
-    let mut rs: Vec<RankState> = (0..ranks)
-        .map(|r| {
-            let stages: Vec<usize> = (0..n).filter(|&s| placement[s] == r).collect();
-            let admit: f64 = stages.iter().map(|&s| costs.stages[s].mem_b).sum();
-            RankState {
-                clock: 0.0,
-                mem: 0.0,
-                reserve: admit - stages.first().map_or(0.0, |&s| costs.stages[s].mem_b),
-                limit: x * admit * costs.share(r),
-                first_stage: stages.first().copied().unwrap_or(0),
-                stages,
-                admit,
-                order: Vec::with_capacity(3 * m * n / ranks.max(1)),
-            }
-        })
-        .collect();
-    for (r, st) in rs.iter().enumerate() {
-        if st.stages.is_empty() {
-            return Err(Error::Input(format!("rank {r} holds no stage")));
-        }
-        if st.admit > st.limit * (1.0 + 1e-9) {
-            return Err(Error::Input(format!(
-                "memory limit {x} × M_B is below the minimum feasible 1 × M_B on rank {r}: \
-                 a rank must hold at least one microbatch's activations; use --mem-limit 1 or more"
-            )));
-        }
-    }
-    // Next microbatch per stage for each pass kind, and end times of F and I per (stage, mb).
-    let mut next_f = vec![0usize; n];
-    let mut next_i = vec![0usize; n];
-    let mut next_w = vec![0usize; n];
-    let mut end_f = vec![f64::NAN; n * m];
-    let mut end_i = vec![f64::NAN; n * m];
-    let total = 3 * n * m;
-    let mut done = 0;
-    let comm = |from: usize, to: usize| {
-        if placement[from] != placement[to] {
-            costs.comm
-        } else {
-            0.0
-        }
-    };
+    let mut ls = ListScheduler::new(placement, ranks, m, costs, x, policy)?;
     // Ranks that found nothing to do at their current clock and wait for another rank.
     let mut blocked = vec![false; ranks];
+    let total = 3 * ls.n * m;
+    let mut done = 0;
     while done < total {
         // The unfinished, unblocked rank with the earliest clock decides next.
-        let unfinished = |q: usize| {
-            rs[q]
-                .stages
-                .iter()
-                .any(|&s| next_w[s] < m || next_f[s] < m || next_i[s] < m)
-        };
         let Some(r) = (0..ranks)
-            .filter(|&q| !blocked[q] && unfinished(q))
-            .min_by(|&a, &b| rs[a].clock.total_cmp(&rs[b].clock))
+            .filter(|&q| !blocked[q] && ls.unfinished(q))
+            .min_by(|&a, &b| ls.rs[a].clock.total_cmp(&ls.rs[b].clock))
         else {
             return Err(Error::Input(format!(
                 "the automatic scheduler found no rank able to move (memory limit {x} × M_B too tight for this placement?)"
             )));
         };
-        let t = rs[r].clock;
-        let st = &rs[r];
-        // Input gradients: ready ones, and the earliest known future arrival.
-        let mut ready_i: Option<usize> = None;
-        let mut next_i_arrival = f64::INFINITY;
-        for &s in &st.stages {
-            let j = next_i[s];
-            if j >= m || j >= next_f[s] {
+        match ls.choose(r) {
+            Decision::Run(a) => {
+                // Wake only the ranks this pass can unblock: the consumer of its output.
+                blocked[r] = false;
+                match a.kind {
+                    Kind::F if a.stage + 1 < ls.n => blocked[placement[a.stage + 1]] = false,
+                    Kind::I if a.stage > 0 => blocked[placement[a.stage - 1]] = false,
+                    _ => {}
+                }
+                ls.run(r, a);
+                done += 1;
+            }
+            Decision::SleepUntil(t) => ls.rs[r].clock = t,
+            // With no arrival known, wait until another rank schedules something (which is
+            // what could make an arrival known).
+            Decision::Wait => blocked[r] = true,
+        }
+    }
+    let orders = ls.rs.into_iter().map(|st| st.order).collect();
+    Ok((
+        Schedule::new(name, ls.n, ranks, m, placement.to_vec(), orders)?,
+        ls.memory_bound,
+    ))
+}
+
+/// What a rank does at its clock.
+enum Decision {
+    Run(Action),
+    /// Nothing now; the next known arrival is at this time.
+    SleepUntil(f64),
+    /// Nothing now and no arrival known.
+    Wait,
+}
+
+/// The ready pass of one kind a rank would pick, and the earliest later arrival of its
+/// kind's inputs.
+struct Ready {
+    stage: Option<usize>,
+    next_arrival: f64,
+}
+
+/// The list scheduler's state: every rank's clock, memory and order so far, how far each
+/// stage's passes have come, and when each F and I ended.
+struct ListScheduler<'a> {
+    placement: &'a [usize],
+    n: usize,
+    m: usize,
+    costs: &'a CostModel,
+    policy: &'a Policy,
+    rs: Vec<RankState>,
+    /// Next microbatch per stage for each pass kind.
+    next_f: Vec<usize>,
+    next_i: Vec<usize>,
+    next_w: Vec<usize>,
+    /// End times of F and I per (stage, microbatch); NaN until run.
+    end_f: Vec<f64>,
+    end_i: Vec<f64>,
+    /// Whether the memory limit ever held a forward back.
+    memory_bound: bool,
+}
+
+impl<'a> ListScheduler<'a> {
+    /// Every rank's state at time 0, or an error if a rank holds no stage or cannot hold
+    /// one microbatch within the limit.
+    fn new(
+        placement: &'a [usize],
+        ranks: usize,
+        m: usize,
+        costs: &'a CostModel,
+        x: f64,
+        policy: &'a Policy,
+    ) -> Result<Self, Error> {
+        let n = placement.len();
+        let rs: Vec<RankState> = (0..ranks)
+            .map(|r| {
+                let stages: Vec<usize> = (0..n).filter(|&s| placement[s] == r).collect();
+                let admit: f64 = stages.iter().map(|&s| costs.stages[s].mem_b).sum();
+                RankState {
+                    clock: 0.0,
+                    mem: 0.0,
+                    reserve: admit - stages.first().map_or(0.0, |&s| costs.stages[s].mem_b),
+                    limit: x * admit * costs.share(r),
+                    first_stage: stages.first().copied().unwrap_or(0),
+                    stages,
+                    admit,
+                    order: Vec::with_capacity(3 * m * n / ranks.max(1)),
+                }
+            })
+            .collect();
+        for (r, st) in rs.iter().enumerate() {
+            if st.stages.is_empty() {
+                return Err(Error::Input(format!("rank {r} holds no stage")));
+            }
+            if st.admit > st.limit * (1.0 + 1e-9) {
+                return Err(Error::Input(format!(
+                    "memory limit {x} × M_B is below the minimum feasible 1 × M_B on rank {r}: \
+                     a rank must hold at least one microbatch's activations; use --mem-limit 1 or more"
+                )));
+            }
+        }
+        Ok(ListScheduler {
+            placement,
+            n,
+            m,
+            costs,
+            policy,
+            rs,
+            next_f: vec![0; n],
+            next_i: vec![0; n],
+            next_w: vec![0; n],
+            end_f: vec![f64::NAN; n * m],
+            end_i: vec![f64::NAN; n * m],
+            memory_bound: false,
+        })
+    }
+
+    fn comm(&self, from: usize, to: usize) -> f64 {
+        if self.placement[from] != self.placement[to] {
+            self.costs.comm
+        } else {
+            0.0
+        }
+    }
+
+    fn unfinished(&self, r: usize) -> bool {
+        let m = self.m;
+        (self.rs[r].stages.iter())
+            .any(|&s| self.next_w[s] < m || self.next_f[s] < m || self.next_i[s] < m)
+    }
+
+    /// Rank `r`'s input gradients at time `t`: the deepest ready stage, and the earliest
+    /// known future arrival.
+    fn ready_input_grad(&self, r: usize, t: f64) -> Ready {
+        let (n, m) = (self.n, self.m);
+        let mut ready = Ready {
+            stage: None,
+            next_arrival: f64::INFINITY,
+        };
+        for &s in &self.rs[r].stages {
+            let j = self.next_i[s];
+            if j >= m || j >= self.next_f[s] {
                 continue;
             }
             let arrival = if s + 1 == n {
-                end_f[s * m + j]
+                self.end_f[s * m + j]
             } else {
-                end_i[(s + 1) * m + j] + comm(s + 1, s)
+                self.end_i[(s + 1) * m + j] + self.comm(s + 1, s)
             };
             if arrival.is_nan() {
                 continue;
             }
             if arrival <= t {
-                if ready_i.is_none_or(|b| s > b) {
-                    ready_i = Some(s);
+                if ready.stage.is_none_or(|b| s > b) {
+                    ready.stage = Some(s);
                 }
             } else {
-                next_i_arrival = next_i_arrival.min(arrival);
+                ready.next_arrival = ready.next_arrival.min(arrival);
             }
         }
-        // Forwards whose input has arrived and that memory admits.
-        let mut ready_f: Option<usize> = None;
-        let mut next_f_arrival = f64::INFINITY;
-        let mut memory_blocks_f = false;
+        ready
+    }
+
+    /// Rank `r`'s forwards at time `t` whose input has arrived and that memory (and the
+    /// policy's in-flight cap) admits, the policy's preferred one first; also whether
+    /// memory held one back.
+    fn ready_forward(&mut self, r: usize, t: f64) -> (Ready, bool) {
+        let (m, policy) = (self.m, self.policy);
+        let st = &self.rs[r];
+        let mut ready = Ready {
+            stage: None,
+            next_arrival: f64::INFINITY,
+        };
+        let mut memory_blocks = false;
         for &s in &st.stages {
-            let j = next_f[s];
+            let j = self.next_f[s];
             if j >= m {
                 continue;
             }
             let arrival = if s == 0 {
                 0.0
             } else {
-                end_f[(s - 1) * m + j] + comm(s - 1, s)
+                self.end_f[(s - 1) * m + j] + self.comm(s - 1, s)
             };
             if arrival.is_nan() {
                 continue;
             }
             if arrival > t {
-                next_f_arrival = next_f_arrival.min(arrival);
+                ready.next_arrival = ready.next_arrival.min(arrival);
                 continue;
             }
-            if s == st.first_stage && capped(policy, r, next_f[s] - next_i[s]) {
+            if s == st.first_stage && capped(policy, r, self.next_f[s] - self.next_i[s]) {
                 continue;
             }
-            let need = costs.stages[s].mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
+            let mem_b = self.costs.stages[s].mem_b;
+            let need = mem_b + if s == st.first_stage { st.reserve } else { 0.0 };
             if st.mem + need > st.limit * (1.0 + 1e-9) {
-                memory_blocks_f = true;
-                memory_bound = true;
+                memory_blocks = true;
                 continue;
             }
-            let better = match ready_f {
+            let better = match ready.stage {
                 None => true,
                 Some(b) => (s > b) == policy.deeper_forward_first,
             };
             if better {
-                ready_f = Some(s);
+                ready.stage = Some(s);
             }
         }
-        let w_stage = pending_w(st, &next_w, &next_i);
-        let next_arrival = next_i_arrival.min(next_f_arrival);
+        self.memory_bound |= memory_blocks;
+        (ready, memory_blocks)
+    }
+
+    /// What rank `r` does at its clock, by the priorities in the module's doc.
+    fn choose(&mut self, r: usize) -> Decision {
+        let t = self.rs[r].clock;
+        let input_grads = self.ready_input_grad(r, t);
+        let (forwards, memory_blocks_f) = self.ready_forward(r, t);
+        let (costs, policy) = (self.costs, self.policy);
+        let (next_i, next_f, next_w) = (&self.next_i, &self.next_f, &self.next_w);
+        let w_stage = pending_w(&self.rs[r], next_w, next_i);
+        let next_arrival = input_grads.next_arrival.min(forwards.next_arrival);
         let w_fits = |s: usize, until: f64| {
             let w = costs.stages[s].w;
             until.is_infinite() || t + w <= until + policy.w_overshoot * w + 1e-12
         };
-        let chosen: Option<Action> = if let Some(s) = ready_i {
+        let chosen: Option<Action> = if let Some(s) = input_grads.stage {
             Some(Action::new(s, Kind::I, next_i[s]))
-        } else if let Some(s) = ready_f {
+        } else if let Some(s) = forwards.stage {
             let f_end = t + costs.stages[s].f;
-            if policy.forward_may_delay_backward || f_end <= next_i_arrival + 1e-12 {
+            if policy.forward_may_delay_backward || f_end <= input_grads.next_arrival + 1e-12 {
                 Some(Action::new(s, Kind::F, next_f[s]))
             } else {
                 w_stage
-                    .filter(|&ws| w_fits(ws, next_i_arrival))
+                    .filter(|&ws| w_fits(ws, input_grads.next_arrival))
                     .map(|ws| Action::new(ws, Kind::W, next_w[ws]))
             }
         } else if let Some(ws) = w_stage {
@@ -244,58 +351,36 @@ pub fn list_schedule_bound(
         } else {
             None
         };
-        let Some(a) = chosen else {
-            // Nothing to do now: sleep until the next known arrival or the next other clock.
-            // Sleep until the next known arrival; with none known, until another rank
-            // schedules something (which is what could make an arrival known).
-            if next_arrival.is_finite() && next_arrival > t {
-                rs[r].clock = next_arrival;
-            } else {
-                blocked[r] = true;
+        match chosen {
+            Some(a) => Decision::Run(a),
+            None if next_arrival.is_finite() && next_arrival > t => {
+                Decision::SleepUntil(next_arrival)
             }
-            continue;
-        };
-        let (s, j) = (a.stage, a.microbatch);
-        // Wake only the ranks this pass can unblock: the consumer of its output.
-        blocked[r] = false;
-        match a.kind {
-            Kind::F if s + 1 < n => blocked[placement[s + 1]] = false,
-            Kind::I if s > 0 => blocked[placement[s - 1]] = false,
-            _ => {}
+            None => Decision::Wait,
         }
-        let st = &mut rs[r];
-        let dur = costs.time(s, a.kind);
-        let start = match a.kind {
+    }
+
+    /// Runs `a` on rank `r` at its clock.
+    fn run(&mut self, r: usize, a: Action) {
+        let (s, j, m) = (a.stage, a.microbatch, self.m);
+        let st = &mut self.rs[r];
+        let end = st.clock + self.costs.time(s, a.kind);
+        match a.kind {
             Kind::F => {
-                next_f[s] += 1;
-                t
+                self.next_f[s] += 1;
+                self.end_f[s * m + j] = end;
             }
             Kind::I => {
-                next_i[s] += 1;
-                t
+                self.next_i[s] += 1;
+                self.end_i[s * m + j] = end;
             }
-            Kind::W => {
-                next_w[s] += 1;
-                t
-            }
+            Kind::W => self.next_w[s] += 1,
             Kind::B => unreachable!("the list scheduler splits every backward"),
-        };
-        st.mem += costs.mem_delta(s, a.kind);
-        let end = start + dur;
-        match a.kind {
-            Kind::F => end_f[s * m + j] = end,
-            Kind::I => end_i[s * m + j] = end,
-            _ => {}
         }
+        st.mem += self.costs.mem_delta(s, a.kind);
         st.clock = end;
         st.order.push(a);
-        done += 1;
     }
-    let orders = rs.into_iter().map(|st| st.order).collect();
-    Ok((
-        Schedule::new(name, n, ranks, m, placement.to_vec(), orders)?,
-        memory_bound,
-    ))
 }
 
 /// Whether `policy`'s in-flight cap keeps rank `r`, holding `in_flight` microbatches in its

@@ -61,142 +61,147 @@ fn zb_auto_within(
     x: f64,
     name: &str,
 ) -> Result<Schedule, Error> {
-    let placement: Vec<usize> = (0..p).collect();
-    let actions = 3 * p * m;
-    if actions > LADDER_MAX_ACTIONS {
+    if 3 * p * m > LADDER_MAX_ACTIONS {
         return at_the_limit(p, m, costs, x, name);
     }
-    let search = TemplateSearch {
-        p,
-        m,
-        costs,
-        name,
-        rejected: Cell::new(false),
-    };
-    let grid = search.grid();
-    let descent_budget = (100_000 / actions).clamp(4, 300);
-    // The best family point when memory is no object (one from each natural warm-up),
-    // polished once; every level also tries it cut down to fit (the same steps at every
-    // level, so the ladder stays monotone).
-    let frees: Vec<(TemplateParams, f64)> = [false, true]
-        .into_iter()
-        .filter_map(|overshot| {
-            let (t, sc, _, _) = grid
-                .iter()
-                .filter(|g| g.3 == overshot)
-                .min_by(|a, b| by_score(a.1, b.1))?;
-            let t = search
-                .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
-                .0;
-            let need = needed_limit(&search.build(&t).ok()?, costs);
-            Some((t, need))
-        })
-        .collect();
-    let fit_budget = (1_000_000 / actions).clamp(20, 150);
-    let improve_budget = (30_000 / actions).clamp(2, 100);
-    let improve_budget = if actions <= 6000 { improve_budget } else { 0 };
-    // The handcrafted schedules do not depend on the limit: score them once.
-    let mut handcrafted = Vec::new();
-    for s in [super::zb_h1(p, m)?, super::zb_h2(p, m)?] {
-        let need = needed_limit(&s, costs);
-        let sc = score(&s, costs)?;
-        handcrafted.push((s, sc, need));
-    }
-    let mut best: Option<(Schedule, Score)> = None;
-    let mut params: Option<(TemplateParams, Score)> = None;
-    let mut paper_free: Option<(Schedule, Score)> = None;
-    let mut unbound = LadderRuns::new(policies());
-    let mut tight = LadderRuns::new(policies().into_iter().take(1).collect());
-    let floor = unlimited_floor(&placement, m, costs);
-    // Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
-    let static_need = handcrafted
-        .iter()
-        .map(|h| h.2)
-        .chain(grid.iter().map(|g| g.2))
-        .chain(frees.iter().map(|f| f.1))
-        .fold(0.0, f64::max);
+    let mut climb = Climb::new(p, m, costs, name)?;
     for level in ladder(x) {
-        search.rejected.set(false);
-        let params_before = params.clone();
-        let paper_was_free = paper_free.is_some();
+        if climb.step(level)? {
+            break;
+        }
+    }
+    let (mut best, _) = climb.best.ok_or_else(|| no_fit(x))?;
+    best.name = name.to_string();
+    Ok(best)
+}
+
+/// Pipelines (passes) up to which the list scheduler joins the candidates at every level:
+/// on linear placements it rarely beats the family search, and is worth its time only on
+/// small pipelines.
+const LIST_MAX_ACTIONS: usize = 1500;
+
+/// `candidate` replaces `best` if it scores better (or `best` is empty).
+fn offer(best: &mut Option<(Schedule, Score)>, candidate: Schedule, sc: Score) {
+    if best.as_ref().is_none_or(|b| better(sc, b.1)) {
+        *best = Some((candidate, sc));
+    }
+}
+
+/// The ladder climb of [`zb_auto_within`]: what carries from one memory level to the next.
+struct Climb<'a> {
+    p: usize,
+    m: usize,
+    costs: &'a CostModel,
+    name: &'a str,
+    search: TemplateSearch<'a>,
+    /// The family grid: parameters, score, memory needed, whether the warm-up overshoots.
+    grid: Vec<(TemplateParams, Score, f64, bool)>,
+    /// The best family points when memory is no object, with the memory they need.
+    frees: Vec<(TemplateParams, f64)>,
+    /// ZB-H1 and ZB-H2 (they do not depend on the limit), scored once.
+    handcrafted: Vec<(Schedule, Score, f64)>,
+    descent_budget: usize,
+    fit_budget: usize,
+    improve_budget: usize,
+    best: Option<(Schedule, Score)>,
+    /// The family parameters the descent goes on from.
+    params: Option<(TemplateParams, Score)>,
+    /// The paper's scheduler's result once memory stopped binding it.
+    paper_free: Option<(Schedule, Score)>,
+    unbound: LadderRuns,
+    tight: LadderRuns,
+    /// Nothing can beat a schedule on both unlimited lower bounds.
+    floor: Score,
+    /// Above this, every fixed candidate (handcrafted, family grid, cut-down points) fits.
+    static_need: f64,
+}
+
+impl<'a> Climb<'a> {
+    fn new(p: usize, m: usize, costs: &'a CostModel, name: &'a str) -> Result<Self, Error> {
+        let actions = 3 * p * m;
+        let search = TemplateSearch {
+            p,
+            m,
+            costs,
+            name,
+            rejected: Cell::new(false),
+        };
+        let grid = search.grid();
+        let descent_budget = (100_000 / actions).clamp(4, 300);
+        // The best family point when memory is no object (one from each natural warm-up),
+        // polished once; every level also tries it cut down to fit (the same steps at every
+        // level, so the ladder stays monotone).
+        let frees: Vec<(TemplateParams, f64)> = [false, true]
+            .into_iter()
+            .filter_map(|overshot| {
+                let (t, sc, _, _) = grid
+                    .iter()
+                    .filter(|g| g.3 == overshot)
+                    .min_by(|a, b| by_score(a.1, b.1))?;
+                let t = search
+                    .descend(t.clone(), *sc, m as f64, 4 * descent_budget)
+                    .0;
+                let need = needed_limit(&search.build(&t).ok()?, costs);
+                Some((t, need))
+            })
+            .collect();
+        let improve_budget = (30_000 / actions).clamp(2, 100);
+        let mut handcrafted = Vec::new();
+        for s in [super::zb_h1(p, m)?, super::zb_h2(p, m)?] {
+            let need = needed_limit(&s, costs);
+            let sc = score(&s, costs)?;
+            handcrafted.push((s, sc, need));
+        }
+        let placement: Vec<usize> = (0..p).collect();
+        let static_need = (handcrafted.iter().map(|h| h.2))
+            .chain(grid.iter().map(|g| g.2))
+            .chain(frees.iter().map(|f| f.1))
+            .fold(0.0, f64::max);
+        Ok(Climb {
+            p,
+            m,
+            costs,
+            name,
+            search,
+            grid,
+            frees,
+            handcrafted,
+            descent_budget,
+            fit_budget: (1_000_000 / actions).clamp(20, 150),
+            improve_budget: if actions <= 6000 { improve_budget } else { 0 },
+            best: None,
+            params: None,
+            paper_free: None,
+            unbound: LadderRuns::new(policies()),
+            tight: LadderRuns::new(policies().into_iter().take(1).collect()),
+            floor: unlimited_floor(&placement, m, costs),
+            static_need,
+        })
+    }
+
+    fn actions(&self) -> usize {
+        3 * self.p * self.m
+    }
+
+    /// One level of the climb; true when the climb can stop (a fixed point, or optimal).
+    fn step(&mut self, level: f64) -> Result<bool, Error> {
+        self.search.rejected.set(false);
+        let params_before = self.params.clone();
+        let paper_was_free = self.paper_free.is_some();
+        let mut level_best = self.list_candidates(level)?;
+        self.offer_fixed(level, &mut level_best)?;
+        self.offer_family(level, &mut level_best)?;
         let mut settled = true;
-        let mut candidates = Vec::new();
-        // On linear placements the list scheduler rarely beats the family search; it is
-        // worth its time only on small pipelines.
-        if actions <= 1500 {
-            candidates.extend(unbound.run(name, &placement, p, m, costs, level));
-        }
-        let mut level_best = pick_best(candidates, costs, level)?;
-        let nothing_fits = level_best.is_none()
-            && handcrafted.iter().all(|(_, _, need)| !fits(*need, level))
-            && grid.iter().all(|g| !fits(g.2, level));
-        if nothing_fits && actions > 1500 {
-            // Below what the handcrafted schedules and the family need (limits under p):
-            // the list scheduler plans within any limit.
-            let found = tight.run(name, &placement, p, m, costs, level);
-            level_best = pick_best(found, costs, level)?;
-        }
-        for (s, sc, need) in &handcrafted {
-            if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
-                level_best = Some((s.clone(), *sc));
-            }
-        }
-        // The paper's own scheduler at this level, so we are never worse than it; once
-        // memory stops binding it, every larger level gives the same schedule.
-        if paper_free.is_none() {
-            if let Ok((s, bound)) = paper_heuristic::zb_paper(p, m, costs, level, name) {
-                let sc = score(&s, costs)?;
-                if !bound {
-                    paper_free = Some((s.clone(), sc));
-                }
-                if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
-                    level_best = Some((s, sc));
-                }
-            }
-        } else if let Some((s, sc)) = &paper_free {
-            if level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
-                level_best = Some((s.clone(), *sc));
-            }
-        }
-        let fitting = grid
-            .iter()
-            .filter(|g| fits(g.2, level))
-            .min_by(|a, b| by_score(a.1, b.1));
-        if let Some((t, sc, _, _)) = fitting {
-            if params.as_ref().is_none_or(|(_, ps)| better(*sc, *ps)) {
-                params = Some((t.clone(), *sc));
-            }
-        }
-        if let Some((t, sc)) = params.take() {
-            let (t, sc) = search.descend(t, sc, level, descent_budget);
-            if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
-                level_best = Some((search.build(&t)?, sc));
-            }
-            params = Some((t, sc));
-        }
-        // Levels just below what the free point needs: cut it down to fit and polish it, as a
-        // candidate of its own (the main chain of parameters goes on unchanged).
-        for (f, need) in &frees {
-            if level < *need && level + FIT_LEVELS >= *need {
-                if let Some(t) = search.fit(f.clone(), level) {
-                    if let Some(sc) = search.eval(&t, level) {
-                        let (t, sc) = search.descend(t, sc, level, fit_budget);
-                        if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
-                            level_best = Some((search.build(&t)?, sc));
-                        }
-                    }
-                }
-            }
-        }
         if let Some((s, sc)) = level_best {
-            let improved = if improve_budget > 0 {
-                improve(s, sc, costs, level, improve_budget, &search.rejected)?
+            let improved = if self.improve_budget > 0 {
+                let rejected = &self.search.rejected;
+                improve(s, sc, self.costs, level, self.improve_budget, rejected)?
             } else {
                 (s, sc)
             };
-            if best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
+            if self.best.as_ref().is_none_or(|b| better(improved.1, b.1)) {
                 // A new best: try reshaping its drain phase (see `drain`).
-                best = Some(repair_drain(improved, costs, level));
+                self.best = Some(repair_drain(improved, self.costs, level));
                 settled = false;
             }
         }
@@ -204,20 +209,104 @@ fn zb_auto_within(
         // every larger level would compute exactly the same, so the ladder can stop here
         // with the very result it would reach at the top.
         let settled = settled
-            && !search.rejected.get()
-            && params == params_before
-            && level >= static_need
-            && (actions > 1500 || unbound.all_cached())
+            && !self.search.rejected.get()
+            && self.params == params_before
+            && level >= self.static_need
+            && (self.actions() > LIST_MAX_ACTIONS || self.unbound.all_cached())
             && paper_was_free;
-        // Nothing at any limit can beat a schedule on both unlimited lower bounds.
-        let optimal = on_floor(&best, floor);
-        if settled || optimal {
-            break;
-        }
+        Ok(settled || on_floor(&self.best, self.floor))
     }
-    let (mut best, _) = best.ok_or_else(|| no_fit(x))?;
-    best.name = name.to_string();
-    Ok(best)
+
+    /// The list scheduler's best at `level`: under every policy on small pipelines, and on
+    /// large ones only where no fixed candidate fits (limits under p).
+    fn list_candidates(&mut self, level: f64) -> Result<Option<(Schedule, Score)>, Error> {
+        let (p, m, costs, name) = (self.p, self.m, self.costs, self.name);
+        let placement: Vec<usize> = (0..p).collect();
+        let mut candidates = Vec::new();
+        if self.actions() <= LIST_MAX_ACTIONS {
+            candidates.extend(self.unbound.run(name, &placement, p, m, costs, level));
+        }
+        let level_best = pick_best(candidates, costs, level)?;
+        let nothing_fits = level_best.is_none()
+            && self
+                .handcrafted
+                .iter()
+                .all(|(_, _, need)| !fits(*need, level))
+            && self.grid.iter().all(|g| !fits(g.2, level));
+        if nothing_fits && self.actions() > LIST_MAX_ACTIONS {
+            let found = self.tight.run(name, &placement, p, m, costs, level);
+            return pick_best(found, costs, level);
+        }
+        Ok(level_best)
+    }
+
+    /// The handcrafted schedules that fit, and the paper's own scheduler at this level (so
+    /// zb-auto is never worse than it; once memory stops binding it, every larger level
+    /// gives the same schedule).
+    fn offer_fixed(
+        &mut self,
+        level: f64,
+        best: &mut Option<(Schedule, Score)>,
+    ) -> Result<(), Error> {
+        for (s, sc, need) in &self.handcrafted {
+            if fits(*need, level) {
+                offer(best, s.clone(), *sc);
+            }
+        }
+        if let Some((s, sc)) = &self.paper_free {
+            offer(best, s.clone(), *sc);
+        } else if let Ok((s, bound)) =
+            paper_heuristic::zb_paper(self.p, self.m, self.costs, level, self.name)
+        {
+            let sc = score(&s, self.costs)?;
+            if !bound {
+                self.paper_free = Some((s.clone(), sc));
+            }
+            offer(best, s, sc);
+        }
+        Ok(())
+    }
+
+    /// The ZB-H family: the best grid point that fits, coordinate descent from the best
+    /// parameters so far, and, at levels just below what a free point needs, that point cut
+    /// down to fit and polished (a candidate of its own: the main chain goes on unchanged).
+    fn offer_family(
+        &mut self,
+        level: f64,
+        best: &mut Option<(Schedule, Score)>,
+    ) -> Result<(), Error> {
+        let search = &self.search;
+        let fitting = (self.grid.iter())
+            .filter(|g| fits(g.2, level))
+            .min_by(|a, b| by_score(a.1, b.1));
+        if let Some((t, sc, _, _)) = fitting {
+            if self.params.as_ref().is_none_or(|(_, ps)| better(*sc, *ps)) {
+                self.params = Some((t.clone(), *sc));
+            }
+        }
+        if let Some((t, sc)) = self.params.take() {
+            let (t, sc) = search.descend(t, sc, level, self.descent_budget);
+            if best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                *best = Some((search.build(&t)?, sc));
+            }
+            self.params = Some((t, sc));
+        }
+        for (f, need) in &self.frees {
+            if level >= *need || level + FIT_LEVELS < *need {
+                continue;
+            }
+            let Some(t) = search.fit(f.clone(), level) else {
+                continue;
+            };
+            if let Some(sc) = search.eval(&t, level) {
+                let (t, sc) = search.descend(t, sc, level, self.fit_budget);
+                if best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                    *best = Some((search.build(&t)?, sc));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `zb_auto` on a large pipeline: the best of ZB-H1 and ZB-H2 where they fit and the paper's

@@ -10,6 +10,7 @@
 
 use crate::cost::{CostModel, CostSpec, RankCost};
 use crate::error::Error;
+use crate::generate::search::better;
 use crate::generate::{generate, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS};
 use crate::limit::MemLimit;
 use crate::schedule::Schedule;
@@ -245,13 +246,47 @@ fn balanced_counts(l: &LayerCosts, n: usize, min_middle: usize) -> Result<Vec<us
 /// means under the even split, which every other split must fit too.
 pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
     let blocks = layers.blocks()?.len();
-    let (p, m) = (req.ranks, req.microbatches);
-    for (setting, n) in [("stages", p), ("microbatches", m), ("chunks", req.chunks)] {
+    for (setting, n) in [
+        ("stages", req.ranks),
+        ("microbatches", req.microbatches),
+        ("chunks", req.chunks),
+    ] {
         if n == 0 {
             return Err(Error::setting(setting, "must be at least 1"));
         }
     }
-    let placements: Vec<(Option<Placement>, usize)> = match req.kind {
+    let mut search = SplitSearch {
+        req,
+        layers,
+        errors: Vec::new(),
+        even_best: None,
+    };
+    let mut best: Option<Candidate> = None;
+    for (placement, n) in split_placements(req) {
+        if let Some(h) = search.on_placement(placement, n, blocks)? {
+            if best.as_ref().is_none_or(|b| better(h.score, b.score)) {
+                best = Some(h);
+            }
+        }
+    }
+    let best = best.ok_or_else(|| {
+        Error::Input(format!(
+            "no layer split could be planned: {}",
+            search.errors.join("; ")
+        ))
+    })?;
+    Ok(Split {
+        counts: best.counts,
+        schedule: best.schedule,
+        spec: best.spec,
+        even: search.even_best.map(|e| e.0),
+    })
+}
+
+/// The placements a split is planned on, each with its stage count.
+fn split_placements(req: &Request) -> Vec<(Option<Placement>, usize)> {
+    let (p, m) = (req.ranks, req.microbatches);
+    match req.kind {
         ScheduleKind::ZbAuto => match req.placement {
             Some(Placement::V) => vec![(Some(Placement::V), 2 * p)],
             Some(Placement::Linear) => vec![(Some(Placement::Linear), p)],
@@ -269,152 +304,170 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
             vec![(None, p * req.chunks)]
         }
         _ => vec![(None, p)],
-    };
-    let mut best: Option<Candidate> = None;
-    let mut even_best: Option<(Schedule, (f64, f64))> = None;
-    let mut errors = Vec::new();
-    let budgeted = matches!(
-        req.kind,
-        ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
-    );
-    for (placement, n) in placements {
+    }
+}
+
+/// The split search over one request: what it found wrong (for the error if nothing
+/// plans) and the even split's best schedule (for comparison).
+struct SplitSearch<'a> {
+    req: &'a Request,
+    layers: &'a LayerCosts,
+    errors: Vec<String>,
+    even_best: Option<(Schedule, (f64, f64))>,
+}
+
+/// The splits tried on one placement, the request they are planned under, its bytes per
+/// rank (empty: none), and the best so far.
+struct PlacementSearch {
+    sub: Request,
+    bytes: Vec<f64>,
+    tried: Vec<Vec<usize>>,
+    here: Option<Candidate>,
+}
+
+impl SplitSearch<'_> {
+    /// `counts` planned under `r`, checked against the byte budget `check` (empty: none).
+    fn plan(&self, counts: &[usize], r: &Request, check: &[f64]) -> Result<Candidate, Error> {
+        let spec = self.layers.spec(counts)?;
+        let s = generate(r, &spec)?;
+        let c = CostModel::for_schedule(&spec, &s)?.with_objective(self.req.objective);
+        if !check.is_empty() {
+            crate::validate::check_memory_budget(&s, &c, check)?;
+        }
+        let score = crate::generate::search::score(&s, &c)?;
+        Ok(Candidate {
+            counts: counts.to_vec(),
+            schedule: s,
+            spec,
+            score,
+        })
+    }
+
+    /// The best split on `placement` with `n` stages: the even one, the balanced one, then
+    /// single-block moves. `None` if none plans (the reasons go to `errors`).
+    fn on_placement(
+        &mut self,
+        placement: Option<Placement>,
+        n: usize,
+        blocks: usize,
+    ) -> Result<Option<Candidate>, Error> {
         let least = usize::from(n > 2);
         if blocks < n.saturating_sub(2) * least {
-            errors.push(format!(
+            self.errors.push(format!(
                 "{blocks} blocks cannot give each of {n} stages' middle ones a block"
             ));
-            continue;
+            return Ok(None);
         }
         let plain = Request {
             placement,
-            ..req.clone()
-        };
-        let plan = |counts: &[usize], r: &Request, check: &[f64]| -> Result<Candidate, Error> {
-            let spec = layers.spec(counts)?;
-            let s = generate(r, &spec)?;
-            let c = CostModel::for_schedule(&spec, &s)?.with_objective(req.objective);
-            if !check.is_empty() {
-                crate::validate::check_memory_budget(&s, &c, check)?;
-            }
-            let sc = crate::generate::search::score(&s, &c)?;
-            Ok(Candidate {
-                counts: counts.to_vec(),
-                schedule: s,
-                spec,
-                score: sc,
-            })
+            ..self.req.clone()
         };
         // The even split under the request as given; its bytes per rank are then the
         // budget for every other split.
         let even = even_counts(blocks, n);
-        let given = req.mem_limit.budgets();
-        let first = match plan(&even, &plain, &given) {
+        let given = self.req.mem_limit.budgets();
+        let first = match self.plan(&even, &plain, &given) {
             Ok(c) => Some(c),
             Err(e) => {
-                errors.push(format!("even split on {n} stages: {e}"));
+                self.errors.push(format!("even split on {n} stages: {e}"));
                 None
             }
         };
-        let bytes: Vec<f64> = if !given.is_empty() {
-            given.clone()
-        } else {
-            let user = req.mem_limit.as_multiple();
-            let x = req.kind.planning_limit(p, user).or(user);
-            match (&first, x) {
-                (Some(f), Some(x)) => {
-                    let c = CostModel::for_schedule(&f.spec, &f.schedule)?;
-                    (0..p).map(|r| x * c.rank_mem_b(&f.schedule, r)).collect()
-                }
-                _ => Vec::new(),
-            }
-        };
+        let bytes = self.budget_bytes(&given, first.as_ref())?;
+        let budgeted = matches!(
+            self.req.kind,
+            ScheduleKind::ZbAuto | ScheduleKind::ZbPaper | ScheduleKind::VAuto
+        );
         let sub = if budgeted && !bytes.is_empty() {
             Request {
                 mem_limit: MemLimit::PerRank(bytes.clone()),
-                ..plain.clone()
+                ..plain
             }
         } else {
-            plain.clone()
+            plain
         };
         if let Some(f) = &first {
-            if even_best
-                .as_ref()
-                .is_none_or(|e| crate::generate::search::better(f.score, e.1))
-            {
-                even_best = Some((f.schedule.clone(), f.score));
+            if self.even_best.as_ref().is_none_or(|e| better(f.score, e.1)) {
+                self.even_best = Some((f.schedule.clone(), f.score));
             }
         }
-        let mut tried: Vec<Vec<usize>> = vec![even.clone()];
-        let mut here: Option<Candidate> = first;
-        let mut consider = |counts: Vec<usize>, here: &mut Option<Candidate>| -> bool {
-            if tried.contains(&counts) {
-                return false;
-            }
-            tried.push(counts.clone());
-            match plan(&counts, &sub, &bytes) {
-                Ok(c)
-                    if here
-                        .as_ref()
-                        .is_none_or(|h| crate::generate::search::better(c.score, h.score)) =>
-                {
-                    *here = Some(c);
-                    true
-                }
-                Ok(_) => false,
-                Err(e) => {
-                    if errors.len() < 8 {
-                        errors.push(format!("split {counts:?}: {e}"));
-                    }
-                    false
-                }
-            }
+        let mut ps = PlacementSearch {
+            sub,
+            bytes,
+            tried: vec![even],
+            here: first,
         };
-        if let Ok(c) = balanced_counts(layers, n, least) {
-            consider(c, &mut here);
+        if let Ok(c) = balanced_counts(self.layers, n, least) {
+            self.consider(&mut ps, c);
         }
-        // Single-block moves across each boundary, from the best so far, while they help
-        // (a bounded number of plans: each is a full search).
+        self.single_block_moves(&mut ps, n, least);
+        Ok(ps.here)
+    }
+
+    /// Each rank's bytes the other splits must fit in: the budget given, or the even
+    /// split's bytes at the kind's multiple of M_B (empty if neither).
+    fn budget_bytes(&self, given: &[f64], even: Option<&Candidate>) -> Result<Vec<f64>, Error> {
+        if !given.is_empty() {
+            return Ok(given.to_vec());
+        }
+        let user = self.req.mem_limit.as_multiple();
+        let x = self.req.kind.planning_limit(self.req.ranks, user).or(user);
+        Ok(match (even, x) {
+            (Some(f), Some(x)) => {
+                let c = CostModel::for_schedule(&f.spec, &f.schedule)?;
+                (0..self.req.ranks)
+                    .map(|r| x * c.rank_mem_b(&f.schedule, r))
+                    .collect()
+            }
+            _ => Vec::new(),
+        })
+    }
+
+    /// Plans `counts` unless tried before; true if it beats the best so far.
+    fn consider(&mut self, ps: &mut PlacementSearch, counts: Vec<usize>) -> bool {
+        if ps.tried.contains(&counts) {
+            return false;
+        }
+        ps.tried.push(counts.clone());
+        match self.plan(&counts, &ps.sub, &ps.bytes) {
+            Ok(c) if ps.here.as_ref().is_none_or(|h| better(c.score, h.score)) => {
+                ps.here = Some(c);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                if self.errors.len() < 8 {
+                    self.errors.push(format!("split {counts:?}: {e}"));
+                }
+                false
+            }
+        }
+    }
+
+    /// Single-block moves across each boundary, from the best so far, while they help (a
+    /// bounded number of plans: each is a full search).
+    fn single_block_moves(&mut self, ps: &mut PlacementSearch, n: usize, least: usize) {
+        let keep = |s: usize| if s > 0 && s + 1 < n { least } else { 0 };
         let mut budget = 4 * n + 8;
-        while let Some(start) = here.as_ref().map(|h| h.counts.clone()) {
+        while let Some(start) = ps.here.as_ref().map(|h| h.counts.clone()) {
             let mut moved = false;
             for k in 0..n - 1 {
                 for (from, to) in [(k, k + 1), (k + 1, k)] {
                     let mut c = start.clone();
-                    let keep = |s: usize| if s > 0 && s + 1 < n { least } else { 0 };
                     if c[from] <= keep(from) || budget == 0 {
                         continue;
                     }
                     c[from] -= 1;
                     c[to] += 1;
                     budget -= 1;
-                    moved |= consider(c, &mut here);
+                    moved |= self.consider(ps, c);
                 }
             }
             if !moved || budget == 0 {
                 break;
             }
         }
-        if let Some(h) = here {
-            if best
-                .as_ref()
-                .is_none_or(|b| crate::generate::search::better(h.score, b.score))
-            {
-                best = Some(h);
-            }
-        }
     }
-    let best = best.ok_or_else(|| {
-        Error::Input(format!(
-            "no layer split could be planned: {}",
-            errors.join("; ")
-        ))
-    })?;
-    Ok(Split {
-        counts: best.counts,
-        schedule: best.schedule,
-        spec: best.spec,
-        even: even_best.map(|e| e.0),
-    })
 }
 
 #[cfg(test)]

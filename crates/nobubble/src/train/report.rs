@@ -47,8 +47,34 @@ pub fn finish(
     let late = r.stopped.is_none() && signal != 0;
     let stopped = r.stopped.or(late.then_some(Stop::Signal(signal)));
     let s = summary(r, &watch);
-    let sim = &r.simulated.metrics;
     let real = job.session.emulated.is_none();
+    print_results(a, r, &s, &watch, real);
+    print_memory_and_comm(r, real);
+    if let Some(path) = &a.trace {
+        let text =
+            serde_json::to_string(&json!({"traceEvents": watch.trace_events})).expect("serializes");
+        crate::report::emit(Some(path), &text)?;
+    }
+    if let Some(path) = &a.report {
+        let peaks: Vec<Value> = (0..r.plan.schedule.ranks)
+            .map(|rank| {
+                json!({"rank": rank, "measured_bytes": real.then(|| measured_peak(r, rank)),
+                    "predicted_bytes": real.then(|| r.plan.predicted_peak[rank])})
+            })
+            .collect();
+        let report = json_report(a, job, r, stopped, &s, watch.peak_flops, peaks);
+        let text = serde_json::to_string_pretty(&report).expect("serializes") + "\n";
+        crate::report::emit(Some(path), &text)?;
+    }
+    if let Some(path) = &a.timeline_svg {
+        crate::report::emit(Some(path), &measured_timeline(r)?)?;
+    }
+    exit_status(a, r, stopped, late, real)
+}
+
+/// Steps, throughput, losses, step time, bubble and MFU.
+fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, real: bool) {
+    let sim = &r.simulated.metrics;
     println!(
         "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
         r.trained,
@@ -97,19 +123,23 @@ pub fn finish(
             }
         );
     }
-    let ranks = r.plan.schedule.ranks;
-    let measured_peak = |rank: usize| {
-        r.tail
-            .iter()
-            .map(|x| x.peak_bytes.get(rank).copied().unwrap_or(0))
-            .max()
-            .unwrap_or(0)
-    };
+}
+
+/// The largest activation memory rank `rank` reached in the steps the report covers.
+fn measured_peak(r: &TrainReport, rank: usize) -> usize {
+    (r.tail.iter())
+        .map(|x| x.peak_bytes.get(rank).copied().unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each rank's peak memory against the plan's (real compute), and its communication.
+fn print_memory_and_comm(r: &TrainReport, real: bool) {
     if real {
-        for rank in 0..ranks {
+        for rank in 0..r.plan.schedule.ranks {
             println!(
                 "rank {rank}: peak activation memory {} (planner predicted {})",
-                mib(measured_peak(rank) as f64),
+                mib(measured_peak(r, rank) as f64),
                 mib(r.plan.predicted_peak[rank])
             );
         }
@@ -132,47 +162,45 @@ pub fn finish(
         }
         println!("{line}");
     }
-    if let Some(path) = &a.trace {
-        let text =
-            serde_json::to_string(&json!({"traceEvents": watch.trace_events})).expect("serializes");
-        crate::report::emit(Some(path), &text)?;
-    }
-    if let Some(path) = &a.report {
-        let peaks: Vec<Value> = (0..ranks)
-            .map(|rank| {
-                json!({"rank": rank, "measured_bytes": real.then(|| measured_peak(rank)),
-                    "predicted_bytes": real.then(|| r.plan.predicted_peak[rank])})
-            })
-            .collect();
-        let report = json_report(a, job, r, stopped, &s, watch.peak_flops, peaks);
-        let text = serde_json::to_string_pretty(&report).expect("serializes") + "\n";
-        crate::report::emit(Some(path), &text)?;
-    }
-    if let Some(path) = &a.timeline_svg {
-        let Some(last) = r.tail.last() else {
-            return Err("--timeline-svg: no step was recorded to draw".into());
-        };
-        // The first replica's ranks: the schedule's (the others run the same one).
-        let measured: Vec<Vec<Slot>> = last
-            .timeline
-            .iter()
-            .take(r.plan.schedule.ranks)
-            .map(|slots| {
-                slots
-                    .iter()
-                    .map(|m| Slot {
-                        action: m.action,
-                        start: m.start * 1e3,
-                        end: m.end * 1e3,
-                        waited_for: None,
-                    })
-                    .collect()
-            })
-            .collect();
-        let title = format!("measured: step {} of this run", last.step + 1);
-        let picture = svg::render_measured(&r.plan.schedule, &measured, &r.simulated, &title);
-        crate::report::emit(Some(path), &picture)?;
-    }
+}
+
+/// `--timeline-svg`'s picture: the last recorded step, measured, above the plan.
+fn measured_timeline(r: &TrainReport) -> Result<String, String> {
+    let Some(last) = r.tail.last() else {
+        return Err("--timeline-svg: no step was recorded to draw".into());
+    };
+    // The first replica's ranks: the schedule's (the others run the same one).
+    let measured: Vec<Vec<Slot>> = (last.timeline.iter())
+        .take(r.plan.schedule.ranks)
+        .map(|slots| {
+            (slots.iter())
+                .map(|m| Slot {
+                    action: m.action,
+                    start: m.start * 1e3,
+                    end: m.end * 1e3,
+                    waited_for: None,
+                })
+                .collect()
+        })
+        .collect();
+    let title = format!("measured: step {} of this run", last.step + 1);
+    Ok(svg::render_measured(
+        &r.plan.schedule,
+        &measured,
+        &r.simulated,
+        &title,
+    ))
+}
+
+/// 0, or 128 + the signal that stopped the run; an error for a run that diverged or was
+/// stopped by non-finite losses.
+fn exit_status(
+    a: &TrainArgs,
+    r: &TrainReport,
+    stopped: Option<Stop>,
+    late: bool,
+    real: bool,
+) -> Result<u8, String> {
     // A run that trained all its steps and diverged says so, even if a signal came late.
     let diverged = real && !r.final_loss.is_finite();
     match stopped {

@@ -301,6 +301,48 @@ impl GptConfig {
         (4.0 * after_f, 4.0 * after_i)
     }
 
+    /// Activation bytes one block holds per microbatch after F and from I until W, as its
+    /// layers store them (f32). A GPT block keeps both LayerNorms' normalized inputs and
+    /// scales, the four linears' inputs, Q, K and V, the attention probabilities and GELU's
+    /// input; after I the linears' inputs with their output gradients, and the bias and
+    /// norm-parameter gradients I computed (W adds them). Llama: [`Self::llama_block_bytes`].
+    /// What the runtime plans and checks memory with before it measures; the runtime's
+    /// tests check it against the bytes the built stages hold.
+    pub fn block_bytes(&self) -> (f64, f64) {
+        if self.arch == Arch::Llama {
+            return self.llama_block_bytes();
+        }
+        let (h, f) = (self.hidden as f64, self.ffn_hidden() as f64);
+        let probs = (self.heads * self.seq_len) as f64;
+        let tokens = self.tokens_per_microbatch() as f64;
+        let after_f = tokens * (8.0 * h + 2.0 * f + probs + 2.0);
+        let after_i = tokens * (8.0 * h + 2.0 * f) + 9.0 * h + f;
+        (4.0 * after_f, 4.0 * after_i)
+    }
+
+    /// The embedding's activation bytes after F (the token ids) and from I until W (the
+    /// ids and the output gradient its W scatters).
+    pub fn embedding_bytes(&self) -> (f64, f64) {
+        let tokens = self.tokens_per_microbatch() as f64;
+        (4.0 * tokens, 4.0 * tokens * (self.hidden as f64 + 1.0))
+    }
+
+    /// The final norm and LM head's activation bytes: after F the norm's normalized input
+    /// and scale, the head's input and the probabilities; from I until W the head's input
+    /// and output gradient and the norm's parameter gradients.
+    pub fn head_bytes(&self) -> (f64, f64) {
+        let (h, v) = (self.hidden as f64, self.vocab as f64);
+        let tokens = self.tokens_per_microbatch() as f64;
+        let norm_grads = match self.arch {
+            Arch::Gpt => 2.0 * h,
+            Arch::Llama => h,
+        };
+        (
+            4.0 * tokens * (v + 2.0 * h + 2.0),
+            4.0 * (tokens * (v + h) + norm_grads),
+        )
+    }
+
     /// Total trainable parameters.
     pub fn parameter_count(&self) -> usize {
         self.embedding_parameter_count()

@@ -3,8 +3,8 @@
 //! the run instead ends at once saying what to change.
 //!
 //! Twice, both after the weights are built: before the stages' memory is measured (the
-//! largest stage's microbatch, estimated from the model's shape, since stages are measured
-//! one at a time), and on the plan's measured peak (again after each re-plan). What a rank
+//! largest stage's microbatch, counted exactly from the model's shape, since stages are
+//! measured one at a time), and on the plan's measured peak (again after each re-plan). What a rank
 //! will add to what it holds now counts: activations, and the optimizer's moments and
 //! gradients, which are allocated untouched and take memory only when first written. The
 //! free memory is read once, at the first check: later the buffers the measurement freed
@@ -15,7 +15,7 @@ pub mod cgroup;
 
 use crate::error::RuntimeError;
 use crate::rank::Rank;
-use crate::session::{estimated_layer_costs, human_bytes, SessionOptions};
+use crate::session::{human_bytes, SessionOptions};
 use nobubble_nn::GptConfig;
 use nobubble_schedule::Schedule;
 use serde::{Deserialize, Serialize};
@@ -165,7 +165,13 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
     let (Some(free), cgroup) = free_bytes() else {
         return Ok(());
     };
-    let params = model.parameter_count() as f64;
+    // A tied LM head keeps its own copy of the embedding matrix on the last stage.
+    let tied_copy = if model.tie_embeddings {
+        model.vocab * model.hidden
+    } else {
+        0
+    };
+    let params = (model.parameter_count() + tied_copy) as f64;
     let need = params * BYTES_PER_PARAMETER * replicas.max(1) as f64;
     if need > free as f64 {
         return Err(format!(
@@ -226,12 +232,13 @@ pub(crate) fn gather(
         .map_err(|e| RuntimeError::Fault(format!("damaged memory reading: {e}")))
 }
 
-/// A rank's stages: each stage's estimated microbatch activations and parameter count, from
-/// the model's shape ([`estimated_layer_costs`]).
+/// A rank's stages: each stage's microbatch activations and parameter count, from the
+/// model's shape as the engine stores them ([`GptConfig::block_bytes`], `embedding_bytes`,
+/// `head_bytes`: exact, so the check neither lets through a run that cannot fit nor refuses
+/// one that can).
 fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> Vec<(f64, f64)> {
     let model = &opts.run.model;
-    let est = estimated_layer_costs(model);
-    let block = est.block.map_or(0.0, |b| b.mem_b);
+    let block = model.block_bytes().0;
     let block_params = model.block_parameter_count() as f64;
     let counts = nobubble_nn::config::block_counts(model.layers, schedule.stages, &opts.run.layout)
         .unwrap_or_else(|_| vec![model.layers.div_ceil(schedule.stages); schedule.stages]);
@@ -241,12 +248,17 @@ fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> V
             let blocks = counts[s] as f64;
             let (mut bytes, mut params) = (blocks * block, blocks * block_params);
             if s == 0 {
-                bytes += est.embedding.mem_b;
+                bytes += model.embedding_bytes().0;
                 params += model.embedding_parameter_count() as f64;
             }
             if s == last {
-                bytes += est.head.mem_b;
+                bytes += model.head_bytes().0;
                 params += model.head_parameter_count() as f64;
+                // A tied head holds its own copy of the shared matrix (kept equal by
+                // summing the two copies' gradients), with its gradient and moments.
+                if model.tie_embeddings {
+                    params += (model.vocab * model.hidden) as f64;
+                }
             }
             (bytes, params)
         })
@@ -354,6 +366,106 @@ mod tests {
         assert_eq!(check_fits(&[reading("", None, 1e30)], "x", limit), Ok(()));
         assert_eq!(suggested_limit(300.5 * (1u64 << 20) as f64), "300MiB");
         assert_eq!(suggested_limit(40000.0), "39KiB");
+    }
+
+    /// Options for `model` on `schedule`'s ranks, `dp` replicas, real compute.
+    fn options(model: GptConfig, schedule: &Schedule, dp: usize) -> SessionOptions {
+        use crate::run::{Compute, RunConfig};
+        use nobubble_schedule::{MemLimit, Objective, ScheduleKind};
+        SessionOptions {
+            run: RunConfig {
+                model,
+                train: nobubble_nn::TrainConfig::default(),
+                layout: nobubble_nn::StageLayout::Even,
+                compute: Compute::Real,
+                recv_timeout: std::time::Duration::from_secs(30),
+                fault: None,
+                post_validate: None,
+                data_parallel: dp,
+            },
+            kind: ScheduleKind::ZbH1,
+            file: Some(schedule.clone()),
+            ranks: schedule.ranks,
+            chunks: 2,
+            mem_limit: MemLimit::None,
+            emulated: None,
+            collective_ms: 0.0,
+            objective: Objective::Span,
+        }
+    }
+
+    /// The estimates a rank's checks use, against the stages the runtime builds: each
+    /// rank's parameters counted from the real tensors on linear, V and interleaved
+    /// placements (embedding and head on one rank in a V), once per replica; the
+    /// measurement on the first replica only, its microbatch the largest of the rank's
+    /// stages as the stage itself measures it.
+    #[test]
+    fn estimates_match_the_built_stages_on_every_placement_and_replica() {
+        use nobubble_schedule::{generate, CostSpec, RankCost, Request, ScheduleKind};
+        let shapes = [
+            (ScheduleKind::ZbH1, 3, 1),
+            (ScheduleKind::ZbV, 2, 1),
+            (ScheduleKind::ZbV, 3, 1),
+            (ScheduleKind::InterleavedZb, 2, 2),
+        ];
+        use nobubble_nn::config::Arch;
+        let models = [
+            GptConfig::micro(),
+            GptConfig::small(),
+            GptConfig::tiny().with_arch(Arch::Llama),
+            GptConfig {
+                ffn_hidden: Some(96),
+                tie_embeddings: true,
+                ..GptConfig::micro()
+            },
+        ]
+        .map(|m| GptConfig { layers: 6, ..m });
+        for (model, (kind, p, chunks)) in models.iter().flat_map(|m| shapes.map(|s| (m, s))) {
+            let mut req = Request::new(kind, p, 4);
+            req.chunks = chunks;
+            let schedule = generate(&req, &CostSpec::uniform(RankCost::default(), 0.0)).unwrap();
+            let counts = nobubble_nn::config::block_counts(
+                model.layers,
+                schedule.stages,
+                &nobubble_nn::StageLayout::Even,
+            )
+            .unwrap();
+            let mut stages = nobubble_nn::build_stages(model, 1, &counts).unwrap();
+            let params: Vec<f64> = (stages.iter())
+                .map(|s| s.params().iter().map(|p| p.value.len()).sum::<usize>() as f64)
+                .collect();
+            let measured: Vec<f64> = (stages.iter_mut())
+                .map(|s| s.measure_memory().unwrap().total.after_forward as f64)
+                .collect();
+            for dp in [1, 2] {
+                let opts = options(model.clone(), &schedule, dp);
+                let mut total_state = 0.0;
+                for r in 0..p * dp {
+                    let own = schedule.stages_of(r % p);
+                    let own_params: f64 = own.iter().map(|&s| params[s]).sum();
+                    let state = state_bytes(&opts, &schedule, r);
+                    assert_eq!(state, 12.0 * own_params, "{kind:?} p {p} dp {dp} rank {r}");
+                    total_state += state;
+                    let (act, grads) = measurement_bytes(&opts, &schedule, r);
+                    if r >= p {
+                        assert_eq!((act, grads), (0.0, 0.0), "replica {}", r / p);
+                        continue;
+                    }
+                    assert_eq!(grads, 8.0 * own_params);
+                    let largest = own.iter().map(|&s| measured[s]).fold(0.0, f64::max);
+                    // Exact: below, a run the check passes could be killed; above, runs
+                    // that fit would be refused.
+                    assert!(
+                        act == largest,
+                        "{kind:?} p {p} h {} rank {r}: estimated {act} bytes, the stage holds \
+                         {largest}",
+                        model.hidden
+                    );
+                }
+                let whole = params.iter().sum::<f64>();
+                assert_eq!(total_state, 12.0 * whole * dp as f64);
+            }
+        }
     }
 
     #[test]

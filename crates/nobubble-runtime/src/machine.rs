@@ -4,12 +4,12 @@
 //!
 //! Twice, both after the weights are built: before the stages' memory is measured (the
 //! largest stage's microbatch, counted exactly from the model's shape, since stages are
-//! measured one at a time), and on the plan's measured peak (again after each re-plan). What a rank
-//! will add to what it holds now counts: activations, and the optimizer's moments and
-//! gradients, which are allocated untouched and take memory only when first written. The
-//! free memory is read once, at the first check: later the buffers the measurement freed
-//! stay cached in the process for the activations to reuse, and a reading would count them
-//! twice.
+//! measured one at a time), and on the plan's measured peak (again after each re-plan).
+//! What a rank will add to what it holds now counts: activations, and the optimizer's
+//! moments and gradients, which are allocated untouched and take memory only when first
+//! written. The plans are judged against the free memory read once, right after the
+//! measurement: what the measurement left resident is mostly not reused by training, while
+//! training's own cached buffers are (a reading after steps would count them twice).
 
 pub mod cgroup;
 

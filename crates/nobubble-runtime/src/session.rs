@@ -87,8 +87,8 @@ pub struct Session {
     pub stage_bytes: Vec<(usize, usize)>,
     /// The next step to run.
     pub step: u64,
-    /// Each rank's machine's free memory before the measurement (real compute).
-    free_at_start: Vec<Option<u64>>,
+    /// Each rank's machine's free memory after the measurement (real compute).
+    free_after_measuring: Vec<Option<u64>>,
 }
 
 /// The planner's request for this session on `spec`, keeping `keep`'s placement (a re-plan:
@@ -220,7 +220,6 @@ impl Session {
         };
         let mut rank = Rank::new(&opts.run, &plan.schedule, ctx, corpus, eval)?;
         let real = opts.emulated.is_none();
-        let mut free_at_start = Vec::new();
         if real {
             let (activations, state) =
                 machine::measurement_bytes(&opts, &plan.schedule, rank.rank());
@@ -228,16 +227,26 @@ impl Session {
             let what = "measuring the stages' memory";
             machine::check_fits(&readings, what, machine::Remedy::Smaller)
                 .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::Input(e)))?;
-            free_at_start = readings.iter().map(|r| r.available).collect();
         }
         let stage_bytes = rank.measure_memory()?;
+        // The free memory the plans are judged against, read once, after the measurement:
+        // what the measurement left resident (its freed buffers, cached per thread) is not
+        // given back, and training does not reuse most of it (measured: a run judged against
+        // the reading before the measurement was killed by its container's limit). Later
+        // readings would count training's own cached buffers, which it does reuse.
+        let free_after_measuring = if real {
+            let readings = machine::gather(&mut rank, 0.0, 0.0)?;
+            readings.iter().map(|r| r.available).collect()
+        } else {
+            Vec::new()
+        };
         let mut session = Session {
             rank,
             plan: plan.clone(),
             options: opts,
             stage_bytes,
             step: 0,
-            free_at_start,
+            free_after_measuring,
         };
         if real {
             // Unit times until we have measured some; real bytes from now on.
@@ -249,10 +258,10 @@ impl Session {
     }
 
     /// Refuses a plan whose peak activations, with the optimizer state training will write,
-    /// would not fit in the memory the machines had free before the measurement
+    /// would not fit in the memory the machines had free after the measurement
     /// ([`machine`]). A collective, at start and after each re-plan.
     fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
-        if self.free_at_start.is_empty() {
+        if self.free_after_measuring.is_empty() {
             return Ok(());
         }
         let schedule = &self.plan.schedule;
@@ -260,7 +269,7 @@ impl Session {
         let peak = self.plan.predicted_peak[rank % schedule.ranks];
         let state = machine::state_bytes(&self.options, schedule, rank);
         let mut readings = machine::gather(&mut self.rank, peak, state)?;
-        for (r, &free) in readings.iter_mut().zip(&self.free_at_start) {
+        for (r, &free) in readings.iter_mut().zip(&self.free_after_measuring) {
             r.available = free;
         }
         // A limit helps a schedule that plans within one, if it leaves every rank a microbatch.

@@ -27,18 +27,29 @@ pub struct Reading {
     pub machine: String,
     /// The machine's host name, for messages.
     pub host: String,
-    /// Memory the kernel could give this rank without swapping or killing it: the
-    /// machine's `MemAvailable`, or less where the rank's memory cgroup allows less (a
-    /// container); `None` where neither can be read.
+    /// Memory the machine's kernel could give without swapping (`MemAvailable`), or `None`
+    /// where it cannot be read.
     pub available: Option<u64>,
-    /// The memory cgroup limit that bounds `available`, in bytes, if one does (for
-    /// messages).
+    /// The rank's memory cgroup, where one sets a limit (a container): judged on its own,
+    /// besides the machine.
     #[serde(default)]
-    pub cgroup_limit: Option<u64>,
+    pub cgroup: Option<CgroupReading>,
     /// Activation bytes the rank will add.
     pub activations: f64,
     /// Bytes of optimizer state and gradients the rank will add (not helped by a limit).
     pub state: f64,
+}
+
+/// A memory cgroup's room, as one rank read it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CgroupReading {
+    /// Which cgroup: the boot id and the cgroup directory's inode, the same inside and
+    /// outside a container's namespace (so two containers never share an id).
+    pub id: String,
+    /// The bytes it still allows.
+    pub headroom: u64,
+    /// Its limit.
+    pub limit: u64,
 }
 
 impl Reading {
@@ -46,31 +57,39 @@ impl Reading {
     pub fn here(activations: f64, state: f64) -> Reading {
         let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
         let host = read("/proc/sys/kernel/hostname").unwrap_or_default();
-        let mut machine = read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| host.clone());
-        let (available, cgroup) = free_bytes();
-        // Ranks under one cgroup limit share it; containers on one host each have their own.
-        if let Some(c) = &cgroup {
-            machine = format!("{machine}:{}", c.cgroup.display());
-        }
+        let machine = read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| host.clone());
+        let (available, cgroup) = match test_override() {
+            Some(v) => (Some(v), None),
+            None => (mem_available(), cgroup::headroom()),
+        };
+        let cgroup = cgroup.map(|c| CgroupReading {
+            id: format!("{machine}:{}", c.inode),
+            headroom: c.bytes,
+            limit: c.limit,
+        });
         Reading {
             machine,
             host,
             available,
-            cgroup_limit: cgroup.map(|c| c.limit),
+            cgroup,
             activations,
             state,
         }
     }
 }
 
-/// The memory this process can still take, in bytes: `MemAvailable`, or its memory
-/// cgroup's headroom where that is smaller (then also the cgroup). For tests, a number of
-/// bytes in `NOBUBBLE_MEM_AVAILABLE` stands in for both.
-pub fn free_bytes() -> (Option<u64>, Option<cgroup::Headroom>) {
-    if let Some(v) = std::env::var("NOBUBBLE_MEM_AVAILABLE")
+/// For tests: a number of bytes in `NOBUBBLE_MEM_AVAILABLE` stands in for the free memory
+/// (and no cgroup is read).
+fn test_override() -> Option<u64> {
+    std::env::var("NOBUBBLE_MEM_AVAILABLE")
         .ok()
         .and_then(|v| v.parse().ok())
-    {
+}
+
+/// The memory this process can still take, in bytes: `MemAvailable`, or its memory
+/// cgroup's headroom where that is smaller (then also the cgroup).
+pub fn free_bytes() -> (Option<u64>, Option<cgroup::Headroom>) {
+    if let Some(v) = test_override() {
         return (Some(v), None);
     }
     let machine = mem_available();
@@ -98,60 +117,94 @@ pub enum Remedy {
     Limit(f64),
 }
 
-/// Every rank's reading, in rank order: an error naming the first machine whose ranks would
-/// add more than it has free (`what` says to what the activations belong: "the plan's
-/// peak"), and what to change. Every rank judges the same readings, so all come to the same
-/// verdict.
+/// Every rank's reading, in rank order: an error naming the first machine or container
+/// whose ranks would add more than it has free (`what` says to what the activations
+/// belong: "the plan's peak"), and what to change. Each memory cgroup with a limit is judged
+/// by its own ranks against its headroom, and each machine by all its ranks against
+/// `MemAvailable`. Every rank judges the same readings, so all come to the same verdict.
 pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<(), String> {
+    let mut cgroups: Vec<&str> = (readings.iter())
+        .filter_map(|r| r.cgroup.as_ref().map(|c| c.id.as_str()))
+        .collect();
+    cgroups.sort_unstable();
+    cgroups.dedup();
+    for id in cgroups {
+        let here: Vec<&Reading> = (readings.iter())
+            .filter(|r| r.cgroup.as_ref().is_some_and(|c| c.id == id))
+            .collect();
+        // The smallest reading: the ranks read at slightly different moments.
+        let free = (here.iter().filter_map(|r| r.cgroup.as_ref()))
+            .map(|c| c.headroom)
+            .min();
+        let limit = here.iter().find_map(|r| r.cgroup.as_ref().map(|c| c.limit));
+        let under = limit.map_or(String::new(), |l| {
+            format!(
+                " under its memory cgroup's limit of {} (a container's)",
+                human_bytes(l as f64)
+            )
+        });
+        judge(&here, free, &under, what, remedy)?;
+    }
     let mut machines: Vec<&str> = readings.iter().map(|r| r.machine.as_str()).collect();
     machines.sort_unstable();
     machines.dedup();
     for machine in machines {
         let here: Vec<&Reading> = readings.iter().filter(|r| r.machine == machine).collect();
-        // The smallest reading: the ranks read at slightly different moments.
-        let Some(free) = here.iter().filter_map(|r| r.available).min() else {
-            continue;
-        };
-        let free = free as f64;
-        let activations: f64 = here.iter().map(|r| r.activations).sum();
-        let state: f64 = here.iter().map(|r| r.state).sum();
-        if activations + state <= free {
-            continue;
-        }
-        let n = here.len();
-        let host = &here[0].host;
-        let name = if host.is_empty() {
-            "this machine".to_string()
-        } else {
-            format!("machine {host}")
-        };
-        let state_part = if state > 0.0 {
-            format!(
-                " and {} of optimizer state and gradients",
-                human_bytes(state)
-            )
-        } else {
-            String::new()
-        };
-        let per_rank = 0.8 * (free - state) / n as f64;
-        let fix = match remedy {
-            Remedy::Limit(least) if per_rank >= least => format!(
-                "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
-                 use a smaller microbatch or sequence",
-                suggested_limit(per_rank)
-            ),
-            _ => "use a smaller microbatch or sequence, fewer layers, or more machines".into(),
-        };
-        return Err(format!(
-            "{what} takes {} of activations{state_part} on the {n} rank{} of {name}, which \
-             has {} free{}: {fix}",
-            human_bytes(activations),
-            if n == 1 { "" } else { "s" },
-            human_bytes(free),
-            under_limit(here.iter().find_map(|r| r.cgroup_limit)),
-        ));
+        let free = here.iter().filter_map(|r| r.available).min();
+        judge(&here, free, "", what, remedy)?;
     }
     Ok(())
+}
+
+/// Whether the ranks `here` fit in `free` bytes (`None`: unknown, not judged); `under` says
+/// whose limit that is, for the message.
+fn judge(
+    here: &[&Reading],
+    free: Option<u64>,
+    under: &str,
+    what: &str,
+    remedy: Remedy,
+) -> Result<(), String> {
+    let Some(free) = free else {
+        return Ok(());
+    };
+    let free = free as f64;
+    let activations: f64 = here.iter().map(|r| r.activations).sum();
+    let state: f64 = here.iter().map(|r| r.state).sum();
+    if activations + state <= free {
+        return Ok(());
+    }
+    let n = here.len();
+    let host = &here[0].host;
+    let name = if host.is_empty() {
+        "this machine".to_string()
+    } else {
+        format!("machine {host}")
+    };
+    let state_part = if state > 0.0 {
+        format!(
+            " and {} of optimizer state and gradients",
+            human_bytes(state)
+        )
+    } else {
+        String::new()
+    };
+    let per_rank = 0.8 * (free - state) / n as f64;
+    let fix = match remedy {
+        Remedy::Limit(least) if per_rank >= least => format!(
+            "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
+             use a smaller microbatch or sequence",
+            suggested_limit(per_rank)
+        ),
+        _ => "use a smaller microbatch or sequence, fewer layers, or more machines".into(),
+    };
+    Err(format!(
+        "{what} takes {} of activations{state_part} on the {n} rank{} of {name}, which has {} \
+         free{under}: {fix}",
+        human_bytes(activations),
+        if n == 1 { "" } else { "s" },
+        human_bytes(free),
+    ))
 }
 
 /// Bytes per parameter a rank keeps: the weight, its gradient and AdamW's two moments.
@@ -186,20 +239,13 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
                 String::new()
             },
             human_bytes(free as f64),
-            cgroup.map_or(String::new(), |c| under_limit(Some(c.limit))),
+            cgroup.map_or(String::new(), |c| format!(
+                " under its memory cgroup's limit of {} (a container's)",
+                human_bytes(c.limit as f64)
+            )),
         ));
     }
     Ok(())
-}
-
-/// " under its memory cgroup's limit of …" for a message, where such a limit binds.
-fn under_limit(limit: Option<u64>) -> String {
-    limit.map_or(String::new(), |l| {
-        format!(
-            " under its memory cgroup's limit of {} (a container's)",
-            human_bytes(l as f64)
-        )
-    })
 }
 
 /// `bytes` as a `--mem-limit` size, rounded down: `8.3GiB`, else whole MiB or KiB.
@@ -284,12 +330,15 @@ pub(crate) fn measurement_bytes(
 }
 
 /// The optimizer's moments and the gradients global rank `rank` will write in training:
-/// allocated untouched, they take memory only then.
+/// allocated untouched, they take memory only then. The first replica's gradients are
+/// already written by the memory measurement (it restores them from a copy), so they are in
+/// the free memory read after it.
 pub(crate) fn state_bytes(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> f64 {
     let params: f64 = (stage_estimates(opts, schedule, rank).iter())
         .map(|s| s.1)
         .sum();
-    (BYTES_PER_PARAMETER - 4.0) * params
+    let grads = if rank < schedule.ranks { 0.0 } else { 4.0 };
+    (BYTES_PER_PARAMETER - 8.0 + grads) * params
 }
 
 #[cfg(test)]
@@ -301,7 +350,7 @@ mod tests {
             machine: machine.into(),
             host: machine.into(),
             available,
-            cgroup_limit: None,
+            cgroup: None,
             activations,
             state: 0.0,
         }
@@ -355,11 +404,30 @@ mod tests {
             "{e}"
         );
         // A container's limit is named, so the user knows which memory ran short.
-        let mut boxed = three.clone();
-        boxed[1].cgroup_limit = Some(20 * GIB);
+        let in_box = |id: &str, r: &Reading| Reading {
+            available: Some(100 * GIB),
+            cgroup: Some(CgroupReading {
+                id: id.into(),
+                headroom: 16 * GIB,
+                limit: 20 * GIB,
+            }),
+            ..r.clone()
+        };
+        let boxed: Vec<Reading> = three.iter().map(|r| in_box("c", r)).collect();
         let e = check_fits(&boxed, "x", limit).unwrap_err();
         assert!(
-            e.contains("16.00 GiB free under its memory cgroup's limit of 20.00 GiB"),
+            e.contains("3 ranks of machine a, which has 16.00 GiB free under its memory cgroup's limit of 20.00 GiB"),
+            "{e}"
+        );
+        // Two containers on one machine: each fits its own limit, and together they must
+        // still fit the machine.
+        let two_boxes = [in_box("c", &three[0]), in_box("d", &three[1])];
+        assert_eq!(check_fits(&two_boxes, "x", limit), Ok(()));
+        let mut tight_host = two_boxes.clone();
+        tight_host[1].available = Some(11 * GIB);
+        let e = check_fits(&tight_host, "x", limit).unwrap_err();
+        assert!(
+            e.contains("2 ranks of machine a, which has 11.00 GiB free:"),
             "{e}"
         );
         // Unreadable memory is not judged.
@@ -443,8 +511,10 @@ mod tests {
                 for r in 0..p * dp {
                     let own = schedule.stages_of(r % p);
                     let own_params: f64 = own.iter().map(|&s| params[s]).sum();
+                    // The first replica's gradients are written by the measurement.
                     let state = state_bytes(&opts, &schedule, r);
-                    assert_eq!(state, 12.0 * own_params, "{kind:?} p {p} dp {dp} rank {r}");
+                    let per = if r < p { 8.0 } else { 12.0 };
+                    assert_eq!(state, per * own_params, "{kind:?} p {p} dp {dp} rank {r}");
                     total_state += state;
                     let (act, grads) = measurement_bytes(&opts, &schedule, r);
                     if r >= p {
@@ -463,7 +533,7 @@ mod tests {
                     );
                 }
                 let whole = params.iter().sum::<f64>();
-                assert_eq!(total_state, 12.0 * whole * dp as f64);
+                assert_eq!(total_state, whole * (8.0 + 12.0 * (dp - 1) as f64));
             }
         }
     }

@@ -87,8 +87,9 @@ pub struct Session {
     pub stage_bytes: Vec<(usize, usize)>,
     /// The next step to run.
     pub step: u64,
-    /// Each rank's machine's free memory after the measurement (real compute).
-    free_after_measuring: Vec<Option<u64>>,
+    /// Every rank's memory reading right after the measurement, in rank order (real
+    /// compute; empty for emulated runs).
+    free_after_measuring: Vec<machine::Reading>,
 }
 
 /// The planner's request for this session on `spec`, keeping `keep`'s placement (a re-plan:
@@ -235,8 +236,7 @@ impl Session {
         // the reading before the measurement was killed by its container's limit). Later
         // readings would count training's own cached buffers, which it does reuse.
         let free_after_measuring = if real {
-            let readings = machine::gather(&mut rank, 0.0, 0.0)?;
-            readings.iter().map(|r| r.available).collect()
+            machine::gather(&mut rank, 0.0, 0.0)?
         } else {
             Vec::new()
         };
@@ -259,18 +259,18 @@ impl Session {
 
     /// Refuses a plan whose peak activations, with the optimizer state training will write,
     /// would not fit in the memory the machines had free after the measurement
-    /// ([`machine`]). A collective, at start and after each re-plan.
+    /// ([`machine`]). At start and after each re-plan.
     fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
         if self.free_after_measuring.is_empty() {
             return Ok(());
         }
+        // Every rank computes every rank's need from the shared plan: the same verdict
+        // everywhere, judged on the one set of readings.
         let schedule = &self.plan.schedule;
-        let rank = self.rank.rank();
-        let peak = self.plan.predicted_peak[rank % schedule.ranks];
-        let state = machine::state_bytes(&self.options, schedule, rank);
-        let mut readings = machine::gather(&mut self.rank, peak, state)?;
-        for (r, &free) in readings.iter_mut().zip(&self.free_after_measuring) {
-            r.available = free;
+        let mut readings = self.free_after_measuring.clone();
+        for (r, reading) in readings.iter_mut().enumerate() {
+            reading.activations = self.plan.predicted_peak[r % schedule.ranks];
+            reading.state = machine::state_bytes(&self.options, schedule, r);
         }
         // A limit helps a schedule that plans within one, if it leaves every rank a microbatch.
         let remedy = if self.options.file.is_none() && self.options.kind.takes_limit() {

@@ -492,7 +492,7 @@ fn train_checks_every_flag_before_training() {
         let e = String::from_utf8_lossy(&out.stderr).to_string();
         (out.status.code(), e)
     };
-    let (code, e) = with_free("900000", &[]);
+    let (code, e) = with_free("750000", &[]);
     assert_eq!(code, Some(1), "{e}");
     assert!(
         e.contains("error: the plan's peak takes 520.1 KiB of activations and"),
@@ -503,11 +503,11 @@ fn train_checks_every_flag_before_training() {
         "{e}"
     );
     assert!(
-        e.contains("878.9 KiB free: give a limit (e.g. --mem-limit 152KiB"),
+        e.contains("732.4 KiB free: give a limit (e.g. --mem-limit 160KiB"),
         "{e}"
     );
     assert!(!e.contains("step 1/1"), "{e}");
-    let (code, e) = with_free("900000", &["--mem-limit", "152KiB"]);
+    let (code, e) = with_free("750000", &["--mem-limit", "160KiB"]);
     assert_eq!(code, Some(0), "{e}");
     assert!(e.contains("step    1/1"), "{e}");
     let (code, e) = with_free("2000000", &["--microbatch-size", "64"]);

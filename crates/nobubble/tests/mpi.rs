@@ -576,7 +576,7 @@ fn metrics_then_stop(name: &str, signal_rank_1: bool) {
             }
             Err(e) => last = format!("(error: {e})"),
         }
-        if t.elapsed() > Duration::from_secs(150) {
+        if t.elapsed() > Duration::from_secs(150) || child.try_wait().unwrap().is_some() {
             let steps = std::fs::read_to_string(&log).map_or(0, |l| l.lines().count());
             give_up(
                 &mut child,

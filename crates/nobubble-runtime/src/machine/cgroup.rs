@@ -5,8 +5,10 @@
 //! free memory a run is judged against is the smaller of the two. Both cgroup versions are
 //! read: v2 (`memory.max`, `memory.current`) and v1 (`memory.limit_in_bytes`,
 //! `memory.usage_in_bytes`), at the process's cgroup and every ancestor up to the mount
-//! (each one's limit applies). Reclaimable page cache (`inactive_file`) does not count as
-//! used: the kernel drops it before it kills, and `docker stats` counts it the same way.
+//! (each one's limit applies). Page cache (`active_file`, `inactive_file`) does not count as
+//! used: the kernel reclaims it before it kills, as `MemAvailable` counts it free. Swap the
+//! cgroup may use is not counted: a container allowed to swap is judged as if it could not
+//! (refused, not slowed).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +21,8 @@ pub struct Headroom {
     pub bytes: u64,
     pub limit: u64,
     pub cgroup: PathBuf,
+    /// The cgroup directory's inode: the cgroup's kernel id, the same in every namespace.
+    pub inode: u64,
 }
 
 /// This process's headroom under its memory cgroups, or `None` where no limit applies or
@@ -54,8 +58,12 @@ pub fn headroom_under(mount: &Path, proc_self_cgroup: &str) -> Option<Headroom> 
     };
     // Inside a container with its own cgroup namespace the mount's root is the process's
     // own cgroup, and the path printed may not exist under it: then the root is the cgroup.
+    // A path outside the namespace's root is printed with `..`: the root is the cgroup then.
+    let outside = Path::new(&path)
+        .components()
+        .any(|c| c == std::path::Component::ParentDir);
     let mut dir = root.join(path.trim_start_matches('/'));
-    if !dir.is_dir() {
+    if outside || !dir.is_dir() {
         dir = root.clone();
     }
     let mut tightest: Option<Headroom> = None;
@@ -88,38 +96,38 @@ impl Version {
                 .parse()
                 .ok()
         };
-        let (limit, usage, stat, reclaimable) = match self {
+        let (limit, usage, reclaimable) = match self {
             // `max` (no limit) does not parse.
             Version::V2 => (
                 number("memory.max")?,
                 number("memory.current")?,
-                "memory.stat",
-                "inactive_file",
+                ["inactive_file", "active_file"],
             ),
             Version::V1 => (
                 number("memory.limit_in_bytes")?,
                 number("memory.usage_in_bytes")?,
-                "memory.stat",
-                "total_inactive_file",
+                ["total_inactive_file", "total_active_file"],
             ),
         };
         if limit >= UNLIMITED {
             return None;
         }
-        let cache = std::fs::read_to_string(dir.join(stat))
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    let (k, v) = l.split_once(' ')?;
-                    (k == reclaimable).then(|| v.trim().parse::<u64>().ok())?
-                })
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let cache: u64 = (stat.lines())
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                reclaimable
+                    .contains(&k)
+                    .then(|| v.trim().parse::<u64>().ok())?
             })
-            .unwrap_or(0);
+            .sum();
         let used = usage.saturating_sub(cache);
+        use std::os::unix::fs::MetadataExt;
         Some(Headroom {
             bytes: limit.saturating_sub(used),
             limit,
             cgroup: dir.to_path_buf(),
+            inode: std::fs::metadata(dir).map_or(0, |m| m.ino()),
         })
     }
 }
@@ -127,6 +135,7 @@ impl Version {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn write(dir: &Path, files: &[(&str, &str)]) {
         std::fs::create_dir_all(dir).unwrap();
@@ -186,6 +195,23 @@ mod tests {
             ],
         );
         assert_eq!(headroom_under(&mount, cgroup).unwrap().bytes, 0);
+        // Two cgroups are told apart by their directories' inodes (the job binds now).
+        let ino = |d: &Path| std::fs::metadata(d).unwrap().ino();
+        let h = headroom_under(&mount, cgroup).unwrap();
+        assert_eq!(h.inode, ino(&job));
+        assert_ne!(h.inode, ino(&mount.join("slurm")));
+        // A cgroup outside the namespace's root is printed with `..`: the root is used,
+        // never a directory outside the mount.
+        write(
+            &mount,
+            &[
+                ("memory.max", &format!("{}", 1024 * MIB)),
+                ("memory.current", "0"),
+            ],
+        );
+        let h = headroom_under(&mount, "0::/../../etc\n").unwrap();
+        assert_eq!((h.bytes, h.cgroup), (1024 * MIB, mount.clone()));
+        std::fs::remove_file(mount.join("memory.max")).unwrap();
         // No limit anywhere: no headroom to report.
         write(&job, &[("memory.max", "max")]);
         write(&mount.join("slurm"), &[("memory.max", "max")]);

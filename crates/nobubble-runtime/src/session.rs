@@ -515,8 +515,9 @@ impl Session {
 /// head holding its logits. Only the split and placement are chosen on these (the plan is
 /// made again on measured bytes); the memory checks count the bytes exactly
 /// ([`GptConfig::block_bytes`]). Planning on the exact bytes too was tried: it turned the
-/// 2-block micro model to a V whose head-only stage left rank 1 twice the work (bubble fraction
-/// 33–34% measured against 10–17%): the FLOP times of so small a model are not its real ones.
+/// 2-block micro model to a V whose head-only stage left rank 1 twice the work (bubble
+/// fraction 33–34% measured against 10–17%): the FLOP times of so small a model are not its
+/// real ones.
 pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
     let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
     let tokens = (s * b) as f64;

@@ -306,8 +306,8 @@ impl GptConfig {
     /// scales, the four linears' inputs, Q, K and V, the attention probabilities and GELU's
     /// input; after I the linears' inputs with their output gradients, and the bias and
     /// norm-parameter gradients I computed (W adds them). Llama: [`Self::llama_block_bytes`].
-    /// What the runtime plans and checks memory with before it measures; the runtime's
-    /// tests check it against the bytes the built stages hold.
+    /// What the runtime checks memory with before it measures; its tests check it against
+    /// the bytes the built stages hold.
     pub fn block_bytes(&self) -> (f64, f64) {
         if self.arch == Arch::Llama {
             return self.llama_block_bytes();
@@ -378,6 +378,17 @@ impl GptConfig {
             Arch::Llama => self.hidden,
         };
         norm + self.head_params()
+    }
+
+    /// Parameters the last stage holds beyond [`Self::head_parameter_count`]: a tied head's
+    /// own copy of the embedding matrix (kept equal by summing the two copies' gradients),
+    /// which takes memory like any parameter though it is not a parameter of its own.
+    pub fn tied_copy_parameter_count(&self) -> usize {
+        if self.tie_embeddings {
+            self.vocab * self.hidden
+        } else {
+            0
+        }
     }
 }
 

@@ -86,19 +86,6 @@ fn test_override() -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The memory this process can still take, in bytes: `MemAvailable`, or its memory
-/// cgroup's headroom where that is smaller (then also the cgroup).
-pub fn free_bytes() -> (Option<u64>, Option<cgroup::Headroom>) {
-    if let Some(v) = test_override() {
-        return (Some(v), None);
-    }
-    let machine = mem_available();
-    match cgroup::headroom() {
-        Some(c) if machine.is_none_or(|m| c.bytes < m) => (Some(c.bytes), Some(c)),
-        _ => (machine, None),
-    }
-}
-
 /// `MemAvailable` from `/proc/meminfo`, in bytes (Linux).
 fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -137,13 +124,7 @@ pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<()
             .map(|c| c.headroom)
             .min();
         let limit = here.iter().find_map(|r| r.cgroup.as_ref().map(|c| c.limit));
-        let under = limit.map_or(String::new(), |l| {
-            format!(
-                " under its memory cgroup's limit of {} (a container's)",
-                human_bytes(l as f64)
-            )
-        });
-        judge(&here, free, &under, what, remedy)?;
+        judge(&here, free, &under_cgroup_limit(limit), what, remedy)?;
     }
     let mut machines: Vec<&str> = readings.iter().map(|r| r.machine.as_str()).collect();
     machines.sort_unstable();
@@ -154,6 +135,17 @@ pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<()
         judge(&here, free, "", what, remedy)?;
     }
     Ok(())
+}
+
+/// " under its memory cgroup's limit of …", for a message about memory a cgroup's `limit`
+/// bounds; empty without one.
+fn under_cgroup_limit(limit: Option<u64>) -> String {
+    limit.map_or(String::new(), |l| {
+        format!(
+            " under its memory cgroup's limit of {} (a container's)",
+            human_bytes(l as f64)
+        )
+    })
 }
 
 /// Whether the ranks `here` fit in `free` bytes (`None`: unknown, not judged); `under` says
@@ -215,16 +207,12 @@ const BYTES_PER_PARAMETER: f64 = 16.0;
 /// Checked before any rank allocates (each rank reading the free memory while the others
 /// allocate theirs would refuse wrongly).
 pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
-    let (Some(free), cgroup) = free_bytes() else {
+    let here = Reading::here(0.0, 0.0);
+    let cgroup = (here.cgroup.as_ref()).filter(|c| here.available.is_none_or(|a| c.headroom < a));
+    let Some(free) = cgroup.map(|c| c.headroom).or(here.available) else {
         return Ok(());
     };
-    // A tied LM head keeps its own copy of the embedding matrix on the last stage.
-    let tied_copy = if model.tie_embeddings {
-        model.vocab * model.hidden
-    } else {
-        0
-    };
-    let params = (model.parameter_count() + tied_copy) as f64;
+    let params = (model.parameter_count() + model.tied_copy_parameter_count()) as f64;
     let need = params * BYTES_PER_PARAMETER * replicas.max(1) as f64;
     if need > free as f64 {
         return Err(format!(
@@ -239,10 +227,7 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
                 String::new()
             },
             human_bytes(free as f64),
-            cgroup.map_or(String::new(), |c| format!(
-                " under its memory cgroup's limit of {} (a container's)",
-                human_bytes(c.limit as f64)
-            )),
+            under_cgroup_limit(cgroup.map(|c| c.limit)),
         ));
     }
     Ok(())
@@ -299,12 +284,7 @@ fn stage_estimates(opts: &SessionOptions, schedule: &Schedule, rank: usize) -> V
             }
             if s == last {
                 bytes += model.head_bytes().0;
-                params += model.head_parameter_count() as f64;
-                // A tied head holds its own copy of the shared matrix (kept equal by
-                // summing the two copies' gradients), with its gradient and moments.
-                if model.tie_embeddings {
-                    params += (model.vocab * model.hidden) as f64;
-                }
+                params += (model.head_parameter_count() + model.tied_copy_parameter_count()) as f64;
             }
             (bytes, params)
         })

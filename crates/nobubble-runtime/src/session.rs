@@ -260,7 +260,7 @@ impl Session {
     /// Refuses a plan whose peak activations, with the optimizer state training will write,
     /// would not fit in the memory the machines had free after the measurement
     /// ([`machine`]). At start and after each re-plan.
-    fn check_machine_memory(&mut self) -> Result<(), RuntimeError> {
+    fn check_machine_memory(&self) -> Result<(), RuntimeError> {
         if self.free_after_measuring.is_empty() {
             return Ok(());
         }

@@ -90,6 +90,8 @@ fn offer(best: &mut Option<(Schedule, Score)>, candidate: Schedule, sc: Score) {
 /// The ladder climb of [`zb_auto_within`]: what carries from one memory level to the next.
 struct Climb<'a> {
     p: usize,
+    /// Stage s on rank s.
+    placement: Vec<usize>,
     m: usize,
     costs: &'a CostModel,
     name: &'a str,
@@ -159,6 +161,8 @@ impl<'a> Climb<'a> {
             .fold(0.0, f64::max);
         Ok(Climb {
             p,
+            floor: unlimited_floor(&placement, m, costs),
+            placement,
             m,
             costs,
             name,
@@ -174,7 +178,6 @@ impl<'a> Climb<'a> {
             paper_free: None,
             unbound: LadderRuns::new(policies()),
             tight: LadderRuns::new(policies().into_iter().take(1).collect()),
-            floor: unlimited_floor(&placement, m, costs),
             static_need,
         })
     }
@@ -221,10 +224,10 @@ impl<'a> Climb<'a> {
     /// large ones only where no fixed candidate fits (limits under p).
     fn list_candidates(&mut self, level: f64) -> Result<Option<(Schedule, Score)>, Error> {
         let (p, m, costs, name) = (self.p, self.m, self.costs, self.name);
-        let placement: Vec<usize> = (0..p).collect();
+        let placement = &self.placement;
         let mut candidates = Vec::new();
         if self.actions() <= LIST_MAX_ACTIONS {
-            candidates.extend(self.unbound.run(name, &placement, p, m, costs, level));
+            candidates.extend(self.unbound.run(name, placement, p, m, costs, level));
         }
         let level_best = pick_best(candidates, costs, level)?;
         let nothing_fits = level_best.is_none()
@@ -234,7 +237,7 @@ impl<'a> Climb<'a> {
                 .all(|(_, _, need)| !fits(*need, level))
             && self.grid.iter().all(|g| !fits(g.2, level));
         if nothing_fits && self.actions() > LIST_MAX_ACTIONS {
-            let found = self.tight.run(name, &placement, p, m, costs, level);
+            let found = self.tight.run(name, placement, p, m, costs, level);
             return pick_best(found, costs, level);
         }
         Ok(level_best)

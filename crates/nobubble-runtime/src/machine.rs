@@ -110,31 +110,81 @@ pub enum Remedy {
 /// by its own ranks against its headroom, and each machine by all its ranks against
 /// `MemAvailable`. Every rank judges the same readings, so all come to the same verdict.
 pub fn check_fits(readings: &[Reading], what: &str, remedy: Remedy) -> Result<(), String> {
+    for group in groups(readings) {
+        let here: Vec<&Reading> = group.ranks.iter().map(|&r| &readings[r]).collect();
+        judge(&here, group.free, &group.under, what, remedy)?;
+    }
+    Ok(())
+}
+
+/// Of the memory free to a group of ranks after their optimizer state, the share their
+/// activations may plan on: a fifth stays for what a plan's peak does not count (the
+/// allocator's slack, a pass's temporaries).
+const PLANNABLE: f64 = 0.8;
+
+/// The activation bytes each rank (in rank order) may plan on: its share of what is free to
+/// it after every rank's optimizer state there, in its memory cgroup and on its machine,
+/// whichever is less. `None` for a rank no reading bounds. What an automatic schedule plans
+/// within when the user gave no limit and its own plan would not fit.
+pub fn activation_budgets(readings: &[Reading]) -> Vec<Option<f64>> {
+    let mut budgets = vec![None; readings.len()];
+    for group in groups(readings) {
+        let Some(free) = group.free else { continue };
+        let state: f64 = group.ranks.iter().map(|&r| readings[r].state).sum();
+        let share = plannable_share(free as f64, state, group.ranks.len());
+        for &r in &group.ranks {
+            budgets[r] = Some(budgets[r].map_or(share, |b: f64| b.min(share)));
+        }
+    }
+    budgets
+}
+
+/// What each of `n` ranks may plan on in `free` bytes once `state` is allocated.
+fn plannable_share(free: f64, state: f64, n: usize) -> f64 {
+    (PLANNABLE * (free - state) / n as f64).max(0.0)
+}
+
+/// Ranks that share one amount of free memory: a memory cgroup with a limit, or a machine.
+struct Group {
+    /// Their indices in the readings.
+    ranks: Vec<usize>,
+    /// The least free memory any of them read (they read at slightly different moments);
+    /// `None` if it cannot be read.
+    free: Option<u64>,
+    /// Whose limit that is, for messages (empty for a machine's).
+    under: String,
+}
+
+/// The cgroups with a limit, then the machines, each with its ranks.
+fn groups(readings: &[Reading]) -> Vec<Group> {
+    let mut groups = Vec::new();
     let mut cgroups: Vec<&str> = (readings.iter())
         .filter_map(|r| r.cgroup.as_ref().map(|c| c.id.as_str()))
         .collect();
     cgroups.sort_unstable();
     cgroups.dedup();
     for id in cgroups {
-        let here: Vec<&Reading> = (readings.iter())
-            .filter(|r| r.cgroup.as_ref().is_some_and(|c| c.id == id))
+        let ranks: Vec<usize> = (0..readings.len())
+            .filter(|&r| readings[r].cgroup.as_ref().is_some_and(|c| c.id == id))
             .collect();
-        // The smallest reading: the ranks read at slightly different moments.
-        let free = (here.iter().filter_map(|r| r.cgroup.as_ref()))
-            .map(|c| c.headroom)
-            .min();
-        let limit = here.iter().find_map(|r| r.cgroup.as_ref().map(|c| c.limit));
-        judge(&here, free, &under_cgroup_limit(limit), what, remedy)?;
+        let cgroup = |r: &usize| readings[*r].cgroup.as_ref();
+        let free = ranks.iter().filter_map(cgroup).map(|c| c.headroom).min();
+        let limit = ranks.iter().find_map(cgroup).map(|c| c.limit);
+        let under = under_cgroup_limit(limit);
+        groups.push(Group { ranks, free, under });
     }
     let mut machines: Vec<&str> = readings.iter().map(|r| r.machine.as_str()).collect();
     machines.sort_unstable();
     machines.dedup();
     for machine in machines {
-        let here: Vec<&Reading> = readings.iter().filter(|r| r.machine == machine).collect();
-        let free = here.iter().filter_map(|r| r.available).min();
-        judge(&here, free, "", what, remedy)?;
+        let ranks: Vec<usize> = (0..readings.len())
+            .filter(|&r| readings[r].machine == machine)
+            .collect();
+        let free = ranks.iter().filter_map(|&r| readings[r].available).min();
+        let under = String::new();
+        groups.push(Group { ranks, free, under });
     }
-    Ok(())
+    groups
 }
 
 /// " under its memory cgroup's limit of …", for a message about memory a cgroup's `limit`
@@ -181,7 +231,7 @@ fn judge(
     } else {
         String::new()
     };
-    let per_rank = 0.8 * (free - state) / n as f64;
+    let per_rank = plannable_share(free, state, n);
     let fix = match remedy {
         Remedy::Limit(least) if per_rank >= least => format!(
             "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
@@ -414,6 +464,32 @@ mod tests {
         assert_eq!(check_fits(&[reading("", None, 1e30)], "x", limit), Ok(()));
         assert_eq!(suggested_limit(300.5 * (1u64 << 20) as f64), "300MiB");
         assert_eq!(suggested_limit(40000.0), "39KiB");
+    }
+
+    /// Each rank may plan on four fifths of its share of what is free after the optimizer
+    /// state, in its container and on its machine, whichever is less.
+    #[test]
+    fn budgets_are_the_least_share_of_each_ranks_memory() {
+        let mut boxed = reading("a", Some(3000), 0.0);
+        boxed.cgroup = Some(CgroupReading {
+            id: "c".into(),
+            headroom: 1000,
+            limit: 2000,
+        });
+        boxed.state = 100.0;
+        let mut loose = reading("a", Some(3000), 0.0);
+        loose.state = 100.0;
+        let unknown = reading("b", None, 0.0);
+        let budgets = activation_budgets(&[boxed.clone(), boxed, loose, unknown]);
+        // The container: 0.8 × (1000 − 2 × 100) / 2; the machine: 0.8 × (3000 − 300) / 3.
+        let want = [Some(320.0), Some(320.0), Some(720.0), None];
+        for (b, w) in budgets.iter().zip(want) {
+            assert_eq!(b.map(|b| (b * 1e6).round() / 1e6), w, "{budgets:?}");
+        }
+        // More state than memory leaves nothing, never a negative budget.
+        let mut full = reading("a", Some(100), 0.0);
+        full.state = 200.0;
+        assert_eq!(activation_budgets(&[full]), vec![Some(0.0)]);
     }
 
     /// Options for `model` on `schedule`'s ranks, `dp` replicas, real compute.

@@ -90,6 +90,9 @@ pub struct Session {
     /// Every rank's memory reading right after the measurement, in rank order (real
     /// compute; empty for emulated runs).
     free_after_measuring: Vec<machine::Reading>,
+    /// The activation bytes per rank the plan was fitted into because the schedule's own plan
+    /// would not fit in the free memory and the user gave no limit ([`Session::free_memory_limit`]).
+    fitted_to_free: Option<Vec<f64>>,
 }
 
 /// The planner's request for this session on `spec`, keeping `keep`'s placement (a re-plan:
@@ -247,14 +250,86 @@ impl Session {
             stage_bytes,
             step: 0,
             free_after_measuring,
+            fitted_to_free: None,
         };
         if real {
             // Unit times until we have measured some; real bytes from now on.
             let times: Vec<(f64, f64, f64)> = vec![(1.0, 1.0, 1.0); plan.schedule.stages];
-            session.plan = session.replan_with(&times, 0.0, "unit pass times, measured memory")?;
-            session.check_machine_memory()?;
+            let source = "unit pass times, measured memory";
+            session.plan = session.replan_with(&times, 0.0, source)?;
+            session.fit_machine_memory(&times, 0.0, source)?;
         }
         Ok(session)
+    }
+
+    /// The activation bytes per rank an automatic schedule was planned within because its own
+    /// plan would not have fit in the memory the machines had free, when the user gave no
+    /// limit (the limit then stays for later re-plans); `None` if it was not needed.
+    pub fn free_memory_limit(&self) -> Option<&[f64]> {
+        self.fitted_to_free.as_deref()
+    }
+
+    /// Makes the plan fit the memory the machines had free after the measurement. If it does
+    /// not, a kind that plans within a limit, given none, plans again within each rank's
+    /// share of that memory ([`machine::activation_budgets`]; the least over its replicas);
+    /// otherwise, or if even that plan does not fit, the check's error stands.
+    fn fit_machine_memory(
+        &mut self,
+        times: &[(f64, f64, f64)],
+        comm: f64,
+        source: &'static str,
+    ) -> Result<(), RuntimeError> {
+        let Err(refused) = self.check_machine_memory() else {
+            return Ok(());
+        };
+        let opts = &self.options;
+        if !opts.mem_limit.is_none() || opts.file.is_some() || !opts.kind.takes_limit() {
+            return Err(refused);
+        }
+        let ranks = self.plan.schedule.ranks;
+        let mut budgets: Vec<Option<f64>> = vec![None; ranks];
+        for (r, b) in machine::activation_budgets(&self.readings_of_plan())
+            .into_iter()
+            .enumerate()
+        {
+            let least = &mut budgets[r % ranks];
+            *least = match (*least, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+        }
+        // A rank no reading bounds keeps the room its current plan needs.
+        let budgets: Vec<f64> = (budgets.iter().zip(&self.plan.predicted_peak))
+            .map(|(b, &peak)| b.unwrap_or(peak))
+            .collect();
+        self.options.mem_limit = MemLimit::PerRank(budgets.clone());
+        let fitted = self
+            .replan_with(times, comm, source)
+            .ok()
+            .map(|plan| std::mem::replace(&mut self.plan, plan));
+        if fitted.is_none() || self.check_machine_memory().is_err() {
+            self.options.mem_limit = MemLimit::None;
+            if let Some(previous) = fitted {
+                self.plan = previous;
+            }
+            return Err(refused);
+        }
+        self.fitted_to_free = Some(budgets);
+        Ok(())
+    }
+
+    /// The readings taken after the measurement, each with what its rank will add under the
+    /// current plan: its peak activations and the optimizer state training will write.
+    fn readings_of_plan(&self) -> Vec<machine::Reading> {
+        // Every rank computes every rank's need from the shared plan: the same verdict
+        // everywhere, judged on the one set of readings.
+        let schedule = &self.plan.schedule;
+        let mut readings = self.free_after_measuring.clone();
+        for (r, reading) in readings.iter_mut().enumerate() {
+            reading.activations = self.plan.predicted_peak[r % schedule.ranks];
+            reading.state = machine::state_bytes(&self.options, schedule, r);
+        }
+        readings
     }
 
     /// Refuses a plan whose peak activations, with the optimizer state training will write,
@@ -264,14 +339,8 @@ impl Session {
         if self.free_after_measuring.is_empty() {
             return Ok(());
         }
-        // Every rank computes every rank's need from the shared plan: the same verdict
-        // everywhere, judged on the one set of readings.
         let schedule = &self.plan.schedule;
-        let mut readings = self.free_after_measuring.clone();
-        for (r, reading) in readings.iter_mut().enumerate() {
-            reading.activations = self.plan.predicted_peak[r % schedule.ranks];
-            reading.state = machine::state_bytes(&self.options, schedule, r);
-        }
+        let readings = self.readings_of_plan();
         // A limit helps a schedule that plans within one, if it leaves every rank a microbatch.
         let remedy = if self.options.file.is_none() && self.options.kind.takes_limit() {
             let one = (0..schedule.ranks).map(|r| self.plan.costs.rank_mem_b(schedule, r));
@@ -466,14 +535,10 @@ impl Session {
                 (t(f), t(i), t(w))
             })
             .collect();
-        let plan = self.replan_with(
-            &times,
-            latency_ms,
-            "measured pass times, message latency and memory",
-        )?;
-        self.plan = plan.clone();
-        self.check_machine_memory()?;
-        Ok(Some(plan))
+        let source = "measured pass times, message latency and memory";
+        self.plan = self.replan_with(&times, latency_ms, source)?;
+        self.fit_machine_memory(&times, latency_ms, source)?;
+        Ok(Some(self.plan.clone()))
     }
 
     /// How the model's blocks are spread over the stages (the planned split for real runs).

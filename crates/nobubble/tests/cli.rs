@@ -480,9 +480,11 @@ fn train_checks_every_flag_before_training() {
         assert!(e.contains("too large for this trainer"), "{args:?}: {e}");
         assert!(!e.contains("memory allocation"), "{args:?}: {e}");
     }
-    // Activations beyond the memory the machine has free: refused before the first step
-    // (the kernel would kill the run mid-step, with no message), with a limit that fits,
-    // which then trains; and before measuring, if a microbatch per stage would not fit.
+    // Activations beyond the memory the machine has free (the kernel would kill the run
+    // mid-step, with no message): with no limit given, zb-auto plans within each rank's share
+    // of it and says so; a limit of the user's over it is refused before the first step, with
+    // one that fits suggested, which then trains; a microbatch too large for any plan, and
+    // before measuring one per stage that would not fit, are refused.
     let with_free = |bytes: &str, extra: &[&'static str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
             .args(micro_train("1", extra))
@@ -493,9 +495,23 @@ fn train_checks_every_flag_before_training() {
         (out.status.code(), e)
     };
     let (code, e) = with_free("750000", &[]);
+    assert_eq!(code, Some(0), "{e}");
+    // (750000 B − 331.0 KiB of optimizer state) × 0.8 / 2 ranks = 0.16 MiB.
+    assert!(
+        e.contains("would not fit in the memory free after measuring: planned within 0.16 MiB of activations per rank"),
+        "{e}"
+    );
+    // The step line's peak is the largest rank's, measured.
+    let peaks: Vec<f64> = (e.lines())
+        .filter_map(|l| l.split("peak act ").nth(1))
+        .map(|rest| rest.split(" MiB").next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(peaks.len(), 1, "{e}");
+    assert!(peaks[0] > 0.0 && peaks[0] <= 0.16, "{peaks:?}");
+    let (code, e) = with_free("750000", &["--mem-limit", "400KiB"]);
     assert_eq!(code, Some(1), "{e}");
     assert!(
-        e.contains("error: the plan's peak takes 520.1 KiB of activations and"),
+        e.contains("error: the plan's peak takes 658.2 KiB of activations and"),
         "{e}"
     );
     assert!(
@@ -506,10 +522,15 @@ fn train_checks_every_flag_before_training() {
         e.contains("732.4 KiB free: give a limit (e.g. --mem-limit 160KiB"),
         "{e}"
     );
-    assert!(!e.contains("step 1/1"), "{e}");
+    assert!(!e.contains("step    1/1"), "{e}");
     let (code, e) = with_free("750000", &["--mem-limit", "160KiB"]);
     assert_eq!(code, Some(0), "{e}");
     assert!(e.contains("step    1/1"), "{e}");
+    assert!(!e.contains("planned within"), "{e}");
+    let (code, e) = with_free("2800000", &["--microbatch-size", "24"]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("error: the plan's peak takes"), "{e}");
+    assert!(e.contains("use a smaller microbatch or sequence"), "{e}");
     let (code, e) = with_free("2000000", &["--microbatch-size", "64"]);
     assert_eq!(code, Some(1), "{e}");
     assert!(

@@ -243,6 +243,7 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
         run.plan_first_step = run.first_step;
         if run.real && run.root {
             run.note_calibration();
+            run.note_free_memory_limit();
         }
         if let Some(o) = run.observer.as_deref_mut() {
             o.planned(&run.session.plan);
@@ -362,12 +363,16 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
         }
         self.replanned = true;
         let old = self.session.plan.clone();
+        let fitted_before = self.session.free_memory_limit().is_some();
         let steps = std::mem::take(&mut self.measured);
         let Some(plan) = self.session.replan_on_measurements(&steps)? else {
             return Ok(());
         };
         let same = plan.schedule.orders == old.schedule.orders;
         self.note(&replan_note(job, &plan, same));
+        if !fitted_before {
+            self.note_free_memory_limit();
+        }
         if !same {
             self.plan_first_step = step + 1;
             self.previous_plan = Some(old);
@@ -457,6 +462,30 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
             tail,
             stopped: self.stopped,
         })
+    }
+
+    /// Rank 0: that the plan was fitted into the free memory, if it was (the user gave no
+    /// limit and the schedule's own plan would not have fit).
+    fn note_free_memory_limit(&mut self) {
+        let Some(budgets) = self.session.free_memory_limit() else {
+            return;
+        };
+        let least = budgets.iter().copied().fold(f64::INFINITY, f64::min);
+        let each = if budgets.iter().all(|&b| b == least) {
+            format!("{} of activations per rank", mib(least))
+        } else {
+            let all: Vec<String> = budgets.iter().map(|&b| mib(b)).collect();
+            format!(
+                "{} of activations on ranks 0 to {}",
+                all.join(", "),
+                budgets.len() - 1
+            )
+        };
+        self.note(&format!(
+            "the schedule's own plan would not fit in the memory free after measuring: \
+             planned within {each} (four fifths of each rank's share, after \
+             the optimizer state); --mem-limit sets a limit of your own"
+        ));
     }
 
     /// A line for the user (rank 0; nothing elsewhere).

@@ -33,6 +33,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from nobubble.torch import (  # noqa: E402
     ActivationMemoryTracker,
+    FreeMemory,
     PlannedSchedule,
     PlanSnapshot,
     agreed_plan,
@@ -155,6 +156,27 @@ def _make_schedule(rank: int, world: int, spec: dict[str, Any]) -> tuple[list[An
             "zb-auto", microbatches=MICROBATCHES, layers=prof, placement=spec["placement"]
         )
         stages = build_stages(layers, plan)
+        return stages, PlannedSchedule(stages, MICROBATCHES, lm_loss, plan=plan)
+    if kind == "free":
+        # Within what each rank has free (two ranks share this host's memory), as told by
+        # the override; times fixed as in _memory_plan, memory as measured.
+        measured = profile(chunks, _example_microbatch(), lm_loss, warmup=0, iterations=1)
+        prof = dataclasses.replace(
+            measured,
+            stages=tuple(dataclasses.replace(s, f=1.0, i=1.0, w=1.0) for s in measured.stages),
+        )
+        os.environ["NOBUBBLE_MEM_AVAILABLE"] = str(spec["free"])
+        try:
+            plan = agreed_plan(
+                "zb-auto",
+                microbatches=MICROBATCHES,
+                costs=prof,
+                mem_limit=FreeMemory(),
+                placement="linear",
+            )
+        finally:
+            del os.environ["NOBUBBLE_MEM_AVAILABLE"]
+        stages = build_stages(chunks, plan)
         return stages, PlannedSchedule(stages, MICROBATCHES, lm_loss, plan=plan)
     if kind == "auto":
         # 2p measured chunks, placement left to the planner (linear pairs or a V).
@@ -294,6 +316,7 @@ def two_ranks() -> dict[str, Any]:
         "zb-auto-v": _snapshot(planner, "zb-auto", 2, placement="v"),
     }
     mem_plan, limit, unlimited = _memory_plan(2)
+    free_bytes = int(2 * limit / 0.8)
     w_reversed = _w_last_reversed(plans["zb-2p"])
     scenarios = [
         {"name": "ref-1f1b", "kind": "ref-1f1b", "num_stages": 2},
@@ -303,6 +326,8 @@ def two_ranks() -> dict[str, Any]:
         {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"]},
         {"name": "zb-auto-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v"]},
         {"name": "memory", "kind": "plan", "num_stages": 2, "plan": mem_plan, "track_memory": True},
+        # Free memory that leaves each of the two ranks the same budget as "memory".
+        {"name": "free", "kind": "free", "num_stages": 2, "free": free_bytes, "track_memory": True},
         {"name": "errors", "kind": "errors", "plan": plans["zb-auto"]},
         {"name": "spot", "kind": "spot", "num_stages": 2},
         {"name": "w-reversed", "kind": "plan", "num_stages": 2, "plan": w_reversed},
@@ -318,6 +343,7 @@ def two_ranks() -> dict[str, Any]:
         "mem_plan": mem_plan,
         "limit": limit,
         "unlimited": unlimited,
+        "free_bytes": free_bytes,
         "seconds": time.monotonic() - started,
     }
 
@@ -443,6 +469,22 @@ def test_memory_limit_holds(two_ranks: dict[str, Any]) -> None:
         assert abs(peak - predicted) <= 0.05 * predicted, (
             f"rank {rank}: measured peak {peak} B vs predicted {predicted:.0f} B"
         )
+
+
+def test_free_memory_plans_within_each_ranks_share(two_ranks: dict[str, Any]) -> None:
+    """``mem_limit=FreeMemory()``: each rank's budget is 0.8 × the free memory over the two
+    ranks sharing this host; the plan agreed from every rank's reading holds within it."""
+    budget = int(0.8 * two_ranks["free_bytes"] / 2)
+    unlimited: PlanSnapshot = two_ranks["unlimited"]
+    assert unlimited.peak_memory is not None and max(unlimited.peak_memory) > budget, (
+        "the budget does not bind: the test would not show that it holds"
+    )
+    for rank, r in enumerate(two_ranks["results"]):
+        plan: PlanSnapshot = r["free"]["plan"]
+        assert plan.inputs["mem_limit"] == [f"{budget}B"] * 2
+        assert plan.peak_memory is not None and plan.peak_memory[rank] <= budget
+        peak = r["free"]["peak"]
+        assert 0 < peak <= budget, f"rank {rank}: measured peak {peak} B over {budget} B"
 
 
 def test_memory_limited_plan_trains_like_1f1b(two_ranks: dict[str, Any]) -> None:

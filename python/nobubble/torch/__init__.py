@@ -39,6 +39,7 @@ except ImportError as _error:  # nobubble itself needs no torch; this subpackage
     ) from _error
 
 from nobubble.torch._compat import TESTED_TORCH
+from nobubble.torch.free_memory import FreeMemory
 from nobubble.torch.memory import ActivationMemoryTracker, format_bytes
 from nobubble.torch.plans import (
     PlanLike,
@@ -64,6 +65,7 @@ __all__ = [
     "TESTED_TORCH",
     "ActionTiming",
     "ActivationMemoryTracker",
+    "FreeMemory",
     "PlanLike",
     "PlanSnapshot",
     "PlannedSchedule",

@@ -18,13 +18,14 @@ from typing import Any, Protocol, Union, runtime_checkable
 import torch.distributed as dist
 
 from nobubble.torch._compat import parse_action
+from nobubble.torch.free_memory import FreeMemory
 from nobubble.torch.profiling import Profile
 
 #: ``nobubble.plan``'s ``mem_limit``: a number is a multiple of each rank's M_B; a size with
 #: a unit (``"20GiB"``, ``"1609728B"``) or a list of sizes (one per rank) is a byte budget
 #: when the costs' memory is in bytes, as a :class:`Profile`'s is. (``Union``: the alias is
-#: evaluated at import.)
-MemLimit = Union[float, int, str, Sequence[Union[float, int, str]], None]
+#: evaluated at import.) :class:`FreeMemory` plans within what each rank's device has free.
+MemLimit = Union[float, int, str, Sequence[Union[float, int, str]], FreeMemory, None]
 
 
 @runtime_checkable
@@ -235,6 +236,13 @@ def make_plan(
     kwargs["objective"] = objective or "makespan"
     if comm is not None:
         kwargs["comm"] = comm
+    if isinstance(mem_limit, FreeMemory):
+        if num_ranks != 1:
+            raise ValueError(
+                "mem_limit=FreeMemory() reads every rank's device: plan with agreed_plan on "
+                "every rank of the process group, or give the limit in bytes (e.g. '20GiB')"
+            )
+        mem_limit = mem_limit.budgets([mem_limit.read()])
     if mem_limit is not None:
         kwargs["mem_limit"] = mem_limit
     if layers is not None:
@@ -322,6 +330,9 @@ def agreed_plan(
     broadcasts the snapshot. The pipeline has as many ranks as ``group`` (default: the world).
     Without an initialised process group it plans locally, for ``num_ranks=`` ranks (a
     keyword of ``plan_kwargs``, default 1).
+
+    ``mem_limit=FreeMemory()`` plans within what each rank's device has free: every rank
+    reads its own (gathered with the profiles) and rank 0 plans within one budget per rank.
     """
     if not dist.is_available() or not dist.is_initialized():
         num_ranks = int(plan_kwargs.pop("num_ranks", 1))
@@ -339,13 +350,18 @@ def agreed_plan(
             f"num_ranks={num_ranks} but the process group has {dist.get_world_size(group)} "
             "ranks; a pipeline plan has one row per rank of its group"
         )
+    limit = plan_kwargs.get("mem_limit")
+    reading = limit.read() if isinstance(limit, FreeMemory) else None
     gathered: list[Any] = [None] * num_ranks
-    dist.all_gather_object(gathered, (costs, layers), group=group)
+    dist.all_gather_object(gathered, (costs, layers, reading), group=group)
     merged = _average([g[0] for g in gathered])
     merged_layers = _average([g[1] for g in gathered])
     payload: list[Any] = [None]
     if dist.get_rank(group) == 0:
         try:
+            if isinstance(limit, FreeMemory):
+                budgets = limit.budgets([g[2] for g in gathered])
+                plan_kwargs = dict(plan_kwargs, mem_limit=budgets)
             payload[0] = make_plan(
                 schedule,
                 num_ranks=num_ranks,

@@ -113,7 +113,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--blocks", type=int, default=4, help="at least 2p")
     parser.add_argument("--schedule", default="zb-auto")
-    parser.add_argument("--mem-limit", default=None, help="e.g. 2.0 (× M_B) or 64MiB")
+    parser.add_argument(
+        "--mem-limit",
+        default=None,
+        help="e.g. 2.0 (× M_B), 64MiB, or 'free': within what each rank's device has free",
+    )
     parser.add_argument(
         "--trace", type=Path, default=None, help="write a Perfetto trace"
     )
@@ -135,6 +139,13 @@ def main() -> None:
     # 1. Profile every chunk on this rank's device, 2. plan on rank 0 for everyone.
     prof = nbt.profile(chunks, (x0[:mb], y0[:mb]), loss_fn)
     mem_limit = None if args.mem_limit is None else _limit(args.mem_limit)
+    if mem_limit == "free":
+        # Each rank will add AdamW's two moments and the gradients of its share of the
+        # weights (about 1/world of them) beside the activations.
+        weights = sum(
+            p.numel() * p.element_size() for c in chunks for p in c.parameters()
+        )
+        mem_limit = nbt.FreeMemory(reserve=3 * weights // world)
     plan = nbt.agreed_plan(
         args.schedule, microbatches=m, costs=prof, mem_limit=mem_limit
     )
@@ -190,7 +201,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _limit(text: str) -> float | int | str:
+def _limit(text: str) -> float | int | str | nbt.FreeMemory:
     try:
         return float(text)
     except ValueError:

@@ -126,6 +126,15 @@ def test_pytorch_class_names_are_schedule_names() -> None:
     assert a.to_csv() == b.to_csv()
 
 
+def test_a_planner_error_survives_pickling() -> None:
+    """torch.distributed's object collectives pickle rank 0's planner error for every rank."""
+    import pickle
+
+    error = error_of(lambda: nobubble.plan("1f1b", stages=0, microbatches=4))
+    again = pickle.loads(pickle.dumps(nobubble.ScheduleError(error)))
+    assert type(again) is nobubble.ScheduleError and str(again) == error
+
+
 def error_of(call) -> str:
     with pytest.raises(ValueError) as info:
         call()

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import nobubble  # noqa: E402
 import nobubble.torch as nbt  # noqa: E402
 from nobubble.torch.free_memory import (  # noqa: E402
     OVERRIDE_ENV,
@@ -130,8 +131,12 @@ def test_one_rank_plans_within_its_budget_and_several_ranks_need_the_group(
     plan = plan_with_free(free)
     assert plan.inputs["mem_limit"] == [f"{int(0.8 * free)}B"]
     assert plan.peak_memory is not None and 0 < plan.peak_memory[0] <= 1.5 * one_mb
-    with pytest.raises(ValueError, match="below one microbatch"):
+    with pytest.raises(ValueError) as refused:
         plan_with_free(0.5 * one_mb / 0.8)
+    # The planner's reason, then where the budget came from.
+    assert "below one microbatch's activations there" in str(refused.value)
+    assert "(mem_limit=FreeMemory(fraction=0.8, reserve=0) read rank 0: " in str(refused.value)
+    assert type(refused.value) is nobubble.ScheduleError
     with pytest.raises(ValueError, match="plan with agreed_plan on every rank"):
         nbt.make_plan(
             "zb-auto", num_ranks=2, num_microbatches=8, costs=prof, mem_limit=nbt.FreeMemory()

@@ -256,6 +256,11 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
         PlannedSchedule(right, MICROBATCHES // 2, lm_loss, plan=plan)
     except ValueError as exc:
         found["wrong_microbatches"] = str(exc)
+    # The planner refuses on rank 0: every rank raises its error (none hangs or crashes).
+    try:
+        agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=0.5)
+    except nobubble.ScheduleError as exc:
+        found["planner"] = str(exc)
     schedule = PlannedSchedule(right, MICROBATCHES, lm_loss, plan=plan)
     x = torch.zeros(MICROBATCHES + 1, CFG.seq_len, dtype=torch.long)
     try:
@@ -508,7 +513,8 @@ def test_measurement_and_trace(two_ranks: dict[str, Any]) -> None:
 
 
 def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
-    """Wrong stages, microbatch count and batch size fail with ValueErrors that explain."""
+    """Wrong stages, microbatch count and batch size fail with ValueErrors that explain, and
+    a request the planner refuses raises its ScheduleError on every rank."""
     for rank, r in enumerate(two_ranks["results"]):
         errors = r["errors"]
         assert f"must build stages [{rank}]" in errors["wrong_stages"] or (
@@ -516,6 +522,7 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         )
         assert "n_microbatches=4" in errors["wrong_microbatches"]
         assert "multiple of 8" in errors["bad_batch"]
+        assert errors["planner"].startswith("mem_limit: 0.5 × M_B is below"), errors
 
 
 def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> None:

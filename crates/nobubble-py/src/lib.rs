@@ -15,8 +15,10 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+// Named by its importable path, so that pickle (e.g. `torch.distributed`'s object
+// collectives, which carry rank 0's planner error to every rank) can find the class.
 create_exception!(
-    _native,
+    nobubble._native,
     ScheduleError,
     PyValueError,
     "A request the planner refuses, or a schedule that breaks a rule; the message names the \

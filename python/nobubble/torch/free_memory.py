@@ -97,6 +97,21 @@ class FreeMemory:
             out.append(f"{int(share)}B")
         return out
 
+    def explain(self, readings: Sequence[tuple[str, int]]) -> str:
+        """Where each rank's budget came from, for an error about it."""
+        sharing: dict[str, int] = {}
+        for where, _free in readings:
+            sharing[where] = sharing.get(where, 0) + 1
+        parts = [
+            f"rank {r}: {_size(free)} free on {where}"
+            + (f" for {sharing[where]} ranks" if sharing[where] > 1 else "")
+            for r, (where, free) in enumerate(readings)
+        ]
+        return (
+            f"mem_limit=FreeMemory(fraction={self.fraction}, reserve={self.reserve}) read "
+            + "; ".join(parts)
+        )
+
 
 def _default_device() -> torch.device:
     """The device this process computes on: its current CUDA device, else the CPU."""

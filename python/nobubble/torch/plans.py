@@ -236,22 +236,30 @@ def make_plan(
     kwargs["objective"] = objective or "makespan"
     if comm is not None:
         kwargs["comm"] = comm
+    free: FreeMemory | None = None
+    readings: list[tuple[str, int]] | None = None
     if isinstance(mem_limit, FreeMemory):
         if num_ranks != 1:
             raise ValueError(
                 "mem_limit=FreeMemory() reads every rank's device: plan with agreed_plan on "
                 "every rank of the process group, or give the limit in bytes (e.g. '20GiB')"
             )
-        mem_limit = mem_limit.budgets([mem_limit.read()])
+        readings = [mem_limit.read()]
+        free, mem_limit = mem_limit, mem_limit.budgets(readings)
     if mem_limit is not None:
         kwargs["mem_limit"] = mem_limit
-    if layers is not None:
+    if layers is not None and costs is not None:
+        raise ValueError("pass costs= (per stage) or layers= (per layer), not both")
+    try:
+        if layers is not None:
+            return _plan_layers(planner, schedule, kwargs, layers)
         if costs is not None:
-            raise ValueError("pass costs= (per stage) or layers= (per layer), not both")
-        return _plan_layers(planner, schedule, kwargs, layers)
-    if costs is not None:
-        return _plan_with(planner, schedule, kwargs, costs, placement, num_ranks, chunks)
-    plan = planner(schedule, **kwargs)
+            return _plan_with(planner, schedule, kwargs, costs, placement, num_ranks, chunks)
+        plan = planner(schedule, **kwargs)
+    except ValueError as exc:
+        if free is None or readings is None:
+            raise
+        raise _with_readings(exc, free, readings) from None
     return PlanSnapshot.of(plan, inputs=dict(kwargs, schedule=schedule))
 
 
@@ -371,12 +379,23 @@ def agreed_plan(
                 **plan_kwargs,
             )
         except Exception as exc:  # every rank must leave the broadcast with the error
+            if isinstance(limit, FreeMemory) and isinstance(exc, ValueError):
+                exc = _with_readings(exc, limit, [g[2] for g in gathered])
             payload[0] = exc
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast_object_list(payload, src=src, group=group)
     if isinstance(payload[0], Exception):
         raise payload[0]
     return payload[0]
+
+
+def _with_readings(
+    exc: ValueError, limit: FreeMemory, readings: list[tuple[str, int]]
+) -> ValueError:
+    """``exc`` about budgets ``limit`` made, with what each rank read (same type)."""
+    if not str(exc).startswith("mem_limit"):
+        return exc
+    return type(exc)(f"{exc} ({limit.explain(readings)})")
 
 
 def _average(profiles: Sequence[Profile | None]) -> Profile | None:

@@ -201,7 +201,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _limit(text: str) -> float | int | str | nbt.FreeMemory:
+def _limit(text: str) -> float | int | str:
     try:
         return float(text)
     except ValueError:

@@ -12,8 +12,8 @@ import nobubble  # noqa: E402
 import nobubble.torch as nbt  # noqa: E402
 from nobubble.torch.free_memory import (  # noqa: E402
     OVERRIDE_ENV,
+    MemoryReading,
     _cgroup_headrooms,
-    host_free_bytes,
 )
 from nobubble.torch.models import (  # noqa: E402
     SAMPLE_TEXT,
@@ -26,14 +26,29 @@ from nobubble.torch.models import (  # noqa: E402
 MIB = 1 << 20
 
 
-def test_ranks_sharing_a_device_share_its_memory() -> None:
-    """Ranks on one host's CPU split it; a GPU of its own is a rank's alone; the least
+def test_ranks_sharing_a_memory_share_it() -> None:
+    """Ranks on one machine's RAM split it; a GPU of its own is a rank's alone; the least
     reading of a shared memory counts; each rank's reserve comes off first."""
-    readings = [("a/cpu", 1000 * MIB), ("a/cpu", 900 * MIB), ("b/cuda:0", 500 * MIB)]
+    readings = [
+        MemoryReading("boot-a/ram", 1000 * MIB, "a CPU"),
+        MemoryReading("boot-a/ram", 900 * MIB, "a CPU"),
+        MemoryReading("gpu 1", 500 * MIB, "b cuda:0"),
+    ]
     budgets = nbt.FreeMemory(fraction=0.5, reserve=100 * MIB).budgets(readings)
-    # a/cpu: 0.5 × (900 − 2 × 100) MiB / 2; b/cuda:0: 0.5 × (500 − 100) MiB.
+    # boot-a: 0.5 × (900 − 2 × 100) MiB / 2; gpu 1: 0.5 × (500 − 100) MiB.
     assert budgets == [f"{175 * MIB}B", f"{175 * MIB}B", f"{200 * MIB}B"]
-    assert nbt.FreeMemory().budgets([("a/cpu", 1000)]) == ["800B"]
+    assert nbt.FreeMemory().budgets([MemoryReading("m", 1000, "")]) == ["800B"]
+
+
+def test_containers_share_their_own_limit_and_together_their_machine() -> None:
+    """Two containers on one machine: each rank gets the lesser of its container's share and
+    its share of the machine, as `nobubble train` judges them."""
+    readings = [
+        MemoryReading("boot/ram", 1000 * MIB, "h CPU", cgroup="c1", cgroup_free=300 * MIB),
+        MemoryReading("boot/ram", 1000 * MIB, "h CPU", cgroup="c2", cgroup_free=800 * MIB),
+    ]
+    # c1: 0.8 × 300; c2: 0.8 × 800 = 640, but the machine's share is 0.8 × 1000 / 2 = 400.
+    assert nbt.FreeMemory().budgets(readings) == [f"{240 * MIB}B", f"{400 * MIB}B"]
 
 
 def test_bad_settings_and_too_little_memory_say_what_to_do() -> None:
@@ -41,26 +56,32 @@ def test_bad_settings_and_too_little_memory_say_what_to_do() -> None:
         nbt.FreeMemory(fraction=0)
     with pytest.raises(ValueError, match=r"reserve=-1.*0 or more"):
         nbt.FreeMemory(reserve=-1)
-    with pytest.raises(ValueError, match=r"rank 1 has 1.00 MiB free on b/cpu.*lower FreeMemory"):
-        nbt.FreeMemory(reserve=2 * MIB).budgets([("a/cpu", 10 * MIB), ("b/cpu", MIB)])
+    small = [MemoryReading("a", 10 * MIB, "a CPU"), MemoryReading("b", MIB, "b CPU")]
+    with pytest.raises(ValueError, match=r"rank 1 has 1.00 MiB free on b CPU.*reserve of 2.00"):
+        nbt.FreeMemory(reserve=2 * MIB).budgets(small)
+    full = [MemoryReading("a", 0, "a CPU")]
+    with pytest.raises(ValueError, match=r"has 0 B free on a CPU, shared by 1 rank\(s\): free"):
+        nbt.FreeMemory().budgets(full)
     with pytest.raises(ValueError, match="reads CUDA and CPU memory, not meta"):
         nbt.FreeMemory(device="meta").read()
 
 
 def test_cpu_reading_and_its_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OVERRIDE_ENV, "123456")
-    where, free = nbt.FreeMemory(device="cpu").read()
-    assert where.endswith("/cpu") and free == 123456
+    reading = nbt.FreeMemory(device="cpu").read()
+    assert reading.free == 123456 and reading.cgroup is None
+    assert reading.memory.endswith("/ram") and reading.label.endswith("CPU")
     monkeypatch.setenv(OVERRIDE_ENV, "lots")
     with pytest.raises(ValueError, match="give a number of bytes"):
-        host_free_bytes()
+        nbt.FreeMemory(device="cpu").read()
     monkeypatch.delenv(OVERRIDE_ENV)
-    free = host_free_bytes()
+    reading = nbt.FreeMemory(device="cpu").read()
     meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         line = next(x for x in meminfo.read_text().splitlines() if x.startswith("MemAvailable"))
-        # Never above MemAvailable (read a moment apart: allow 64 MiB of drift).
-        assert free is not None and 0 < free <= int(line.split()[1]) * 1024 + 64 * MIB
+        # MemAvailable itself, read a moment apart: allow 64 MiB of drift.
+        assert abs(reading.free - int(line.split()[1]) * 1024) <= 64 * MIB
+    assert reading.cgroup_free is None or reading.cgroup_free >= 0
 
 
 def _write(directory: Path, files: dict[str, str]) -> None:
@@ -85,11 +106,13 @@ def test_cgroup_v2_counts_every_limited_ancestor_and_not_the_page_cache(tmp_path
     membership = tmp_path / "cgroup"
     membership.write_text("0::/pod/box\n")
     # box: 600 − (500 − 300) = 400 MiB; pod: 1000 − 900 = 100 MiB; the root has no limit.
-    assert sorted(_cgroup_headrooms(membership, mount)) == [100 * MIB, 400 * MIB]
+    headrooms = _cgroup_headrooms(membership, mount)
+    assert sorted(h for _inode, h in headrooms) == [100 * MIB, 400 * MIB]
+    assert {i for i, _h in headrooms} == {box.stat().st_ino, (mount / "pod").stat().st_ino}
     # A namespaced container sees '..' in its path: its mount's root is its own cgroup.
     membership.write_text("0::/../../elsewhere\n")
     (mount / "memory.max").write_text(str(50 * MIB))
-    assert _cgroup_headrooms(membership, mount) == [50 * MIB - 5]
+    assert _cgroup_headrooms(membership, mount) == [(mount.stat().st_ino, 50 * MIB - 5)]
 
 
 def test_cgroup_v1_reads_the_memory_controller(tmp_path: Path) -> None:
@@ -107,7 +130,7 @@ def test_cgroup_v1_reads_the_memory_controller(tmp_path: Path) -> None:
     membership = tmp_path / "cgroup"
     membership.write_text("12:cpu,cpuacct:/job\n9:memory:/job\n0::/\n")
     # 400 − (300 − 256) = 356 MiB; v1's "no limit" and the absent v2 files count nothing.
-    assert _cgroup_headrooms(membership, mount) == [356 * MIB]
+    assert [h for _i, h in _cgroup_headrooms(membership, mount)] == [356 * MIB]
 
 
 def test_one_rank_plans_within_its_budget_and_several_ranks_need_the_group(

@@ -261,6 +261,15 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
         agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=0.5)
     except nobubble.ScheduleError as exc:
         found["planner"] = str(exc)
+    # Free memory: one rank cannot read it, or one rank does not ask for it.
+    for name, mine in [
+        ("unreadable", FreeMemory(device="meta") if rank == 1 else FreeMemory()),
+        ("not_asked", FreeMemory() if rank == 0 else None),
+    ]:
+        try:
+            agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=mine)
+        except ValueError as exc:
+            found[name] = str(exc)
     schedule = PlannedSchedule(right, MICROBATCHES, lm_loss, plan=plan)
     x = torch.zeros(MICROBATCHES + 1, CFG.seq_len, dtype=torch.long)
     try:
@@ -523,6 +532,10 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         assert "n_microbatches=4" in errors["wrong_microbatches"]
         assert "multiple of 8" in errors["bad_batch"]
         assert errors["planner"].startswith("mem_limit: 0.5 × M_B is below"), errors
+        assert errors["unreadable"].startswith(
+            "rank 1 could not read its free memory: ValueError: FreeMemory reads CUDA and CPU"
+        ), errors
+        assert errors["not_asked"].startswith("rank 1 gave no mem_limit=FreeMemory()"), errors
 
 
 def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> None:

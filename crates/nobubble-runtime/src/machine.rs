@@ -1,6 +1,7 @@
 //! Whether a run fits in the memory its machines have free. Past it the kernel kills the
 //! process (exit 137, no message) and every rank's work with it; checked before training,
-//! the run instead ends at once saying what to change.
+//! the run instead ends at once saying what to change — or, for an automatic schedule given
+//! no limit, plans within what is free ([`activation_budgets`]).
 //!
 //! Twice, both after the weights are built: before the stages' memory is measured (the
 //! largest stage's microbatch, counted exactly from the model's shape, since stages are
@@ -102,6 +103,8 @@ pub enum Remedy {
     /// A memory limit, for a schedule that plans within one, if a limit of at least this
     /// many bytes per rank (every rank's one microbatch) would fit; else as `Smaller`.
     Limit(f64),
+    /// As `Limit`, where the user gave a limit that is too large: a lower one.
+    LowerLimit(f64),
 }
 
 /// Every rank's reading, in rank order: an error naming the first machine or container
@@ -236,6 +239,11 @@ fn judge(
         Remedy::Limit(least) if per_rank >= least => format!(
             "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
              use a smaller microbatch or sequence",
+            suggested_limit(per_rank)
+        ),
+        Remedy::LowerLimit(least) if per_rank >= least => format!(
+            "lower the limit (e.g. --mem-limit {} for each rank), or use a smaller microbatch \
+             or sequence",
             suggested_limit(per_rank)
         ),
         _ => "use a smaller microbatch or sequence, fewer layers, or more machines".into(),
@@ -404,7 +412,13 @@ mod tests {
             e.contains("3 ranks of machine a, which has 16.00 GiB free"),
             "{e}"
         );
-        assert!(e.contains("--mem-limit 4.2GiB"), "{e}");
+        assert!(e.contains("give a limit (e.g. --mem-limit 4.2GiB"), "{e}");
+        // The user's limit was too large: a lower one.
+        let e = check_fits(&three, "the plan's peak", Remedy::LowerLimit(1.0)).unwrap_err();
+        assert!(
+            e.contains("lower the limit (e.g. --mem-limit 4.2GiB"),
+            "{e}"
+        );
         // A limit below one microbatch would not help: say what would.
         let e = check_fits(&three, "the plan's peak", Remedy::Limit(5.0 * g)).unwrap_err();
         assert!(

@@ -341,12 +341,17 @@ impl Session {
         }
         let schedule = &self.plan.schedule;
         let readings = self.readings_of_plan();
-        // A limit helps a schedule that plans within one, if it leaves every rank a microbatch.
-        let remedy = if self.options.file.is_none() && self.options.kind.takes_limit() {
-            let one = (0..schedule.ranks).map(|r| self.plan.costs.rank_mem_b(schedule, r));
-            machine::Remedy::Limit(one.fold(0.0, f64::max))
-        } else {
+        // A limit helps a schedule that plans within one, if it leaves every rank a microbatch
+        // (one fitted to the free memory already did what a limit can).
+        let plans_within = self.options.file.is_none() && self.options.kind.takes_limit();
+        let least = (0..schedule.ranks).map(|r| self.plan.costs.rank_mem_b(schedule, r));
+        let least = least.fold(0.0, f64::max);
+        let remedy = if !plans_within || self.fitted_to_free.is_some() {
             machine::Remedy::Smaller
+        } else if self.options.mem_limit.is_none() {
+            machine::Remedy::Limit(least)
+        } else {
+            machine::Remedy::LowerLimit(least)
         };
         machine::check_fits(&readings, "the plan's peak", remedy)
             .map_err(|e| RuntimeError::Plan(nobubble_schedule::Error::Input(e)))
@@ -467,18 +472,23 @@ impl Session {
         for (r, (&peak, &a)) in plan.predicted_peak.iter().zip(&allowed).enumerate() {
             if peak > a * (1.0 + 1e-9) {
                 // An automatic kind already planned within the limit: only more memory helps.
-                let fix = if self.options.file.is_none() && self.options.kind.takes_limit() {
+                let fix = if self.fitted_to_free.is_some() {
+                    "use a smaller microbatch or sequence, or more machines"
+                } else if self.options.file.is_none() && self.options.kind.takes_limit() {
                     "raise the limit, or use a smaller microbatch or sequence"
                 } else {
                     "plan zb-auto (it plans within the limit) or 1f1b, or raise the limit"
                 };
+                let limit = match self.fitted_to_free {
+                    Some(_) => "its share of the free memory".to_string(),
+                    None => format!("the limit {}", self.options.mem_limit),
+                };
                 return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
                     "mem_limit",
                     format!(
-                        "{} needs {} of activations on rank {r}, over the limit {} ({}); {fix}",
+                        "{} needs {} of activations on rank {r}, over {limit} ({}); {fix}",
                         self.options.schedule_name(),
                         human_bytes(peak),
-                        self.options.mem_limit,
                         human_bytes(a)
                     ),
                 )));

@@ -209,8 +209,7 @@ impl FromStr for MemLimit {
 }
 
 /// An amount of memory in the largest unit that writes it exactly, else in bytes: the text
-/// form reads it back to the same number.
-/// Bytes as `--mem-limit` reads them: a whole number of GiB, MiB or KiB, else bytes.
+/// form `--mem-limit` reads back to the same number.
 pub(crate) fn show_bytes(b: f64) -> String {
     for (suf, m) in &UNITS[..3] {
         let m = *m as f64;

@@ -519,7 +519,7 @@ fn train_checks_every_flag_before_training() {
         "{e}"
     );
     assert!(
-        e.contains("732.4 KiB free: give a limit (e.g. --mem-limit 160KiB"),
+        e.contains("732.4 KiB free: lower the limit (e.g. --mem-limit 160KiB"),
         "{e}"
     );
     assert!(!e.contains("step    1/1"), "{e}");

@@ -3,9 +3,10 @@
 ``mem_limit=FreeMemory()`` in :func:`~nobubble.torch.agreed_plan` (or ``PlannedSchedule``)
 turns into one byte budget per rank when the plan is agreed: every rank reads what its
 device has free, the readings are all-gathered with the profiles, and rank 0 plans within
-them. The same rule as ``nobubble train`` uses when a plan would not fit: four fifths of
-each rank's share, the rest left for what a plan's peak does not count (the allocator's
-slack, a pass's temporaries).
+them. The rule is ``nobubble train``'s when a plan would not fit: ranks that share a memory
+(one GPU, one machine's RAM, one container's limit) share what it has free, and each may
+plan on four fifths of its share, the rest left for what a plan's peak does not count (the
+allocator's slack, a pass's temporaries).
 """
 
 from __future__ import annotations
@@ -24,14 +25,33 @@ OVERRIDE_ENV = "NOBUBBLE_MEM_AVAILABLE"
 
 
 @dataclass(frozen=True)
+class MemoryReading:
+    """What one rank read. Ranks with the same ``memory`` share it, and so do ranks with the
+    same ``cgroup``."""
+
+    #: Which memory: a GPU (its UUID), or a machine's RAM (its kernel's boot id).
+    memory: str
+    #: Bytes free on it.
+    free: int
+    #: Where, for messages (host and device).
+    label: str
+    #: The memory cgroup (a container's) that limits this rank on a CPU, if any.
+    cgroup: str | None = None
+    #: Bytes that cgroup still allows.
+    cgroup_free: int | None = None
+
+
+@dataclass(frozen=True)
 class FreeMemory:
     """Plan within what each rank's device has free (``mem_limit=FreeMemory()``).
 
-    Each rank may plan on ``fraction`` × (its share of the free bytes − ``reserve``), where
-    ranks that compute on the same memory (one GPU, or one host's CPU) share it. Free is, on
-    CUDA, the driver's free memory plus what PyTorch's caching allocator holds unused; on a
-    CPU, ``MemAvailable``, or less where the process's memory cgroup (a container's) allows
-    less. Measure once the model is on its device; ``reserve`` is what each rank will still
+    Each rank may plan on ``fraction`` × (its share of the free bytes − ``reserve``); ranks
+    that compute on the same memory share it (one GPU, a machine's RAM, a container's limit:
+    the least share counts). Free is, on CUDA, the driver's free memory plus what PyTorch's
+    caching allocator holds unused; on a CPU, ``MemAvailable`` and the headroom of the
+    process's memory cgroup. ``device``: where this rank computes (default: the current CUDA
+    device if CUDA is initialised, else the CPU; call ``torch.cuda.set_device`` or give it).
+    Measure once the model is on its device; ``reserve`` is what each rank will still
     allocate outside activations: AdamW's two moments (2 × the stage's parameter bytes,
     allocated by the first ``opt.step()``) and the gradients if they do not exist yet
     (1 × more).
@@ -53,64 +73,89 @@ class FreeMemory:
                 "allocate outside activations, 0 or more"
             )
 
-    def read(self) -> tuple[str, int]:
-        """This rank's reading: which memory (host and device, so that ranks sharing it
-        divide it) and how many bytes it has free."""
+    def read(self) -> MemoryReading:
+        """This rank's reading of the memory it computes on."""
         device = torch.device(self.device) if self.device is not None else _default_device()
         host = socket.gethostname()
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
             free, _total = torch.cuda.mem_get_info(index)
             cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
-            return f"{host}/cuda:{index}", int(free + max(cached, 0))
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+            memory = f"gpu {uuid}" if uuid is not None else f"{_boot_id()}/cuda:{index}"
+            return MemoryReading(memory, int(free + max(cached, 0)), f"{host} cuda:{index}")
         if device.type != "cpu":
             raise ValueError(
                 f"FreeMemory reads CUDA and CPU memory, not {device.type}: give mem_limit in "
                 "bytes (e.g. '20GiB') for this device"
             )
-        free = host_free_bytes()
-        if free is None:
+        override = os.environ.get(OVERRIDE_ENV)
+        if override is not None:
+            try:
+                return MemoryReading(f"{_boot_id()}/ram", int(override), f"{host} CPU")
+            except ValueError:
+                raise ValueError(f"{OVERRIDE_ENV}={override!r}: give a number of bytes") from None
+        available = _mem_available()
+        if available is None:
             raise ValueError(
                 "FreeMemory cannot read this machine's free memory (no /proc/meminfo): give "
                 "mem_limit in bytes (e.g. '20GiB')"
             )
-        return f"{host}/cpu", free
+        tightest = min(_cgroup_headrooms(), default=None, key=lambda c: c[1])
+        return MemoryReading(
+            f"{_boot_id()}/ram",
+            available,
+            f"{host} CPU",
+            cgroup=None if tightest is None else f"{_boot_id()}:{tightest[0]}",
+            cgroup_free=None if tightest is None else tightest[1],
+        )
 
-    def budgets(self, readings: Sequence[tuple[str, int]]) -> list[str]:
+    def budgets(self, readings: Sequence[MemoryReading]) -> list[str]:
         """One ``mem_limit`` entry per rank (``"…B"``) from every rank's :meth:`read`, in
-        rank order."""
-        sharing: dict[str, list[int]] = {}
-        for rank, (where, _free) in enumerate(readings):
-            sharing.setdefault(where, []).append(rank)
-        out: list[str] = []
-        for rank, (where, _free) in enumerate(readings):
-            ranks = sharing[where]
-            free = min(readings[r][1] for r in ranks)
+        rank order: the least of its shares (of its memory, and of its cgroup's)."""
+        shares: list[float | None] = [None] * len(readings)
+        for ranks, free, what in _groups(readings):
             share = self.fraction * (free - len(ranks) * self.reserve) / len(ranks)
             if share <= 0:
+                reserve = f", less than their reserve of {_size(self.reserve)} each"
                 raise ValueError(
-                    f"rank {rank} has {_size(free)} free on {where}, shared by "
-                    f"{len(ranks)} rank(s), less than their reserve of {_size(self.reserve)} "
-                    "each: free memory on that device, lower FreeMemory(reserve=…), or use "
-                    "more devices"
+                    f"rank {ranks[0]} has {_size(free)} free on {what}, shared by "
+                    f"{len(ranks)} rank(s){reserve if self.reserve else ''}: free memory "
+                    "there, lower FreeMemory(reserve=…), or use more devices"
                 )
-            out.append(f"{int(share)}B")
-        return out
+            for r in ranks:
+                shares[r] = share if shares[r] is None else min(shares[r], share)
+        return [f"{int(s)}B" for s in shares if s is not None]
 
-    def explain(self, readings: Sequence[tuple[str, int]]) -> str:
-        """Where each rank's budget came from, for an error about it."""
-        sharing: dict[str, int] = {}
-        for where, _free in readings:
-            sharing[where] = sharing.get(where, 0) + 1
-        parts = [
-            f"rank {r}: {_size(free)} free on {where}"
-            + (f" for {sharing[where]} ranks" if sharing[where] > 1 else "")
-            for r, (where, free) in enumerate(readings)
-        ]
+    def explain(self, readings: Sequence[MemoryReading]) -> str:
+        """What each rank read, for an error about the budgets."""
+        parts = []
+        for r, reading in enumerate(readings):
+            part = f"rank {r}: {_size(reading.free)} free on {reading.label}"
+            if reading.cgroup_free is not None:
+                part += f", {_size(reading.cgroup_free)} under its memory cgroup"
+            parts.append(part)
         return (
             f"mem_limit=FreeMemory(fraction={self.fraction}, reserve={self.reserve}) read "
             + "; ".join(parts)
         )
+
+
+def _groups(readings: Sequence[MemoryReading]) -> list[tuple[list[int], int, str]]:
+    """Ranks sharing a memory, then ranks sharing a cgroup: (ranks, least free, what)."""
+    out = []
+    for key, free_of, what in (
+        (lambda x: x.memory, lambda x: x.free, lambda x: x.label),
+        (lambda x: x.cgroup, lambda x: x.cgroup_free, lambda x: f"{x.label}'s memory cgroup"),
+    ):
+        members: dict[str, list[int]] = {}
+        for r, reading in enumerate(readings):
+            if key(reading) is not None and free_of(reading) is not None:
+                members.setdefault(key(reading), []).append(r)
+        for ranks in members.values():
+            least = min(free_of(readings[r]) for r in ranks)
+            out.append((ranks, least, what(readings[ranks[0]])))
+    return out
 
 
 def _default_device() -> torch.device:
@@ -126,20 +171,13 @@ def _size(nbytes: float) -> str:
     return format_bytes(nbytes)
 
 
-def host_free_bytes() -> int | None:
-    """What this process may still allocate on the host: ``MemAvailable``, or its memory
-    cgroup's headroom where that is less (the tightest of its cgroup and their ancestors;
-    page cache counts as free, as in ``MemAvailable``). ``None`` where nothing can be read."""
-    override = os.environ.get(OVERRIDE_ENV)
-    if override is not None:
-        try:
-            return int(override)
-        except ValueError:
-            raise ValueError(f"{OVERRIDE_ENV}={override!r}: give a number of bytes") from None
-    free = _mem_available()
-    for headroom in _cgroup_headrooms():
-        free = headroom if free is None else min(free, headroom)
-    return free
+def _boot_id() -> str:
+    """This machine's kernel boot id (ranks with the same one share its RAM); the host name
+    where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def _mem_available() -> int | None:
@@ -154,10 +192,10 @@ def _mem_available() -> int | None:
 
 def _cgroup_headrooms(
     membership: Path = Path("/proc/self/cgroup"), mount: Path = Path("/sys/fs/cgroup")
-) -> list[int]:
-    """The headroom of every memory cgroup with a limit on this process's path to the root
-    (v2, or v1's memory controller): ``membership`` is ``/proc/self/cgroup``'s text, and
-    ``mount`` where the hierarchies are mounted."""
+) -> list[tuple[int, int]]:
+    """``(directory inode, headroom)`` of every memory cgroup with a limit on this process's
+    path to the root (v2, or v1's memory controller): ``membership`` is
+    ``/proc/self/cgroup``, and ``mount`` where the hierarchies are mounted."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
@@ -186,7 +224,7 @@ def _cgroup_headrooms(
         while True:
             headroom = _headroom(here, *files)
             if headroom is not None:
-                out.append(headroom)
+                out.append((here.stat().st_ino, headroom))
             if here == root:
                 break
             here = here.parent
@@ -196,15 +234,16 @@ def _cgroup_headrooms(
 def _headroom(
     directory: Path, limit_file: str, usage_file: str, cache_keys: tuple[str, str]
 ) -> int | None:
-    """``limit − (usage − page cache)`` of one cgroup directory; ``None`` without a limit."""
+    """``limit − (usage − page cache)`` of one cgroup directory; ``None`` without a limit
+    or where it cannot be read."""
     try:
         limit_text = (directory / limit_file).read_text().strip()
         usage = int((directory / usage_file).read_text().strip())
+        if limit_text == "max":
+            return None
+        limit = int(limit_text)
     except (OSError, ValueError):
         return None
-    if limit_text == "max":
-        return None
-    limit = int(limit_text)
     if limit >= 1 << 60:  # v1's "no limit" is the largest page-aligned value
         return None
     cache = 0

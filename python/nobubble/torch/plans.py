@@ -18,7 +18,7 @@ from typing import Any, Protocol, Union, runtime_checkable
 import torch.distributed as dist
 
 from nobubble.torch._compat import parse_action
-from nobubble.torch.free_memory import FreeMemory
+from nobubble.torch.free_memory import FreeMemory, MemoryReading
 from nobubble.torch.profiling import Profile
 
 #: ``nobubble.plan``'s ``mem_limit``: a number is a multiple of each rank's M_B; a size with
@@ -237,7 +237,7 @@ def make_plan(
     if comm is not None:
         kwargs["comm"] = comm
     free: FreeMemory | None = None
-    readings: list[tuple[str, int]] | None = None
+    readings: list[MemoryReading] | None = None
     if isinstance(mem_limit, FreeMemory):
         if num_ranks != 1:
             raise ValueError(
@@ -359,17 +359,23 @@ def agreed_plan(
             "ranks; a pipeline plan has one row per rank of its group"
         )
     limit = plan_kwargs.get("mem_limit")
-    reading = limit.read() if isinstance(limit, FreeMemory) else None
+    reading: MemoryReading | str | None = None
+    if isinstance(limit, FreeMemory):
+        try:
+            reading = limit.read()
+        except Exception as exc:  # reported by rank 0: the others must not wait for this one
+            reading = f"{type(exc).__name__}: {exc}"
     gathered: list[Any] = [None] * num_ranks
     dist.all_gather_object(gathered, (costs, layers, reading), group=group)
     merged = _average([g[0] for g in gathered])
     merged_layers = _average([g[1] for g in gathered])
     payload: list[Any] = [None]
     if dist.get_rank(group) == 0:
+        readings: list[MemoryReading] | None = None
         try:
-            if isinstance(limit, FreeMemory):
-                budgets = limit.budgets([g[2] for g in gathered])
-                plan_kwargs = dict(plan_kwargs, mem_limit=budgets)
+            readings = _readings([g[2] for g in gathered], limit)
+            if isinstance(limit, FreeMemory) and readings is not None:
+                plan_kwargs = dict(plan_kwargs, mem_limit=limit.budgets(readings))
             payload[0] = make_plan(
                 schedule,
                 num_ranks=num_ranks,
@@ -379,8 +385,8 @@ def agreed_plan(
                 **plan_kwargs,
             )
         except Exception as exc:  # every rank must leave the broadcast with the error
-            if isinstance(limit, FreeMemory) and isinstance(exc, ValueError):
-                exc = _with_readings(exc, limit, [g[2] for g in gathered])
+            if isinstance(limit, FreeMemory) and isinstance(exc, ValueError) and readings:
+                exc = _with_readings(exc, limit, readings)
             payload[0] = exc
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast_object_list(payload, src=src, group=group)
@@ -389,9 +395,30 @@ def agreed_plan(
     return payload[0]
 
 
-def _with_readings(
-    exc: ValueError, limit: FreeMemory, readings: list[tuple[str, int]]
-) -> ValueError:
+def _readings(gathered: list[Any], limit: Any) -> list[MemoryReading] | None:
+    """Every rank's :class:`MemoryReading` when rank 0's ``limit`` is a :class:`FreeMemory`
+    (``None`` otherwise); a ``ValueError`` naming the ranks that could not read theirs or did
+    not ask for it."""
+    if not isinstance(limit, FreeMemory):
+        others = [r for r, g in enumerate(gathered) if g is not None]
+        if others:
+            raise ValueError(
+                f"rank(s) {others} gave mem_limit=FreeMemory() and rank 0 did not: pass the "
+                "same mem_limit on every rank"
+            )
+        return None
+    for r, g in enumerate(gathered):
+        if g is None:
+            raise ValueError(
+                f"rank {r} gave no mem_limit=FreeMemory() while rank 0 did: pass the same "
+                "mem_limit on every rank"
+            )
+        if isinstance(g, str):
+            raise ValueError(f"rank {r} could not read its free memory: {g}")
+    return list(gathered)
+
+
+def _with_readings(exc: ValueError, limit: FreeMemory, readings: list[MemoryReading]) -> ValueError:
     """``exc`` about budgets ``limit`` made, with what each rank read (same type)."""
     if not str(exc).startswith("mem_limit"):
         return exc

@@ -470,11 +470,10 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
         let Some(budgets) = self.session.free_memory_limit() else {
             return;
         };
-        let least = budgets.iter().copied().fold(f64::INFINITY, f64::min);
-        let each = if budgets.iter().all(|&b| b == least) {
-            format!("{} of activations per rank", mib(least))
+        let all: Vec<String> = budgets.iter().map(|&b| mib(b)).collect();
+        let each = if all.iter().all(|b| *b == all[0]) {
+            format!("{} of activations per rank", all[0])
         } else {
-            let all: Vec<String> = budgets.iter().map(|&b| mib(b)).collect();
             format!(
                 "{} of activations on ranks 0 to {}",
                 all.join(", "),

@@ -349,6 +349,57 @@ impl Request {
 /// automatic kinds read `costs`; the fixed patterns are the same for every cost model.
 pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let (p, m) = (req.ranks, req.microbatches);
+    check_request(req)?;
+    let mem_budget = req.mem_limit.budgets();
+    let budgeted = !mem_budget.is_empty() && req.kind.takes_limit();
+    let limit = request_limit(req, budgeted, &mem_budget)?;
+    let name = req.kind.name();
+    let budget: &[f64] = if budgeted { &mem_budget } else { &[] };
+    // The automatic kinds' goal; each sets its limit.
+    let base = Goal {
+        ranks: p,
+        microbatches: m,
+        costs,
+        limit: f64::NAN,
+        budget,
+        objective: req.objective,
+        name,
+    };
+    let goal = |limit: f64| Goal { limit, ..base };
+    let mut schedule = match req.kind {
+        ScheduleKind::GPipe => gpipe(p, m),
+        ScheduleKind::OneFOneB => one_f_one_b(p, m),
+        ScheduleKind::Interleaved1F1B => interleaved_1f1b(p, m, req.chunks),
+        ScheduleKind::ZbH1 => zb_h1(p, m),
+        ScheduleKind::ZbH2 => zb_h2(p, m),
+        ScheduleKind::ZbAuto => {
+            zb_auto_either_placement(req, &goal(limit.expect("auto kinds plan under a limit")))
+        }
+        ScheduleKind::Zb1p | ScheduleKind::Zb2p => {
+            zb_auto(&base.at(limit.expect("auto kinds plan under a limit")))
+        }
+        ScheduleKind::ZbPaper => {
+            let goal = goal(limit.expect("auto kinds plan under a limit"));
+            goal.resolve(p).and_then(|mut c| {
+                let placement = classic::linear_placement(p);
+                let x = search::apply_budget(&mut c, &placement, m, goal.budget, goal.limit)?;
+                paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
+            })
+        }
+        ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
+        ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
+            v_auto(&goal(limit.expect("V kinds plan under a limit")))
+        }
+        ScheduleKind::DualPipeV => dualpipe_v(p, m),
+    }?;
+    crate::validate::normalize_weight_order(&mut schedule);
+    Ok(schedule)
+}
+
+/// Refuses a request no schedule can meet: no ranks or microbatches, a placement for a kind
+/// that has its own, more ranks, stages or passes than the planner handles.
+fn check_request(req: &Request) -> Result<(), Error> {
+    let (p, m) = (req.ranks, req.microbatches);
     if p == 0 {
         return Err(Error::setting(
             "stages",
@@ -389,15 +440,20 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
              planner handles ({MAX_ACTIONS}); use fewer stages, chunks or microbatches"
         )));
     }
-    let mem_budget = req.mem_limit.budgets();
-    let budgeted = !mem_budget.is_empty() && req.kind.takes_limit();
-    if let Some(b) = mem_budget.iter().find(|b| !(b.is_finite() && **b > 0.0)) {
+    Ok(())
+}
+
+/// The limit in multiples of M_B the kind plans under (`None`: a fixed pattern), capped at
+/// `m` (no rank ever holds more); with byte budgets, `m`, the multiple then being derived per
+/// layout. Refuses a budget that is not a size and a limit below one microbatch.
+fn request_limit(req: &Request, budgeted: bool, budgets: &[f64]) -> Result<Option<f64>, Error> {
+    let (p, m) = (req.ranks, req.microbatches);
+    if let Some(b) = budgets.iter().find(|b| !(b.is_finite() && **b > 0.0)) {
         return Err(Error::setting(
             "mem_limit",
             format!("budget {b} is not a positive size; give an amount such as 20MiB"),
         ));
     }
-    // With budgets the multiple is derived per layout (the placement's M_B per rank).
     let limit = if budgeted {
         Some(m as f64)
     } else {
@@ -414,75 +470,38 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
             ));
         }
     }
-    // No rank can ever hold more than all m microbatches: a larger limit plans like m.
-    let limit = limit.map(|x| x.min(m as f64));
-    let name = req.kind.name();
-    let budget: &[f64] = if budgeted { &mem_budget } else { &[] };
-    // The automatic kinds' goal; each sets its limit.
-    let base = Goal {
-        ranks: p,
-        microbatches: m,
-        costs,
-        limit: f64::NAN,
-        budget,
-        objective: req.objective,
-        name,
+    Ok(limit.map(|x| x.min(m as f64)))
+}
+
+/// zb-auto on the placement asked for, or on both (where the V search is affordable) keeping
+/// the better under the objective.
+fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Error> {
+    let (p, m) = (req.ranks, req.microbatches);
+    let try_v = match req.placement {
+        Some(p) => p == Placement::V,
+        None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
     };
-    let goal = |limit: f64| Goal { limit, ..base };
-    let mut schedule = match req.kind {
-        ScheduleKind::GPipe => gpipe(p, m),
-        ScheduleKind::OneFOneB => one_f_one_b(p, m),
-        ScheduleKind::Interleaved1F1B => interleaved_1f1b(p, m, req.chunks),
-        ScheduleKind::ZbH1 => zb_h1(p, m),
-        ScheduleKind::ZbH2 => zb_h2(p, m),
-        ScheduleKind::ZbAuto => {
-            let goal = goal(limit.expect("auto kinds plan under a limit"));
-            let try_v = match req.placement {
-                Some(p) => p == Placement::V,
-                None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
-            };
-            let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(&goal));
-            // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the
-            // linear layout's M_B (the V layout's M_B per rank differs when the model's
-            // segments do).
-            let v = try_v.then(|| {
-                if goal.budget.is_empty() && req.placement.is_none() {
-                    v_shape::v_auto_at_linear_bytes(&goal)
-                } else {
-                    v_auto(&goal)
-                }
-            });
-            // Either placement may fail where the other plans (a budget one cannot meet, a
-            // costs file listing one of the layouts' stages): an error only if both do.
-            match (linear, v) {
-                (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => return Err(e),
-                (l, v) => pick_placement(
-                    l.and_then(Result::ok),
-                    v.and_then(Result::ok),
-                    costs,
-                    req.objective,
-                ),
-            }
+    let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(goal));
+    // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the linear
+    // layout's M_B (the V layout's M_B per rank differs when the model's segments do).
+    let v = try_v.then(|| {
+        if goal.budget.is_empty() && req.placement.is_none() {
+            v_shape::v_auto_at_linear_bytes(goal)
+        } else {
+            v_auto(goal)
         }
-        ScheduleKind::Zb1p | ScheduleKind::Zb2p => {
-            zb_auto(&base.at(limit.expect("auto kinds plan under a limit")))
-        }
-        ScheduleKind::ZbPaper => {
-            let goal = goal(limit.expect("auto kinds plan under a limit"));
-            goal.resolve(p).and_then(|mut c| {
-                let placement = classic::linear_placement(p);
-                let x = search::apply_budget(&mut c, &placement, m, goal.budget, goal.limit)?;
-                paper_heuristic::zb_paper(p, m, &c, x, name).map(|(s, _)| s)
-            })
-        }
-        ScheduleKind::InterleavedZb => interleaved_zb(p, m, req.chunks),
-        ScheduleKind::ZbV | ScheduleKind::VHalf | ScheduleKind::VMin | ScheduleKind::VAuto => {
-            v_auto(&goal(limit.expect("V kinds plan under a limit")))
-        }
-        ScheduleKind::DualPipeV => dualpipe_v(p, m),
-    }?;
-    crate::validate::normalize_weight_order(&mut schedule);
-    Ok(schedule)
+    });
+    // Either placement may fail where the other plans (a budget one cannot meet, a costs
+    // file listing one of the layouts' stages): an error only if both do.
+    match (linear, v) {
+        (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => Err(e),
+        (l, v) => pick_placement(
+            l.and_then(Result::ok),
+            v.and_then(Result::ok),
+            goal.costs,
+            req.objective,
+        ),
+    }
 }
 
 /// The zero-bubble authors' own V constructions, reimplemented (as `zb-paper` is their

@@ -108,8 +108,8 @@ pub fn apply_budget(
                 format!(
                     "rank {r}'s budget {} is below one microbatch's activations there ({}); \
                      every rank must hold at least one: raise its budget",
-                    crate::limit::show_bytes(bytes),
-                    crate::limit::show_bytes(mem_b)
+                    crate::limit::show_bytes(bytes.round()),
+                    crate::limit::show_bytes(mem_b.round())
                 ),
             ));
         }

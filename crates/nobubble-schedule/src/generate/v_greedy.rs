@@ -199,6 +199,25 @@ impl<'a> Greedy<'a> {
     }
 
     fn run(mut self) -> Option<(Schedule, Vec<f64>, bool)> {
+        self.warm_up()?;
+        self.fill();
+        self.steady_state_and_cool_down()?;
+        for d in 0..self.p {
+            while !self.dev[d].pending.is_empty() {
+                self.put(d, Kind::W, 0);
+            }
+        }
+        let bubbles = self.dev.iter().map(|d| d.bubble).collect();
+        let orders = self.dev.into_iter().map(|d| d.order).collect();
+        // Complete by construction (the rounds end only when every input gradient ran) and
+        // every pass placed after its input, so it cannot deadlock.
+        let s = Schedule::new("zb-v", 2 * self.p, self.p, self.m, self.placement, orders).ok()?;
+        Some((s, bubbles, self.bound))
+    }
+
+    /// Microbatch 0 down the first chunk, then each rank's chunk-0 forwards and its first
+    /// chunk-1 forward (`None` if a pass cannot be placed).
+    fn warm_up(&mut self) -> Option<()> {
         let (p, m) = (self.p, self.m);
         // Microbatch 0 down the first chunk.
         for d in 0..p {
@@ -222,14 +241,14 @@ impl<'a> Greedy<'a> {
                     let f = self.costs.time(self.stage(i, 0), Kind::F);
                     let room = (0..=i).all(|j| {
                         self.dev[j].nf[0] < m
-                            && self.dev[j].mem + fmem(&self, j) <= self.limit[j] * (1.0 + EPS)
+                            && self.dev[j].mem + fmem(self, j) <= self.limit[j] * (1.0 + EPS)
                     });
                     let late = dev.clock + f > back + EPS * back.abs().max(1.0);
                     // Before its first backward rank i still runs its chunk-1 forward of
                     // microbatch 0 and, in the fill below, i more pairs of forwards: keep
                     // room for those 2i + 1 and this one.
                     let full = !room
-                        || dev.mem + (2 + 2 * i) as f64 * fmem(&self, i)
+                        || dev.mem + (2 + 2 * i) as f64 * fmem(self, i)
                             > self.limit[i] * (1.0 + EPS);
                     if late || full {
                         self.bound |= full && !late;
@@ -246,7 +265,12 @@ impl<'a> Greedy<'a> {
                 return None;
             }
         }
-        // Fill: each rank catches up with the one before it, alternating chunks.
+        Some(())
+    }
+
+    /// Each rank catches up with the one before it, alternating chunks.
+    fn fill(&mut self) {
+        let (p, m) = (self.p, self.m);
         let mut chunk = 0;
         for i in 1..p {
             let mut idle = 0;
@@ -265,8 +289,12 @@ impl<'a> Greedy<'a> {
                 chunk ^= 1;
             }
         }
-        // Steady state and cool-down: one input gradient and at most one forward per rank
-        // per round, until every input gradient ran.
+    }
+
+    /// One input gradient and at most one forward per rank per round, until every input
+    /// gradient ran (`None` if two rounds in a row place nothing).
+    fn steady_state_and_cool_down(&mut self) -> Option<()> {
+        let (p, m) = (self.p, self.m);
         let mut stuck = 0;
         while self.dev.iter().any(|d| d.ni[0] + d.ni[1] < 2 * m) {
             let mut progress = false;
@@ -293,14 +321,14 @@ impl<'a> Greedy<'a> {
                 };
                 let c = if x.nf[1] >= x.nf[0] {
                     Some(0)
-                } else if d + 1 == p || ready(&self, 1) {
+                } else if d + 1 == p || ready(self, 1) {
                     Some(1)
-                } else if ready(&self, 0) {
+                } else if ready(self, 0) {
                     Some(0)
                 } else {
                     None
                 };
-                if let Some(c) = c.filter(|&c| ready(&self, c)) {
+                if let Some(c) = c.filter(|&c| ready(self, c)) {
                     progress |= self.place(d, Kind::F, c, self.knobs.overrun_before_forward);
                 }
             }
@@ -309,17 +337,7 @@ impl<'a> Greedy<'a> {
                 return None;
             }
         }
-        for d in 0..p {
-            while !self.dev[d].pending.is_empty() {
-                self.put(d, Kind::W, 0);
-            }
-        }
-        let bubbles = self.dev.iter().map(|d| d.bubble).collect();
-        let orders = self.dev.into_iter().map(|d| d.order).collect();
-        // Complete by construction (the rounds end only when every input gradient ran) and
-        // every pass placed after its input, so it cannot deadlock.
-        let s = Schedule::new("zb-v", 2 * p, p, m, self.placement, orders).ok()?;
-        Some((s, bubbles, self.bound))
+        Some(())
     }
 }
 

@@ -245,6 +245,93 @@ fn no_v_fit(x: f64) -> Error {
     )
 }
 
+/// What [`v_auto_within`] draws from: the ZB-V pattern and the periodic schedules, which do
+/// not depend on the limit (scored once; each level takes the best that fits, the pattern
+/// first so that it wins ties, as the handcrafted schedule should), and the greedy's and
+/// the building blocks' ladders, which do.
+struct VSources {
+    pattern: Schedule,
+    pattern_need: f64,
+    pattern_score: Score,
+    /// Each with its score and the limit it needs.
+    periodic: Vec<(Schedule, Score, f64)>,
+    greedy: super::v_greedy::GreedyLadder,
+    blocks: super::v_blocks::BlockLadder,
+}
+
+impl VSources {
+    fn new(
+        p: usize,
+        m: usize,
+        costs: &CostModel,
+        name: &str,
+        placement: &[usize],
+    ) -> Result<VSources, Error> {
+        let pattern = zb_v_pattern(p, m)?;
+        let pattern_need = needed_limit(&pattern, costs);
+        let pattern_score = score(&pattern, costs)?;
+        let blocks = super::v_blocks::BlockLadder::new(p, m, name, costs.rank_share.clone());
+        let mut periodic = Vec::new();
+        let fixed = super::periodic::candidates(name, placement, p, m, costs);
+        for s in fixed.into_iter().chain(blocks.own()) {
+            let need = needed_limit(&s, costs);
+            if let Ok(sc) = score(&s, costs) {
+                periodic.push((s, sc, need));
+            }
+        }
+        Ok(VSources {
+            pattern,
+            pattern_need,
+            pattern_score,
+            periodic,
+            greedy: super::v_greedy::GreedyLadder::default(),
+            blocks,
+        })
+    }
+
+    /// Large pipelines: the best of the candidates at the limit itself, no ladder (as
+    /// `zb_auto`).
+    fn best_at_limit(
+        mut self,
+        p: usize,
+        m: usize,
+        costs: &CostModel,
+        x: f64,
+        name: &str,
+    ) -> Result<Schedule, Error> {
+        let mut all: Vec<Schedule> = vec![self.pattern];
+        all.extend(self.periodic.into_iter().map(|f| f.0));
+        all.extend(self.greedy.at(p, m, costs, x));
+        all.extend(self.blocks.at(x, name));
+        let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| no_v_fit(x))?;
+        best.name = name.to_string();
+        Ok(best)
+    }
+
+    /// The best at `level` of `found` (the runs of this level) and the fixed candidates that
+    /// fit it.
+    fn best_at_level(
+        &self,
+        found: Vec<Schedule>,
+        costs: &CostModel,
+        level: f64,
+    ) -> Result<Option<(Schedule, Score)>, Error> {
+        let pattern = (self.pattern.clone(), self.pattern_score);
+        let mut level_best = fits(self.pattern_need, level).then_some(pattern);
+        if let Some((s, sc)) = pick_best(found, costs, level)? {
+            if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
+                level_best = Some((s, sc));
+            }
+        }
+        for (s, sc, need) in &self.periodic {
+            if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
+                level_best = Some((s.clone(), *sc));
+            }
+        }
+        Ok(level_best)
+    }
+}
+
 /// [`v_auto`] with the costs resolved (objective and rank shares set).
 fn v_auto_within(
     p: usize,
@@ -261,38 +348,11 @@ fn v_auto_within(
     } else {
         (1, 0)
     };
-    // The ZB-V pattern and the periodic schedules do not depend on the limit: score them
-    // once, and let each level take the best that fits (the pattern first, so that it wins
-    // ties, as the handcrafted schedule should).
-    let pattern = zb_v_pattern(p, m)?;
-    let pattern_need = needed_limit(&pattern, costs);
-    let pattern_score = score(&pattern, costs)?;
-    let mut greedy = super::v_greedy::GreedyLadder::default();
-    let mut blocks = super::v_blocks::BlockLadder::new(p, m, name, costs.rank_share.clone());
-    let mut periodic = Vec::new();
-    for s in super::periodic::candidates(name, &placement, p, m, costs) {
-        let need = needed_limit(&s, costs);
-        if let Ok(sc) = score(&s, costs) {
-            periodic.push((s, sc, need));
-        }
-    }
-    for s in blocks.own() {
-        let need = needed_limit(&s, costs);
-        if let Ok(sc) = score(&s, costs) {
-            periodic.push((s, sc, need));
-        }
-    }
+    let mut sources = VSources::new(p, m, costs, name, &placement)?;
     if actions > super::auto::LADDER_MAX_ACTIONS {
-        // Large pipelines: the candidates at the limit itself, no ladder (as `zb_auto`).
-        let mut all: Vec<Schedule> = vec![pattern];
-        all.extend(periodic.into_iter().map(|f| f.0));
-        all.extend(greedy.at(p, m, costs, x));
-        all.extend(blocks.at(x, name));
-        let (mut best, _) = pick_best(all, costs, x)?.ok_or_else(|| no_v_fit(x))?;
-        best.name = name.to_string();
-        return Ok(best);
+        return sources.best_at_limit(p, m, costs, x, name);
     }
-    let static_need = periodic.iter().map(|f| f.2).fold(pattern_need, f64::max);
+    let static_need = (sources.periodic.iter().map(|f| f.2)).fold(sources.pattern_need, f64::max);
     let floor = unlimited_floor(&placement, m, costs);
     let mut best: Option<(Schedule, Score)> = None;
     let mut runs = LadderRuns::new(policies().into_iter().take(n_policies).collect());
@@ -309,11 +369,10 @@ fn v_auto_within(
         let capped_here = level <= 0.75 * p as f64;
         let cached = runs.all_cached()
             && (capped.all_cached() || !capped_here)
-            && greedy.settled()
-            && blocks.settled();
+            && sources.greedy.settled()
+            && sources.blocks.settled();
         let rejected = std::cell::Cell::new(false);
         let mut changed = false;
-        let mut level_best = fits(pattern_need, level).then(|| (pattern.clone(), pattern_score));
         let mut found = runs.run(name, &placement, p, m, costs, level);
         if capped_here {
             found.extend(capped.run(name, &placement, p, m, costs, level));
@@ -322,20 +381,10 @@ fn v_auto_within(
         // its time only from half of that (a fixed set of levels, so the ladder stays
         // monotone).
         if actions <= 6000 || 2.0 * level >= p as f64 {
-            found.extend(greedy.at(p, m, costs, level));
+            found.extend(sources.greedy.at(p, m, costs, level));
         }
-        found.extend(blocks.at(level, name));
-        if let Some((s, sc)) = pick_best(found, costs, level)? {
-            if level_best.as_ref().is_none_or(|b| better(sc, b.1)) {
-                level_best = Some((s, sc));
-            }
-        }
-        for (s, sc, need) in &periodic {
-            if fits(*need, level) && level_best.as_ref().is_none_or(|b| better(*sc, b.1)) {
-                level_best = Some((s.clone(), *sc));
-            }
-        }
-        if let Some((s, sc)) = level_best {
+        found.extend(sources.blocks.at(level, name));
+        if let Some((s, sc)) = sources.best_at_level(found, costs, level)? {
             let improved = if improve_budget > 0 {
                 improve(s, sc, costs, level, improve_budget, &rejected)?
             } else {

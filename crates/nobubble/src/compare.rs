@@ -68,22 +68,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         .map(|f| f.makespan);
     let speedup = |f: &Figures| baseline.map(|b| b / f.makespan);
     if args.json {
-        let out: Vec<Value> = rows
-            .iter()
-            .map(|r| match &r.outcome {
-                Ok(f) => json!({
-                    "schedule": r.kind.name(), "bubble_rate": f.bubble_rate,
-                    "bubble_fraction": f.bubble_fraction, "makespan": f.makespan,
-                    "peak_memory": f.peak_memory, "messages": f.messages,
-                    "speedup_vs_1f1b": speedup(f), "within_mem_limit": f.over_limit.is_none(),
-                }),
-                Err(e) => json!({"schedule": r.kind.name(), "error": e}),
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("serializes")
-        );
+        print_json(&rows, &speedup);
         if rows.iter().all(|r| r.outcome.is_err()) {
             return Err(
                 "no schedule applies to this pipeline (see the errors in the output)".into(),
@@ -103,10 +88,47 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         .filter(|(_, f)| f.over_limit.is_none())
         .min_by(|a, b| a.1.makespan.total_cmp(&b.1.makespan))
         .map(|(k, _)| k);
+    print_table(args, &rows, best, &speedup);
+    if rows.iter().all(|r| r.outcome.is_err()) {
+        return Err("no schedule applies to this pipeline (see the reasons above)".into());
+    }
+    if best.is_none() {
+        return Err("no schedule fits within --mem-limit (marked !); raise the limit".into());
+    }
+    Ok(())
+}
+
+/// Every row as JSON, with its speed-up over 1F1B.
+fn print_json(rows: &[Row], speedup: &dyn Fn(&Figures) -> Option<f64>) {
+    let out: Vec<Value> = rows
+        .iter()
+        .map(|r| match &r.outcome {
+            Ok(f) => json!({
+                "schedule": r.kind.name(), "bubble_rate": f.bubble_rate,
+                "bubble_fraction": f.bubble_fraction, "makespan": f.makespan,
+                "peak_memory": f.peak_memory, "messages": f.messages,
+                "speedup_vs_1f1b": speedup(f), "within_mem_limit": f.over_limit.is_none(),
+            }),
+            Err(e) => json!({"schedule": r.kind.name(), "error": e}),
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&out).expect("serializes")
+    );
+}
+
+/// The table, `best` starred, then why a schedule is over the limit or does not apply.
+fn print_table(
+    args: &CompareArgs,
+    rows: &[Row],
+    best: Option<ScheduleKind>,
+    speedup: &dyn Fn(&Figures) -> Option<f64>,
+) {
     println!(
         "{} ranks, {} microbatches{}",
-        stages,
-        microbatches,
+        args.pipeline.stages,
+        args.pipeline.microbatches,
         args.costs
             .mem_limit
             .as_ref()
@@ -118,7 +140,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         "schedule", "bubble rate", "bubble fraction", "makespan", "peak mem", "messages", "speedup"
     );
     let mut notes = Vec::new();
-    for r in &rows {
+    for r in rows {
         let mark = if Some(r.kind) == best { "*" } else { " " };
         match &r.outcome {
             Ok(f) => {
@@ -149,11 +171,4 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     for n in notes {
         println!("{n}");
     }
-    if rows.iter().all(|r| r.outcome.is_err()) {
-        return Err("no schedule applies to this pipeline (see the reasons above)".into());
-    }
-    if best.is_none() {
-        return Err("no schedule fits within --mem-limit (marked !); raise the limit".into());
-    }
-    Ok(())
 }

@@ -45,25 +45,7 @@ pub struct SampleArgs {
 
 /// Runs `sample`.
 pub fn run(a: &SampleArgs) -> Result<(), String> {
-    if a.prompt.is_empty() {
-        return Err(
-            "--prompt must not be empty: the model needs at least one byte of context".into(),
-        );
-    }
-    let how = Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-    };
-    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        return Err(format!(
-            "--temperature must be 0 (greedy) or positive, got {}",
-            a.temperature
-        ));
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        return Err(format!("--top-p must be in (0, 1], got {}", a.top_p));
-    }
+    let how = sampling(a)?;
     let model = crate::model_source::open(&a.checkpoint, a.seq_len)?;
     let stage = model.stage;
     let origin = model.origin;
@@ -82,32 +64,9 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         a.seed
     );
     let prompt = model.codec.encode(&a.prompt).map_err(|e| e.message())?;
-    if prompt.is_empty() {
-        return Err("--prompt encodes to no tokens".into());
-    }
-    let vocab = stage.config().vocab;
-    if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(format!(
-            "--prompt holds id {t}, outside the model's vocabulary of {vocab} (is this the \
-             model's tokenizer?)"
-        ));
-    }
+    check_prompt(&prompt, stage.config().vocab)?;
     let be = CpuBackend::with_threads(threads);
-    // The bytes are streamed as they come; a progress bar on stderr only when stdout goes
-    // elsewhere (a file, a pipe) and stderr is a terminal.
-    let bar = if std::io::stderr().is_terminal() && !std::io::stdout().is_terminal() {
-        let bar = ProgressBar::new(a.tokens as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} sampling [{bar:28}] {pos}/{len} bytes · ETA {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress_bar(a.tokens);
     let mut stdout = std::io::stdout().lock();
     let write_failed = |e: std::io::Error| format!("cannot write the sample: {e}");
     stdout
@@ -165,6 +124,60 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
     writeln!(stdout, "{rest}")
         .and_then(|_| stdout.flush())
         .map_err(write_failed)
+}
+
+/// The sampling settings, checked.
+fn sampling(a: &SampleArgs) -> Result<Sampling, String> {
+    if a.prompt.is_empty() {
+        return Err(
+            "--prompt must not be empty: the model needs at least one byte of context".into(),
+        );
+    }
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err(format!(
+            "--temperature must be 0 (greedy) or positive, got {}",
+            a.temperature
+        ));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(format!("--top-p must be in (0, 1], got {}", a.top_p));
+    }
+    Ok(Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+    })
+}
+
+/// Refuses a prompt of no tokens, or with an id the model has no embedding for.
+fn check_prompt(prompt: &[u32], vocab: usize) -> Result<(), String> {
+    if prompt.is_empty() {
+        return Err("--prompt encodes to no tokens".into());
+    }
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(format!(
+            "--prompt holds id {t}, outside the model's vocabulary of {vocab} (is this the \
+             model's tokenizer?)"
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes are streamed as they come: a progress bar on stderr only when stdout goes
+/// elsewhere (a file, a pipe) and stderr is a terminal.
+fn progress_bar(tokens: usize) -> ProgressBar {
+    if !std::io::stderr().is_terminal() || std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(tokens as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} sampling [{bar:28}] {pos}/{len} bytes · ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar
 }
 
 /// The text a BPE token adds: the prompt and all generated ids decoded again, less what was

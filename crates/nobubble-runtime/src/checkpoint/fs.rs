@@ -358,6 +358,51 @@ fn read_tensors(
 /// the previous one kept beside it), checking format, version and that weights and
 /// moments cover the same parameters with the same shapes.
 pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
+    let (src, meta) = read_meta(dir)?;
+    let meta_path = src.join(META);
+    let model_path = src.join(MODEL);
+    if meta.files.is_empty() {
+        eprintln!(
+            "warning: {} records no checksums (written by an older nobubble): its files are \
+             loaded unverified; saving it again adds them",
+            meta_path.display()
+        );
+    }
+    let params = read_tensors(&model_path, &meta.files)?;
+    if params.len() != meta.parameters {
+        return Err(corrupt(
+            &model_path,
+            format!(
+                "{} tensors, the metadata says {}",
+                params.len(),
+                meta.parameters
+            ),
+        ));
+    }
+    let opt_path = src.join(OPTIMIZER);
+    let moments = read_tensors(&opt_path, &meta.files)?;
+    // Verified: the manifest is a storage detail (a save writes a new one).
+    let mut meta = meta;
+    meta.files.clear();
+    let optimizer = AdamWState {
+        config: meta.optimizer_config,
+        steps: meta.optimizer_steps,
+        last: meta.optimizer_last,
+        moments: moments_by_parameter(&params, moments, &opt_path)?,
+    };
+    Ok(Checkpoint {
+        state: TrainingState {
+            step: meta.step,
+            params,
+            optimizer,
+        },
+        meta,
+    })
+}
+
+/// The directory to read (`dir`, or the previous checkpoint kept beside it after an
+/// interrupted save) and its metadata, checked for format and version.
+fn read_meta(dir: &Path) -> Result<(PathBuf, CheckpointMeta), RuntimeError> {
     let src = if !dir.exists() && previous_dir(dir).join(META).is_file() {
         previous_dir(dir)
     } else {
@@ -393,32 +438,18 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         )));
     }
     let meta: CheckpointMeta = serde_json::from_value(value).map_err(|e| corrupt(&meta_path, e))?;
-    let model_path = src.join(MODEL);
-    if meta.files.is_empty() {
-        eprintln!(
-            "warning: {} records no checksums (written by an older nobubble): its files are \
-             loaded unverified; saving it again adds them",
-            meta_path.display()
-        );
-    }
-    let params = read_tensors(&model_path, &meta.files)?;
-    if params.len() != meta.parameters {
-        return Err(corrupt(
-            &model_path,
-            format!(
-                "{} tensors, the metadata says {}",
-                params.len(),
-                meta.parameters
-            ),
-        ));
-    }
-    let opt_path = src.join(OPTIMIZER);
-    let mut moments = read_tensors(&opt_path, &meta.files)?;
-    // Verified: the manifest is a storage detail (a save writes a new one).
-    let mut meta = meta;
-    meta.files.clear();
+    Ok((src, meta))
+}
+
+/// AdamW's moments by parameter name, each pair with its parameter's shape; every moment
+/// tensor must belong to a parameter (`opt_path` names the file in errors).
+fn moments_by_parameter(
+    params: &BTreeMap<String, Tensor>,
+    mut moments: BTreeMap<String, Tensor>,
+    opt_path: &Path,
+) -> Result<BTreeMap<String, ParamMoments>, RuntimeError> {
     let mut by_name = BTreeMap::new();
-    for (name, p) in &params {
+    for (name, p) in params {
         let (m, v) = match (
             moments.remove(&format!("m/{name}")),
             moments.remove(&format!("v/{name}")),
@@ -426,14 +457,14 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
             (Some(m), Some(v)) => (m, v),
             _ => {
                 return Err(corrupt(
-                    &opt_path,
+                    opt_path,
                     format!("no moments for parameter `{name}`"),
                 ))
             }
         };
         if m.shape() != p.shape() || v.shape() != p.shape() {
             return Err(corrupt(
-                &opt_path,
+                opt_path,
                 format!("moments of `{name}` do not have its shape {:?}", p.shape()),
             ));
         }
@@ -447,22 +478,9 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
     }
     if let Some(extra) = moments.keys().next() {
         return Err(corrupt(
-            &opt_path,
+            opt_path,
             format!("tensor `{extra}` belongs to no parameter"),
         ));
     }
-    let optimizer = AdamWState {
-        config: meta.optimizer_config,
-        steps: meta.optimizer_steps,
-        last: meta.optimizer_last,
-        moments: by_name,
-    };
-    Ok(Checkpoint {
-        state: TrainingState {
-            step: meta.step,
-            params,
-            optimizer,
-        },
-        meta,
-    })
+    Ok(by_name)
 }

@@ -185,6 +185,21 @@ impl Checkpoint {
         model: &GptConfig,
         train: &TrainConfig,
     ) -> Result<Vec<String>, RuntimeError> {
+        self.check_same_model(model)?;
+        let t = &self.meta.train;
+        if t.microbatches != train.microbatches {
+            return Err(RuntimeError::Config(format!(
+                "the checkpoint was trained with {} microbatches per step, this run uses {} \
+                 (the loss scale and the data of each step depend on it)",
+                t.microbatches, train.microbatches
+            )));
+        }
+        self.check_optimizer_record()?;
+        Ok(self.resume_warnings(train))
+    }
+
+    /// Refuses a model whose shape differs from the checkpoint's.
+    fn check_same_model(&self, model: &GptConfig) -> Result<(), RuntimeError> {
         let m = &self.meta.model;
         let diffs: Vec<String> = [
             ("layers", m.layers, model.layers),
@@ -224,14 +239,12 @@ impl Checkpoint {
                 diffs.join(", ")
             )));
         }
-        let t = &self.meta.train;
-        if t.microbatches != train.microbatches {
-            return Err(RuntimeError::Config(format!(
-                "the checkpoint was trained with {} microbatches per step, this run uses {} \
-                 (the loss scale and the data of each step depend on it)",
-                t.microbatches, train.microbatches
-            )));
-        }
+        Ok(())
+    }
+
+    /// Refuses a checkpoint whose record of its optimizer is out of range or disagrees with
+    /// itself.
+    fn check_optimizer_record(&self) -> Result<(), RuntimeError> {
         // The checkpoint's record of its optimizer must make sense and agree with itself: a
         // value out of range means the file was damaged or edited. (The run continues with its
         // own hyper-parameters; a difference is warned about below.)
@@ -259,6 +272,13 @@ impl Checkpoint {
                 self.meta.optimizer_steps, self.meta.step
             )));
         }
+        Ok(())
+    }
+
+    /// The settings `train` may change on a resume that make the continuation differ from an
+    /// uninterrupted run.
+    fn resume_warnings(&self, train: &TrainConfig) -> Vec<String> {
+        let t = &self.meta.train;
         let mut warnings = Vec::new();
         let (saved_opt, r) = (&t.optimizer, &train.optimizer);
         for (name, saved, now) in [
@@ -289,7 +309,7 @@ impl Checkpoint {
         if t.max_grad_norm != train.max_grad_norm {
             warnings.push("gradient clipping differs from the checkpoint's".into());
         }
-        Ok(warnings)
+        warnings
     }
 
     /// The whole model as one unpipelined stage holding the checkpoint's weights (for

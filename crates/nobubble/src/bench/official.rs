@@ -208,56 +208,8 @@ fn measure(s: &Schedule, spec: &CostSpec) -> Result<Figures, String> {
 /// `bench reference`.
 pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
     let mut rows: Vec<Row> = Vec::new();
-    for (file, [f, i, w, comm, mem_b, mem_w], p, m, limit, ours) in REFERENCES {
-        let path = a.dir.join(file);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "cannot read {}: {e}; pass --dir with the folder of the authors' schedules",
-                path.display()
-            )
-        })?;
-        let theirs = csv::read(&text, "official").map_err(|e| format!("{file}: {e}"))?;
-        let spec = CostSpec::uniform(
-            RankCost {
-                f,
-                i,
-                w,
-                mem_b,
-                mem_w,
-            },
-            comm,
-        );
-        let c = CostModel::for_schedule(&spec, &theirs).map_err(|e| e.to_string())?;
-        check_memory(&theirs, &c, limit).map_err(|e| format!("{file}: {e}"))?;
-        let official = measure(&theirs, &spec)?;
-        let mut planned = Vec::new();
-        for &kind in ours {
-            let req = Request {
-                mem_limit: kind
-                    .planning_limit(p, Some(limit))
-                    .map_or(MemLimit::None, |_| MemLimit::Multiple(limit)),
-                ..Request::new(kind, p, m)
-            };
-            let started = Instant::now();
-            let s = generate(&req, &spec).map_err(|e| format!("{}: {e}", kind.name()))?;
-            let seconds = started.elapsed().as_secs_f64();
-            let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
-            check_memory(&s, &c, limit).map_err(|e| format!("{}: {e}", kind.name()))?;
-            let v = nobubble_schedule::Placement::of(&s) == Some(nobubble_schedule::Placement::V);
-            let name = format!(
-                "{}{}",
-                kind.name(),
-                if v && kind == ScheduleKind::ZbAuto {
-                    " (V)"
-                } else {
-                    ""
-                }
-            );
-            planned.push((name, measure(&s, &spec)?, v, seconds));
-        }
-        // Our schedule of the same family (listed first), on both figures.
-        let met = at_or_below(&planned[0].1, &official, true, true);
-        rows.push((file.to_string(), limit.to_string(), official, planned, met));
+    for reference in REFERENCES {
+        rows.push(uniform_row(&a.dir, reference)?);
     }
     rows.extend(heterogeneous_rows(&a.dir)?);
     if a.json {
@@ -277,6 +229,66 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
         );
         return Ok(());
     }
+    print_reference_table(&rows);
+    Ok(())
+}
+
+/// One uniform reference: the official schedule checked at its limit and measured, and ours
+/// planned at the same limit (the same family first, whose figures decide the row).
+fn uniform_row(dir: &std::path::Path, reference: Reference) -> Result<Row, String> {
+    let (file, [f, i, w, comm, mem_b, mem_w], p, m, limit, ours) = reference;
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; pass --dir with the folder of the authors' schedules",
+            path.display()
+        )
+    })?;
+    let theirs = csv::read(&text, "official").map_err(|e| format!("{file}: {e}"))?;
+    let spec = CostSpec::uniform(
+        RankCost {
+            f,
+            i,
+            w,
+            mem_b,
+            mem_w,
+        },
+        comm,
+    );
+    let c = CostModel::for_schedule(&spec, &theirs).map_err(|e| e.to_string())?;
+    check_memory(&theirs, &c, limit).map_err(|e| format!("{file}: {e}"))?;
+    let official = measure(&theirs, &spec)?;
+    let mut planned = Vec::new();
+    for &kind in ours {
+        let req = Request {
+            mem_limit: kind
+                .planning_limit(p, Some(limit))
+                .map_or(MemLimit::None, |_| MemLimit::Multiple(limit)),
+            ..Request::new(kind, p, m)
+        };
+        let started = Instant::now();
+        let s = generate(&req, &spec).map_err(|e| format!("{}: {e}", kind.name()))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let c = CostModel::for_schedule(&spec, &s).map_err(|e| e.to_string())?;
+        check_memory(&s, &c, limit).map_err(|e| format!("{}: {e}", kind.name()))?;
+        let v = nobubble_schedule::Placement::of(&s) == Some(nobubble_schedule::Placement::V);
+        let name = format!(
+            "{}{}",
+            kind.name(),
+            if v && kind == ScheduleKind::ZbAuto {
+                " (V)"
+            } else {
+                ""
+            }
+        );
+        planned.push((name, measure(&s, &spec)?, v, seconds));
+    }
+    let met = at_or_below(&planned[0].1, &official, true, true);
+    Ok((file.to_string(), limit.to_string(), official, planned, met))
+}
+
+/// `bench reference`'s table and its count of references met.
+fn print_reference_table(rows: &[Row]) {
     println!(
         "Ours against the zero-bubble authors' own schedules, at the memory each was made for"
     );
@@ -287,7 +299,7 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
         "{:<54} {:>9}  {:<18} {:>8} {:>11} {:>11} {:>6}  {:>7}",
         "reference", "limit", "schedule", "bubble", "makespan", "span", "peak", "plan s"
     );
-    for (file, limit, o, planned, _) in &rows {
+    for (file, limit, o, planned, _) in rows {
         println!(
             "{:<54} {:>9}  {:<18} {:>7.2}% {:>11.1} {:>11.1} {:>6.2}",
             file,
@@ -318,7 +330,6 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
          makespan; heterogeneous: zb-auto's makespan and span under each objective)",
         rows.len()
     );
-    Ok(())
 }
 
 /// One V family's comparisons in `bench v-baseline`.

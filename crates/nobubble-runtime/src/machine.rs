@@ -236,16 +236,17 @@ fn judge(
     };
     let per_rank = plannable_share(free, state, n);
     let fix = match remedy {
-        Remedy::Limit(least) if per_rank >= least => format!(
-            "give a limit (e.g. --mem-limit {} for each rank; zb-auto plans within it), or \
-             use a smaller microbatch or sequence",
-            suggested_limit(per_rank)
-        ),
-        Remedy::LowerLimit(least) if per_rank >= least => format!(
-            "lower the limit (e.g. --mem-limit {} for each rank), or use a smaller microbatch \
-             or sequence",
-            suggested_limit(per_rank)
-        ),
+        Remedy::Limit(least) | Remedy::LowerLimit(least) if per_rank >= least => {
+            let ask = match remedy {
+                Remedy::LowerLimit(_) => "lower the limit",
+                _ => "give a limit",
+            };
+            format!(
+                "{ask} (e.g. --mem-limit {} for each rank; zb-auto plans within it), or use a \
+                 smaller microbatch or sequence",
+                suggested_limit(per_rank)
+            )
+        }
         _ => "use a smaller microbatch or sequence, fewer layers, or more machines".into(),
     };
     Err(format!(

@@ -128,8 +128,8 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
         .expect("shape and data agree")
 }
 
-/// Runs the benchmark.
-pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
+/// The one-block model the benchmark runs, after checking the shape.
+fn block_model(cfg: &EngineBenchConfig) -> Result<GptConfig> {
     let (h, a, s, b) = (cfg.hidden, cfg.heads, cfg.seq_len, cfg.microbatch_size);
     if h == 0 || a == 0 || s == 0 || b == 0 || cfg.repeats == 0 || cfg.threads == 0 {
         return Err(NnError::Config(
@@ -141,10 +141,6 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
             "hidden {h} is not divisible by {a} heads"
         )));
     }
-    let cpu =
-        CpuBackend::with_threads(cfg.threads).with_simd(cfg.simd.unwrap_or(Simd::selected()))?;
-    let be = TimingBackend::new(&cpu);
-    let n = s * b;
     let model = GptConfig {
         layers: 1,
         hidden: h,
@@ -156,6 +152,17 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     .with_arch(cfg.arch);
     model.validate()?;
     model.check_size()?;
+    Ok(model)
+}
+
+/// Runs the benchmark.
+pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
+    let model = block_model(cfg)?;
+    let (h, a, s, b) = (cfg.hidden, cfg.heads, cfg.seq_len, cfg.microbatch_size);
+    let cpu =
+        CpuBackend::with_threads(cfg.threads).with_simd(cfg.simd.unwrap_or(Simd::selected()))?;
+    let be = TimingBackend::new(&cpu);
+    let n = s * b;
     let mut block = Block::new(0, &model, 7);
     let x = random(&[n, h], 1);
     let dy = random(&[n, h], 2);

@@ -195,93 +195,45 @@ struct Slot {
     shape: Vec<usize>,
 }
 
+impl Slot {
+    /// A tensor stored whole on both sides.
+    fn same(hf: &str, ours: &str, shape: &[usize]) -> Slot {
+        Slot {
+            hf: hf.into(),
+            ours: ours.into(),
+            columns: None,
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Columns `c0..c1` of our `[inputs, ·]` weight: `[c1 − c0, inputs]` in transformers.
+    fn cols(hf: String, ours: String, c0: usize, c1: usize, inputs: usize) -> Slot {
+        Slot {
+            hf,
+            ours,
+            columns: Some((c0, c1)),
+            shape: vec![c1 - c0, inputs],
+        }
+    }
+}
+
 /// Every HF tensor of `config`'s model, in the order transformers lists them.
 fn slots(config: &GptConfig) -> Vec<Slot> {
-    let (a, kv, d, f) = (
-        config.heads,
-        config.kv_heads(),
-        config.head_dim(),
-        config.ffn_hidden(),
-    );
     let h = config.hidden;
-    let same = |hf: &str, ours: &str, shape: &[usize]| Slot {
-        hf: hf.into(),
-        ours: ours.into(),
-        columns: None,
-        shape: shape.to_vec(),
-    };
-    // Columns c0..c1 of an `[inputs, ·]` weight: `[c1 − c0, inputs]` in transformers.
-    let cols = |hf: String, ours: String, c0: usize, c1: usize, inputs: usize| Slot {
-        hf,
-        ours,
-        columns: Some((c0, c1)),
-        shape: vec![c1 - c0, inputs],
-    };
-    let mut out = vec![same(
+    let mut out = vec![Slot::same(
         "model.embed_tokens.weight",
         "embed.tokens",
         &[config.vocab, h],
     )];
     for i in 0..config.layers {
-        let (hf, ours) = (format!("model.layers.{i}"), format!("blocks.{i}"));
-        let qkv = format!("{ours}.attn.qkv.weight");
-        let fc1 = format!("{ours}.mlp.fc1.weight");
-        out.extend([
-            same(
-                &format!("{hf}.input_layernorm.weight"),
-                &format!("{ours}.ln1.gamma"),
-                &[h],
-            ),
-            cols(
-                format!("{hf}.self_attn.q_proj.weight"),
-                qkv.clone(),
-                0,
-                a * d,
-                h,
-            ),
-            cols(
-                format!("{hf}.self_attn.k_proj.weight"),
-                qkv.clone(),
-                a * d,
-                (a + kv) * d,
-                h,
-            ),
-            cols(
-                format!("{hf}.self_attn.v_proj.weight"),
-                qkv,
-                (a + kv) * d,
-                (a + 2 * kv) * d,
-                h,
-            ),
-            cols(
-                format!("{hf}.self_attn.o_proj.weight"),
-                format!("{ours}.attn.proj.weight"),
-                0,
-                h,
-                h,
-            ),
-            same(
-                &format!("{hf}.post_attention_layernorm.weight"),
-                &format!("{ours}.ln2.gamma"),
-                &[h],
-            ),
-            cols(format!("{hf}.mlp.gate_proj.weight"), fc1.clone(), 0, f, h),
-            cols(format!("{hf}.mlp.up_proj.weight"), fc1, f, 2 * f, h),
-            cols(
-                format!("{hf}.mlp.down_proj.weight"),
-                format!("{ours}.mlp.fc2.weight"),
-                0,
-                h,
-                f,
-            ),
-        ]);
+        out.extend(layer_slots(config, i));
     }
-    out.push(same("model.norm.weight", "final_ln.gamma", &[h]));
+    out.push(Slot::same("model.norm.weight", "final_ln.gamma", &[h]));
     if config.tie_embeddings {
         // transformers ties lm_head.weight to the embedding itself.
         return out;
     }
-    out.push(cols(
+    out.push(Slot::cols(
         "lm_head.weight".into(),
         "lm_head.weight".into(),
         0,
@@ -289,6 +241,70 @@ fn slots(config: &GptConfig) -> Vec<Slot> {
         h,
     ));
     out
+}
+
+/// The HF tensors of decoder layer `i`: our fused QKV and gate/up weights split by columns.
+fn layer_slots(config: &GptConfig, i: usize) -> [Slot; 9] {
+    let (a, kv, d, f) = (
+        config.heads,
+        config.kv_heads(),
+        config.head_dim(),
+        config.ffn_hidden(),
+    );
+    let h = config.hidden;
+    let (same, cols) = (Slot::same, Slot::cols);
+    let (hf, ours) = (format!("model.layers.{i}"), format!("blocks.{i}"));
+    let qkv = format!("{ours}.attn.qkv.weight");
+    let fc1 = format!("{ours}.mlp.fc1.weight");
+    [
+        same(
+            &format!("{hf}.input_layernorm.weight"),
+            &format!("{ours}.ln1.gamma"),
+            &[h],
+        ),
+        cols(
+            format!("{hf}.self_attn.q_proj.weight"),
+            qkv.clone(),
+            0,
+            a * d,
+            h,
+        ),
+        cols(
+            format!("{hf}.self_attn.k_proj.weight"),
+            qkv.clone(),
+            a * d,
+            (a + kv) * d,
+            h,
+        ),
+        cols(
+            format!("{hf}.self_attn.v_proj.weight"),
+            qkv,
+            (a + kv) * d,
+            (a + 2 * kv) * d,
+            h,
+        ),
+        cols(
+            format!("{hf}.self_attn.o_proj.weight"),
+            format!("{ours}.attn.proj.weight"),
+            0,
+            h,
+            h,
+        ),
+        same(
+            &format!("{hf}.post_attention_layernorm.weight"),
+            &format!("{ours}.ln2.gamma"),
+            &[h],
+        ),
+        cols(format!("{hf}.mlp.gate_proj.weight"), fc1.clone(), 0, f, h),
+        cols(format!("{hf}.mlp.up_proj.weight"), fc1, f, 2 * f, h),
+        cols(
+            format!("{hf}.mlp.down_proj.weight"),
+            format!("{ours}.mlp.fc2.weight"),
+            0,
+            h,
+            f,
+        ),
+    ]
 }
 
 /// nobubble's parameters (by global name) as transformers' tensors, in its order.

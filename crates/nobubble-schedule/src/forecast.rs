@@ -182,17 +182,19 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
     })
 }
 
+/// `Ok` for a finite positive `v`; otherwise an error naming the setting.
+fn positive(setting: &'static str, v: f64) -> Result<(), Error> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::setting(
+            setting,
+            format!("must be a positive number, got {v}"),
+        ))
+    }
+}
+
 fn check(x: &ForecastInput) -> Result<(), Error> {
-    let positive = |setting: &'static str, v: f64| {
-        if v.is_finite() && v > 0.0 {
-            Ok(())
-        } else {
-            Err(Error::setting(
-                setting,
-                format!("must be a positive number, got {v}"),
-            ))
-        }
-    };
     positive("tokens", x.tokens)?;
     positive("peak_flops", x.peak_flops)?;
     positive("usd_per_gpu_hour", x.usd_per_gpu_hour)?;
@@ -237,6 +239,12 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
             format!("must be zero or positive, got {} ms", x.comm_seconds * 1e3),
         ));
     }
+    check_model(x)
+}
+
+/// The model's shape: whole layers for every stage, or a parameter count with a
+/// multiple-of-M_B limit.
+fn check_model(x: &ForecastInput) -> Result<(), Error> {
     match x.model {
         ModelShape::Layers {
             layers,
@@ -283,13 +291,9 @@ pub struct Forecast {
     pub omitted: Vec<(String, String)>,
 }
 
-/// Plans every schedule of [`SCHEDULES`] that applies and prices the job under each; 1F1B,
-/// the baseline of the savings, must apply.
-pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
-    check(x)?;
-    let spec = rank_costs(x)?;
-    let mem_b = spec.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
-    let limit_x = match &x.mem_limit {
+/// The limit as a multiple of the heaviest stage's M_B (`mem_b`); at least one microbatch.
+fn limit_multiple(limit: &MemLimit, mem_b: f64) -> Result<Option<f64>, Error> {
+    let limit_x = match limit {
         MemLimit::None => None,
         MemLimit::Multiple(k) => Some(*k),
         MemLimit::Bytes(bytes) => Some(bytes / mem_b.max(f64::MIN_POSITIVE)),
@@ -309,6 +313,16 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
             ),
         ));
     }
+    Ok(limit_x)
+}
+
+/// Plans every schedule of [`SCHEDULES`] that applies and prices the job under each; 1F1B,
+/// the baseline of the savings, must apply.
+pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
+    check(x)?;
+    let spec = rank_costs(x)?;
+    let mem_b = spec.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
+    let limit_x = limit_multiple(&x.mem_limit, mem_b)?;
     let gpus = x.stages as f64 * x.data_parallel as f64;
     let tokens_per_step = x.microbatches as f64
         * x.microbatch_size as f64

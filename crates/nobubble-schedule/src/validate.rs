@@ -43,68 +43,92 @@ impl Seen {
 /// Checks counts, duplicates and local order: every stage has one F per microbatch and one
 /// backward (B, or I and W), I/B after its F, W after its I, nothing listed twice.
 pub fn check_structure(schedule: &Schedule) -> Result<(), Error> {
-    let (n, m) = (schedule.stages, schedule.microbatches);
-    let mut seen = Seen::new(n, m);
-    // "Runs before X" and "X is missing" are different faults; only an error looks which.
-    let missing_or_before = |a: Action, kind: Kind, what: &str, fix: &str| {
-        let need = Action::new(a.stage, kind, a.microbatch);
-        if !schedule.orders.iter().flatten().any(|b| *b == need) {
-            format!("its {what} {need} is missing: no rank runs it; add {need} before it")
-        } else {
-            format!("runs before its {what} {need}; {fix}")
-        }
-    };
+    let seen = check_local_order(schedule)?;
+    check_complete(schedule, &seen)
+}
+
+/// Walks each rank's order: nothing listed twice, each backward after what it needs.
+/// Returns where each action was seen.
+fn check_local_order(schedule: &Schedule) -> Result<Seen, Error> {
+    let mut seen = Seen::new(schedule.stages, schedule.microbatches);
     for (rank, order) in schedule.orders.iter().enumerate() {
         for (at, &a) in order.iter().enumerate() {
-            let (s, j) = (a.stage, a.microbatch);
-            let invalid = |reason: String| Error::Invalid {
-                rank,
-                action: Some(a),
-                reason,
-            };
-            if let Some(prev) = seen.get(s, a.kind, j) {
-                return Err(invalid(format!(
+            let fault = match seen.get(a.stage, a.kind, a.microbatch) {
+                Some(prev) => Some(format!(
                     "duplicated: already listed at position {prev} of this rank"
-                )));
-            }
-            match a.kind {
-                Kind::F => {}
-                Kind::I | Kind::B => {
-                    let other = if a.kind == Kind::I { Kind::B } else { Kind::I };
-                    if seen.get(s, other, j).is_some() {
-                        return Err(invalid(format!(
-                            "microbatch {j} of stage {s} already has a backward ({}); use either B or I+W",
-                            Action::new(s, other, j)
-                        )));
-                    }
-                    if seen.get(s, Kind::F, j).is_none() {
-                        return Err(invalid(missing_or_before(
-                            a,
-                            Kind::F,
-                            "forward",
-                            "move it after the forward",
-                        )));
-                    }
-                }
-                Kind::W => {
-                    if seen.get(s, Kind::B, j).is_some() {
-                        return Err(invalid(format!(
-                            "microbatch {j} of stage {s} already ran a fused backward B, which includes W"
-                        )));
-                    }
-                    if seen.get(s, Kind::I, j).is_none() {
-                        return Err(invalid(missing_or_before(
-                            a,
-                            Kind::I,
-                            "input gradient",
-                            "W needs what I leaves behind",
-                        )));
-                    }
-                }
+                )),
+                None => order_fault(schedule, &seen, a),
+            };
+            if let Some(reason) = fault {
+                return Err(Error::Invalid {
+                    rank,
+                    action: Some(a),
+                    reason,
+                });
             }
             seen.set(a, at);
         }
     }
+    Ok(seen)
+}
+
+/// Why `a` cannot run where it is, given what its rank ran before it (`seen`).
+fn order_fault(schedule: &Schedule, seen: &Seen, a: Action) -> Option<String> {
+    let (s, j) = (a.stage, a.microbatch);
+    match a.kind {
+        Kind::F => None,
+        Kind::I | Kind::B => {
+            let other = if a.kind == Kind::I { Kind::B } else { Kind::I };
+            if seen.get(s, other, j).is_some() {
+                Some(format!(
+                    "microbatch {j} of stage {s} already has a backward ({}); use either B or I+W",
+                    Action::new(s, other, j)
+                ))
+            } else if seen.get(s, Kind::F, j).is_none() {
+                Some(missing_or_before(
+                    schedule,
+                    a,
+                    Kind::F,
+                    "forward",
+                    "move it after the forward",
+                ))
+            } else {
+                None
+            }
+        }
+        Kind::W => {
+            if seen.get(s, Kind::B, j).is_some() {
+                Some(format!(
+                    "microbatch {j} of stage {s} already ran a fused backward B, which includes W"
+                ))
+            } else if seen.get(s, Kind::I, j).is_none() {
+                Some(missing_or_before(
+                    schedule,
+                    a,
+                    Kind::I,
+                    "input gradient",
+                    "W needs what I leaves behind",
+                ))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// "Runs before X" and "X is missing" are different faults; only an error looks which.
+fn missing_or_before(schedule: &Schedule, a: Action, kind: Kind, what: &str, fix: &str) -> String {
+    let need = Action::new(a.stage, kind, a.microbatch);
+    if !schedule.orders.iter().flatten().any(|b| *b == need) {
+        format!("its {what} {need} is missing: no rank runs it; add {need} before it")
+    } else {
+        format!("runs before its {what} {need}; {fix}")
+    }
+}
+
+/// Every stage has a forward and a whole backward for every microbatch.
+fn check_complete(schedule: &Schedule, seen: &Seen) -> Result<(), Error> {
+    let (n, m) = (schedule.stages, schedule.microbatches);
     for s in 0..n {
         let rank = schedule.placement[s];
         if (0..m).all(|j| seen.get(s, Kind::F, j).is_none()) {

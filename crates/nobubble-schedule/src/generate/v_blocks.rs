@@ -232,6 +232,19 @@ impl Slots {
         Unit::default().walk(occ.iter().copied(), explicit_w).peak
     }
 
+    /// Every pass of every rank as (slot, rank, pass, microbatch), in slot order.
+    fn slot_order(&self) -> Vec<(i64, usize, Pass, usize)> {
+        let mut nodes: Vec<(i64, usize, Pass, usize)> = (0..self.p)
+            .flat_map(|d| {
+                self.rank_order(d)
+                    .into_iter()
+                    .map(move |(s, x, k)| (s, d, x, k))
+            })
+            .collect();
+        nodes.sort();
+        nodes
+    }
+
     /// Moves warm-up (unless `cooldown_only`) and cool-down passes to the earliest free
     /// slot after their inputs that keeps each rank's unit memory within its `cap`, visiting
     /// passes in slot order; the steady state keeps its slots.
@@ -244,33 +257,11 @@ impl Slots {
         drain: Drain,
     ) -> bool {
         let mut capped = false;
-        let mut nodes: Vec<(i64, usize, Pass, usize)> = (0..self.p)
-            .flat_map(|d| {
-                self.rank_order(d)
-                    .into_iter()
-                    .map(move |(s, x, k)| (s, d, x, k))
-            })
-            .collect();
-        nodes.sort();
+        let nodes = self.slot_order();
         let mut occ = self.occupancy();
         // With explicit W's, memory after each slot: a move shifts it by one over the
         // slots it jumps, so a check is a window maximum instead of a full recount.
-        let mut level: Vec<Vec<i64>> = occ
-            .iter()
-            .map(|o| {
-                let mut mem = 0;
-                o.iter()
-                    .map(|e| {
-                        match e.map(|e| e.0) {
-                            Some(Pass::F0 | Pass::F1) => mem += 1,
-                            Some(Pass::W0 | Pass::W1) => mem -= 1,
-                            _ => {}
-                        }
-                        mem
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut level = unit_levels(&occ);
         // Without explicit W's a move changes everything after it: the state before each
         // slot is kept, so a check walks only from the new slot on.
         let mut before: Vec<Vec<Unit>> = if explicit_w {
@@ -576,4 +567,23 @@ pub(crate) fn squeezed(
         capped,
         drain_mattered: s.drain_mattered,
     })
+}
+
+/// Each rank's unit memory after each slot, with explicit W's: +1 per forward, −1 per W.
+fn unit_levels(occ: &[Vec<Option<(Pass, usize)>>]) -> Vec<Vec<i64>> {
+    occ.iter()
+        .map(|o| {
+            let mut mem = 0;
+            o.iter()
+                .map(|e| {
+                    match e.map(|e| e.0) {
+                        Some(Pass::F0 | Pass::F1) => mem += 1,
+                        Some(Pass::W0 | Pass::W1) => mem -= 1,
+                        _ => {}
+                    }
+                    mem
+                })
+                .collect()
+        })
+        .collect()
 }

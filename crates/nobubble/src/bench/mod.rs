@@ -8,7 +8,7 @@ pub mod runtime;
 use crate::costs::CostArgs;
 use clap::{Args, Subcommand};
 use nobubble_schedule::paper::{
-    bubble_rate, bubble_rate_floor, paper_scheduler_rate, COMPARED, SETTINGS,
+    bubble_rate, bubble_rate_floor, paper_scheduler_rate, PaperSetting, COMPARED, SETTINGS,
 };
 use nobubble_schedule::{
     generate, simulate, CostModel, CostSpec, MemLimit, RankCost, Request, ScheduleKind,
@@ -120,8 +120,16 @@ pub fn run(cmd: &BenchCommand) -> Result<(), String> {
     }
 }
 
+/// One paper setting with our schedules' bubble rates (name, ours, paper's, floor) and the
+/// reimplemented paper scheduler's at p and 2p (ours, paper's).
+type PaperRow<'a> = (
+    &'a PaperSetting,
+    Vec<(&'static str, f64, f64, f64)>,
+    Vec<(f64, f64)>,
+);
+
 fn paper(as_json: bool) -> Result<(), String> {
-    let mut rows = Vec::new();
+    let mut rows: Vec<PaperRow> = Vec::new();
     for s in &SETTINGS {
         let mut ours = Vec::new();
         for (kind, col) in COMPARED {
@@ -138,21 +146,33 @@ fn paper(as_json: bool) -> Result<(), String> {
         rows.push((s, ours, theirs));
     }
     if as_json {
-        let out: Vec<_> = rows
-            .iter()
-            .map(|(s, ours, theirs)| {
-                json!({"model": s.model, "p": s.p, "m": s.m, "t_f": s.t_f, "t_i": s.t_i,
-                       "t_w": s.t_w, "t_comm": s.t_comm,
-                       "schedules": ours.iter().map(|(n, o, p, f)| json!({"schedule": n, "ours": o, "paper": p, "floor": f})).collect::<Vec<_>>(),
-                       "paper_scheduler": theirs.iter().zip(["zb-1p", "zb-2p"]).map(|((r, p), n)| json!({"schedule": n, "reimplemented": r, "paper": p})).collect::<Vec<_>>()})
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("serializes")
-        );
-        return Ok(());
+        print_paper_json(&rows);
+    } else {
+        print_paper_schedules(&rows);
+        print_paper_scheduler(&rows);
     }
+    Ok(())
+}
+
+fn print_paper_json(rows: &[PaperRow]) {
+    let out: Vec<_> = rows
+        .iter()
+        .map(|(s, ours, theirs)| {
+            json!({"model": s.model, "p": s.p, "m": s.m, "t_f": s.t_f, "t_i": s.t_i,
+                   "t_w": s.t_w, "t_comm": s.t_comm,
+                   "schedules": ours.iter().map(|(n, o, p, f)| json!({"schedule": n, "ours": o, "paper": p, "floor": f})).collect::<Vec<_>>(),
+                   "paper_scheduler": theirs.iter().zip(["zb-1p", "zb-2p"]).map(|((r, p), n)| json!({"schedule": n, "reimplemented": r, "paper": p})).collect::<Vec<_>>()})
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&out).expect("serializes")
+    );
+}
+
+/// Our schedules' bubble rates beside the paper's table, with the automatic ones' wins
+/// and proven optima counted.
+fn print_paper_schedules(rows: &[PaperRow]) {
     println!("Bubble rate on the paper's settings, ours / paper's. T_comm is a latency on every");
     println!("cross-rank hand-off; zb-1p and zb-2p plan under p·M_B and 2p·M_B with the paper's");
     println!("M_W/M_B = 32h / (34h + 5as).\n");
@@ -163,7 +183,7 @@ fn paper(as_json: bool) -> Result<(), String> {
     let mut worst: f64 = 0.0;
     let mut wins = [0usize; 2];
     let mut optimal = [0usize; 2];
-    for (s, ours, _) in &rows {
+    for (s, ours, _) in rows {
         let cells: Vec<String> = ours
             .iter()
             .enumerate()
@@ -199,6 +219,10 @@ fn paper(as_json: bool) -> Result<(), String> {
          (zb-1p: {}/12, zb-2p: {}/12)",
         optimal[0], optimal[1]
     );
+}
+
+/// The reimplemented paper scheduler beside the paper's ZB-1p and ZB-2p columns.
+fn print_paper_scheduler(rows: &[PaperRow]) {
     println!(
         "\nThe paper's own scheduler, reimplemented (`zb-paper`: greedy, median costs, 20 knob"
     );
@@ -208,7 +232,7 @@ fn paper(as_json: bool) -> Result<(), String> {
         "model", "p", "m", "zb-1p", "zb-2p"
     );
     let mut same = 0;
-    for (s, _, theirs) in &rows {
+    for (s, _, theirs) in rows {
         let cells: Vec<String> = theirs
             .iter()
             .map(|(r, p)| format!("{r:.4} / {p:.4}"))
@@ -220,8 +244,6 @@ fn paper(as_json: bool) -> Result<(), String> {
         );
     }
     println!("\nreimplementation equal to the published figure (4 decimals) in {same}/24 cells");
-
-    Ok(())
 }
 
 fn sim(a: &SimBenchArgs) -> Result<(), String> {

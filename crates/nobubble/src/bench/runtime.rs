@@ -129,6 +129,16 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
         .split(',')
         .map(|n| ScheduleKind::from_name(n).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
+    emulated_table(a, &kinds)?;
+    if a.real_steps == 0 {
+        return Ok(());
+    }
+    real_table(a, &kinds)
+}
+
+/// The emulated-compute table: measured against simulated step makespans per schedule and
+/// pipeline depth.
+fn emulated_table(a: &RuntimeBenchArgs, kinds: &[ScheduleKind]) -> Result<(), String> {
     let steps = a.steps.max(2);
     println!(
         "emulated compute: passes of {} ms (F = I = W), m = 4p; step makespan, median of {} steps",
@@ -145,7 +155,7 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
             .parse()
             .map_err(|_| format!("--emulated-ranks: `{p}` is not a number"))?;
         let m = 4 * p;
-        for &kind in &kinds {
+        for &kind in kinds {
             let spec = CostSpec::uniform(
                 RankCost {
                     f: a.pass_ms,
@@ -166,9 +176,31 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
             );
         }
     }
-    if a.real_steps == 0 {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The simulator's speedup of `schedule` over 1F1B on the profiled costs `c`; `None` when
+/// the costs do not describe the schedule's stages or a plan fails.
+fn simulated_speedup(
+    c: &CostModel,
+    schedule: &nobubble_schedule::Schedule,
+    p: usize,
+    m: usize,
+) -> Option<f64> {
+    let c1 = nobubble_schedule::generate(
+        &nobubble_schedule::Request::new(ScheduleKind::OneFOneB, p, m),
+        &CostSpec::uniform(RankCost::default(), 0.0),
+    )
+    .ok()?;
+    let cm = |s: &nobubble_schedule::Schedule| (s.stages == c.stages.len()).then(|| c.clone());
+    let base_sim = simulate(&c1, &cm(&c1)?).ok()?.metrics.makespan;
+    let this = simulate(schedule, &cm(schedule)?).ok()?.metrics.makespan;
+    Some(base_sim / this)
+}
+
+/// The real-compute table: each schedule's measured speedup over 1F1B beside the speedup
+/// the simulator predicts from the profiled pass times.
+fn real_table(a: &RuntimeBenchArgs, kinds: &[ScheduleKind]) -> Result<(), String> {
     let model = GptConfig::preset(&a.model).map_err(|e| e.to_string())?;
     let (p, m) = (2, 8);
     println!("\nreal compute: model {}, p = {p}, m = {m}, one thread per rank; step makespan, median of the steps run under the final plan (re-planned after 2; the first step dropped)", a.model);
@@ -198,23 +230,9 @@ pub fn run(a: &RuntimeBenchArgs) -> Result<(), String> {
         "schedule", "step ms", "tokens/s", "measured speedup", "simulated speedup", "ratio"
     );
     for (kind, measured, tps, schedule, _) in &results {
-        let sim = zb_profile.as_ref().and_then(|c| {
-            let c1 = nobubble_schedule::generate(
-                &nobubble_schedule::Request::new(ScheduleKind::OneFOneB, p, m),
-                &CostSpec::uniform(RankCost::default(), 0.0),
-            )
-            .ok()?;
-            let cm = |s: &nobubble_schedule::Schedule| {
-                if s.stages == c.stages.len() {
-                    Some(c.clone())
-                } else {
-                    None
-                }
-            };
-            let base_sim = simulate(&c1, &cm(&c1)?).ok()?.metrics.makespan;
-            let this = simulate(schedule, &cm(schedule)?).ok()?.metrics.makespan;
-            Some(base_sim / this)
-        });
+        let sim = zb_profile
+            .as_ref()
+            .and_then(|c| simulated_speedup(c, schedule, p, m));
         let speedup = base / measured;
         println!(
             "{:<10} {:>11.2} {:>10.0} {:>16.3}x {:>17} {:>9}",

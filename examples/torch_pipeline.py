@@ -178,12 +178,6 @@ def main() -> None:
             return_outputs=False,  # the logits are not needed, only the losses
         )
         opt.step()
-        if step + 1 == 2 and schedule.replanned is not None:
-            new = schedule.replanned
-            say(
-                f"re-planned on the measured pass times: predicted step {new.makespan:.1f} ms"
-            )
-            plan = new
         loss = torch.tensor(float(torch.stack(losses).mean()) if losses else 0.0)
         dist.all_reduce(loss)  # only the rank with the last stage has a loss
         measured = schedule.measurements[-1]
@@ -192,6 +186,14 @@ def main() -> None:
             f"{m * mb * args.seq_len / measured.step_ms * 1e3:8.0f} tok/s  "
             f"step {measured.step_ms:.1f} ms (planned {plan.makespan:.1f} ms)"
         )
+
+        # The re-plan comes after step 2's measurement: steps 3.. run the new plan.
+        if step + 1 == 2 and schedule.replanned is not None:
+            new = schedule.replanned
+            say(
+                f"re-planned on the measured pass times: predicted step {new.makespan:.1f} ms"
+            )
+            plan = new
 
     last = schedule.measurements[-1]
     say(f"last step: {last.summary()}")

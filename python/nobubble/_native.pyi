@@ -77,14 +77,16 @@ def plan(
     mem_limit: MemLimit = None,
     placement: Literal["auto", "linear", "v"] = "auto",
     objective: Literal["span", "makespan"] = "span",
-    chunks: int = 2,
+    chunks: int | None = None,
     layer_costs: str | None = None,
 ) -> Plan:
     """Plans ``schedule`` (a nobubble name or a PyTorch class name such as
     ``"ScheduleZBVZeroBubble"``) for ``stages`` ranks and ``microbatches`` microbatches.
 
     Costs default to F = I = W = 1, M_B = 1, M_W = 0.5. ``layer_costs`` takes the JSON text
-    of ``nobubble plan --layer-costs`` and also chooses the blocks per stage. Raises
+    of ``nobubble plan --layer-costs`` and also chooses the blocks per stage. ``chunks``
+    (model chunks per rank) is for the interleaved schedules (default 2); ``placement`` is
+    zb-auto's choice (another schedule accepts only its own layout). Raises
     :class:`ScheduleError` (a ``ValueError``) naming the setting at fault.
     """
 

@@ -93,7 +93,7 @@ def test_a_v_plan_says_which_stages_each_rank_builds() -> None:
     assert [plan.stages_of(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
     assert all(plan.rank_of(s) == r for r in range(4) for s in plan.stages_of(r))
     assert all(a[0] in "0123456789" for row in plan.actions for a in row)
-    with pytest.raises(IndexError, match="ranks 0..4"):
+    with pytest.raises(IndexError, match="ranks are 0 to 3"):
         plan.stages_of(4)
 
 
@@ -228,3 +228,62 @@ def test_model_chunks_price_every_layout() -> None:
         assert max(best.span) <= max(other.span) + 1e-9
     with pytest.raises(ValueError, match="a multiple of 2"):
         nobubble.plan("1f1b", 2, 4, cost=chunks[:3])
+
+
+def test_counts_and_indices_name_the_argument() -> None:
+    """Negative, boolean or out-of-range numbers are refused naming the argument, and an
+    index error gives the valid range as Python users read it."""
+    with pytest.raises(ValueError, match=r"^stages: must be at least 1, got -2$"):
+        nobubble.plan("zb-h1", stages=-2, microbatches=4)
+    with pytest.raises(ValueError, match=r"^microbatches: must be at least 1, got -1$"):
+        nobubble.plan("zb-h1", stages=2, microbatches=-1)
+    with pytest.raises(TypeError, match="stages takes a whole number, got a bool"):
+        nobubble.plan("zb-h1", stages=True, microbatches=4)
+    with pytest.raises(TypeError, match="not a bool"):
+        nobubble.plan("zb-h1", stages=2, microbatches=4, mem_limit=True)
+    with pytest.raises(ValueError, match="per-rank list is empty"):
+        nobubble.plan("zb-h1", stages=2, microbatches=4, mem_limit=[])
+    plan = nobubble.plan("zb-h1", stages=2, microbatches=4)
+    with pytest.raises(IndexError, match=r"rank 5 is out of range: the plan's ranks are 0 to 1"):
+        plan.stages_of(5)
+    with pytest.raises(IndexError, match=r"stage -1 is out of range: the plan's stages are 0 to 1"):
+        plan.rank_of(-1)
+
+
+def test_chunks_and_placement_are_never_ignored() -> None:
+    """chunks= only for the schedules that choose it; a placement matching a schedule's own
+    layout is accepted (a caller that built its stages passes it along), another refused."""
+    assert nobubble.plan("interleaved-1f1b", 2, 4, chunks=3).num_stages == 6
+    assert nobubble.plan("zb-v", 2, 4, chunks=2).num_stages == 4
+    with pytest.raises(ValueError, match="chunks: zb-v has 2 per rank, not 3"):
+        nobubble.plan("zb-v", 2, 4, chunks=3)
+    with pytest.raises(ValueError, match="chunks: zb-h1 has 1 per rank, not 3"):
+        nobubble.plan("zb-h1", 2, 4, chunks=3)
+    same = nobubble.plan("zb-h1", 2, 4, placement="linear")
+    assert same.actions == nobubble.plan("zb-h1", 2, 4).actions
+    assert nobubble.plan("zb-v", 2, 4, placement="v").num_stages == 4
+    with pytest.raises(ValueError, match="placement: zb-v places two stages per rank"):
+        nobubble.plan("zb-v", 2, 4, placement="linear")
+    with pytest.raises(ValueError, match="placement: interleaved-1f1b places its chunks looped"):
+        nobubble.plan("interleaved-1f1b", 2, 4, placement="v")
+    with pytest.raises(ValueError, match="^microbatches: must be a multiple of the 4 ranks"):
+        nobubble.plan("interleaved-1f1b", stages=4, microbatches=3)
+
+
+def test_a_file_name_where_text_belongs_says_to_read_it(tmp_path: Path) -> None:
+    path = tmp_path / "theirs.csv"
+    path.write_text(nobubble.plan("1f1b", 2, 2).to_csv())
+    with pytest.raises(ValueError, match=r"check takes the schedule CSV text, not a file name"):
+        nobubble.check(str(path))
+    with pytest.raises(ValueError, match=r"pass open\(\"costs.json\"\).read\(\)"):
+        nobubble.plan("zb-auto", 2, 4, layer_costs="costs.json")
+
+
+def test_simulate_says_what_shape_it_takes() -> None:
+    with pytest.raises(TypeError, match="one list of actions per rank"):
+        nobubble.simulate("0F0")
+    with pytest.raises(ValueError, match="the action list is empty"):
+        nobubble.simulate([])
+    with pytest.raises(ValueError, match="rank 1 has no actions"):
+        nobubble.simulate([["0F0", "0I0", "0W0"], []])
+    assert nobubble.simulate([["0F0", "0I0", "0W0"]]).num_ranks == 1

@@ -138,6 +138,27 @@ def _make_schedule(rank: int, world: int, spec: dict[str, Any]) -> tuple[list[An
             stages, MICROBATCHES, lm_loss, schedule="zb-auto", costs=prof, replan_after=1
         )
         return stages, schedule
+    if kind == "spot-fixed":
+        # A fixed schedule planned here from a profile of 2p chunks, the stages built first in
+        # its layout: pairs of chunks per rank (linear), a V, or chunks looped over the ranks
+        # (interleaved); re-planned after one step on the measured per-stage times.
+        import torch.nn as nn
+
+        four = gpt_chunks(CFG, 2 * world, seed=SEED)
+        prof = profile(four, _example_microbatch(), lm_loss, warmup=1, iterations=2)
+        layout = spec["layout"]
+        if layout == "linear":
+            mods = {rank: nn.Sequential(four[2 * rank], four[2 * rank + 1])}
+        elif layout == "v":
+            mods = {rank: four[rank], 2 * world - 1 - rank: four[2 * world - 1 - rank]}
+        else:
+            mods = {rank: four[rank], rank + world: four[rank + world]}
+        n = world if layout == "linear" else 2 * world
+        stages = [PipelineStage(mods[s], s, n, device) for s in sorted(mods)]
+        schedule = PlannedSchedule(
+            stages, MICROBATCHES, lm_loss, schedule=spec["schedule"], costs=prof, replan_after=1
+        )
+        return stages, schedule
     if kind == "layers":
         # Per-layer profile: the planner chooses the blocks per stage as well.
         # Times are fixed, with a head as heavy as four blocks, so the cut is uneven
@@ -261,6 +282,11 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
         agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=0.5)
     except nobubble.ScheduleError as exc:
         found["planner"] = str(exc)
+    # Rank 0 plans for all: a rank asking for something else is told, not ignored.
+    try:
+        agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=2 if rank == 0 else 3)
+    except ValueError as exc:
+        found["different_request"] = str(exc)
     # Free memory: one rank cannot read it, or one rank does not ask for it.
     for name, mine in [
         ("unreadable", FreeMemory(device="meta") if rank == 1 else FreeMemory()),
@@ -276,6 +302,13 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
         schedule.step(x, target=x)
     except ValueError as exc:
         found["bad_batch"] = str(exc)
+    if any(s.is_last for s in right):
+        # Only the last stage's rank: it raises before any communication.
+        x = torch.zeros(MICROBATCHES, CFG.seq_len, dtype=torch.long)
+        try:
+            schedule.step(x)
+        except ValueError as exc:
+            found["no_target"] = str(exc)
     return found
 
 
@@ -344,6 +377,17 @@ def two_ranks() -> dict[str, Any]:
         {"name": "free", "kind": "free", "num_stages": 2, "free": free_bytes, "track_memory": True},
         {"name": "errors", "kind": "errors", "plan": plans["zb-auto"]},
         {"name": "spot", "kind": "spot", "num_stages": 2},
+        *(
+            {"name": f"spot-{s}", "kind": "spot-fixed", "num_stages": 0, "schedule": s, "layout": v}
+            for s, v in [("zb-h1", "linear"), ("zb-v", "v")]
+        ),
+        {
+            "name": "spot-interleaved",
+            "kind": "spot-fixed",
+            "num_stages": 0,
+            "schedule": "interleaved-1f1b",
+            "layout": "looped",
+        },
         {"name": "w-reversed", "kind": "plan", "num_stages": 2, "plan": w_reversed},
         {"name": "auto", "kind": "auto", "num_stages": 4},
         {"name": "layers", "kind": "layers", "num_stages": 0, "placement": "linear"},
@@ -531,11 +575,16 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         )
         assert "n_microbatches=4" in errors["wrong_microbatches"]
         assert "multiple of 8" in errors["bad_batch"]
+        if rank == 1:  # the last stage of the linear plan
+            assert "pass step(..., target=y)" in errors["no_target"], errors
         assert errors["planner"].startswith("mem_limit: 0.5 × M_B is below"), errors
         assert errors["unreadable"].startswith(
             "rank 1 could not read its free memory: ValueError: FreeMemory reads CUDA and CPU"
         ), errors
         assert errors["not_asked"].startswith("rank 1 gave no mem_limit=FreeMemory()"), errors
+        assert errors["different_request"].startswith(
+            "rank(s) [1] asked for a different plan than rank 0"
+        ), errors
 
 
 def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> None:
@@ -550,6 +599,31 @@ def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> N
     for order in _w_orders(r0["plan"]).values():
         assert order == sorted(order)
     _assert_same_training(two_ranks["results"], "spot", "ref-1f1b")
+
+
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [("spot-zb-h1", "linear"), ("spot-zb-v", "v"), ("spot-interleaved", "looped")],
+)
+def test_fixed_schedules_plan_on_the_spot_and_replan(
+    two_ranks: dict[str, Any], name: str, layout: str
+) -> None:
+    """PlannedSchedule(schedule=<not zb-auto>, costs=<2p-chunk profile>) plans the stages'
+    own layout and re-plans after a step on per-stage times (the chunks' memory summed into
+    the stages when they were paired); the linear and V plans train like their references
+    bit for bit (W in microbatch order)."""
+    r0, r1 = (r[name] for r in two_ranks["results"])
+    assert r0["plan"].digest() == r1["plan"].digest()
+    assert r0["replanned"] and r1["replanned"]
+    ranks = {"linear": (0, 1), "v": (0, 1, 1, 0), "looped": (0, 1, 0, 1)}[layout]
+    assert r0["plan"].stage_ranks == ranks
+    assert len(r0["measured"]) == STEPS
+    reference = {"linear": "ref-1f1b", "v": "ref-zbv"}.get(layout)
+    if reference is not None:
+        losses, _ = _gather(two_ranks["results"], name)
+        ref_losses, _ = _gather(two_ranks["results"], reference)
+        for step, (a, b) in enumerate(zip(losses, ref_losses)):
+            assert torch.equal(a, b), f"{name}: step {step} losses {a} vs {b}"
 
 
 def test_auto_placement_from_2p_chunks(two_ranks: dict[str, Any]) -> None:

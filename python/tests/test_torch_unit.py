@@ -85,6 +85,8 @@ def test_profile_regroup_sums_neighbouring_chunks() -> None:
     assert two.stages[1].mem_b == prof.stages[2].mem_b + prof.stages[3].mem_b
     with pytest.raises(ValueError, match="multiple of the stage count"):
         prof.regroup(3)
+    with pytest.raises(ValueError, match="positive whole number, got 0"):
+        prof.regroup(0)
 
 
 def test_profile_average_across_ranks() -> None:

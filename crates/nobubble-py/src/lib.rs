@@ -13,7 +13,8 @@ use nobubble_schedule::{
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyList, PyString, PyTuple};
+use std::path::Path;
 
 // Named by its importable path, so that pickle (e.g. `torch.distributed`'s object
 // collectives, which carry rank 0's planner error to every rank) can find the class.
@@ -113,11 +114,23 @@ fn mem_limit(obj: Option<&Bound<'_, PyAny>>) -> PyResult<MemLimit> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(MemLimit::None);
     };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "mem_limit takes None, a multiple of M_B (8), a size (\"20GiB\") or a list of \
+             sizes, not a bool ({obj})"
+        )));
+    }
     if let Ok(text) = obj.extract::<String>() {
         return MemLimit::parse(&text).map_err(py_error);
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         let items: Vec<Bound<'_, PyAny>> = obj.extract()?;
+        if items.is_empty() {
+            return Err(value_error(
+                "mem_limit: the per-rank list is empty; give one size per rank, e.g. \
+                 [\"20MiB\", \"24MiB\"], or None for no limit",
+            ));
+        }
         let texts: Vec<String> = items
             .iter()
             .map(|i| {
@@ -152,6 +165,41 @@ fn sized_memory(limit: &MemLimit, mem: Option<&Bound<'_, PyAny>>) -> PyResult<()
     ))
 }
 
+/// `chunks=`: model chunks per rank, which only the interleaved schedules choose (default
+/// 2); another schedule accepts only the count it has, so a value is never ignored.
+fn chunks(kind: ScheduleKind, obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    let own = match kind {
+        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => None,
+        ScheduleKind::ZbV
+        | ScheduleKind::VHalf
+        | ScheduleKind::VMin
+        | ScheduleKind::VAuto
+        | ScheduleKind::DualPipeV => Some(2),
+        // zb-auto's V has two per rank, its linear plan one; the placement decides.
+        ScheduleKind::ZbAuto => Some(0),
+        _ => Some(1),
+    };
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(2);
+    };
+    let n = count(obj, "chunks")?;
+    match own {
+        None => Ok(n),
+        Some(0) if n <= 2 => Ok(2),
+        Some(own) if own == n => Ok(2),
+        Some(own) => Err(value_error(format!(
+            "chunks: {} has {} per rank, not {n}; chunks= is for interleaved-1f1b and \
+             interleaved-zb (leave it out here)",
+            kind.name(),
+            if own == 0 {
+                "1 or 2".to_string()
+            } else {
+                own.to_string()
+            }
+        ))),
+    }
+}
+
 fn placement(text: &str) -> PyResult<Option<Placement>> {
     match text.to_ascii_lowercase().as_str() {
         "auto" => Ok(None),
@@ -173,14 +221,50 @@ fn objective(text: &str) -> PyResult<Objective> {
     }
 }
 
-/// An `IndexError` unless `index < count`.
-fn in_range(what: &str, index: usize, count: usize) -> PyResult<()> {
-    if index < count {
-        return Ok(());
+/// An `IndexError` unless `0 ≤ index < count`.
+fn in_range(what: &str, index: i64, count: usize) -> PyResult<usize> {
+    if let Ok(i) = usize::try_from(index) {
+        if i < count {
+            return Ok(i);
+        }
     }
     Err(PyIndexError::new_err(format!(
-        "{what} {index} is out of range: the plan has {what}s 0..{count}"
+        "{what} {index} is out of range: the plan's {what}s are 0 to {}",
+        count.saturating_sub(1)
     )))
+}
+
+/// A whole number for the argument `name` (not a bool, which Python would otherwise take as
+/// 0 or 1; not negative): a `TypeError` or `ValueError` naming the argument. Zero passes,
+/// for the planner to refuse with the CLI's message.
+fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} takes a whole number, got a bool ({obj})"
+        )));
+    }
+    let n: i64 = obj.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name} takes a whole number, got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "another type".into(), |t| t.to_string())
+        ))
+    })?;
+    usize::try_from(n).map_err(|_| value_error(format!("{name}: must be at least 1, got {n}")))
+}
+
+/// Refuses a file name where the text itself is expected (`layer_costs=`, `check`'s CSV):
+/// a name such as `costs.json` would otherwise fail as a parse error of its characters.
+fn text_not_path(text: &str, what: &str, reader: &str) -> PyResult<()> {
+    let t = text.trim();
+    let one_word = !t.contains(['\n', ',', '{', '[']);
+    if one_word && (t.ends_with(".json") || t.ends_with(".csv") || Path::new(t).is_file()) {
+        return Err(value_error(format!(
+            "{what} takes the {reader} text, not a file name: pass open({t:?}).read()"
+        )));
+    }
+    Ok(())
 }
 
 /// The largest plan a notebook draws inline (about 0.5 KB of SVG per action).
@@ -243,17 +327,15 @@ impl Plan {
     }
 
     /// The stage indices `rank` must build, in increasing order.
-    fn stages_of(&self, rank: usize) -> PyResult<Vec<usize>> {
+    fn stages_of(&self, rank: i64) -> PyResult<Vec<usize>> {
         let s = &self.inner.schedule;
-        in_range("rank", rank, s.ranks)?;
-        Ok(s.stages_of(rank))
+        Ok(s.stages_of(in_range("rank", rank, s.ranks)?))
     }
 
     /// The rank that runs `stage`.
-    fn rank_of(&self, stage: usize) -> PyResult<usize> {
+    fn rank_of(&self, stage: i64) -> PyResult<usize> {
         let s = &self.inner.schedule;
-        in_range("stage", stage, s.stages)?;
-        Ok(s.rank_of(stage))
+        Ok(s.rank_of(in_range("stage", stage, s.stages)?))
     }
 
     /// Simulated time of one iteration, in the costs' unit.
@@ -373,27 +455,35 @@ impl Plan {
 #[pyfunction]
 #[pyo3(signature = (
     schedule, stages, microbatches, *, cost=None, comm=0.0, mem=None, mem_limit=None,
-    placement="auto", objective="span", chunks=2, layer_costs=None
+    placement="auto", objective="span", chunks=None, layer_costs=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
     schedule: &str,
-    stages: usize,
-    microbatches: usize,
+    stages: &Bound<'_, PyAny>,
+    microbatches: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
     comm: f64,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
     placement: &str,
     objective: &str,
-    chunks: usize,
+    chunks: Option<&Bound<'_, PyAny>>,
     layer_costs: Option<&str>,
 ) -> PyResult<Plan> {
     let kind = ScheduleKind::from_name(schedule).map_err(py_error)?;
+    let (stages, microbatches) = (
+        count(stages, "stages")?,
+        count(microbatches, "microbatches")?,
+    );
+    let chunks = self::chunks(kind, chunks)?;
     let limit = self::mem_limit(mem_limit)?;
     let costs = match layer_costs {
-        Some(json) => PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?),
+        Some(json) => {
+            text_not_path(json, "layer_costs", "per-layer costs' JSON")?;
+            PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?)
+        }
         None => {
             sized_memory(&limit, mem)?;
             PlanCosts::Stages(cost_spec(cost, mem, comm)?)
@@ -448,6 +538,7 @@ fn check(
     mem_limit: Option<&Bound<'_, PyAny>>,
     name: &str,
 ) -> PyResult<Plan> {
+    text_not_path(csv, "check", "schedule CSV")?;
     evaluate(csv, name, cost, comm, mem, mem_limit)
 }
 
@@ -456,13 +547,14 @@ fn check(
 #[pyfunction]
 #[pyo3(signature = (actions, *, cost=None, comm=0.0, mem=None, mem_limit=None, name="custom"))]
 fn simulate(
-    actions: Vec<Vec<String>>,
+    actions: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
     comm: f64,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
     name: &str,
 ) -> PyResult<Plan> {
+    let actions = action_rows(actions)?;
     if let Some(cell) = actions.iter().flatten().find(|a| a.contains([',', '\n'])) {
         return Err(value_error(format!(
             "`{cell}` is not an action such as 0F3"
@@ -470,6 +562,26 @@ fn simulate(
     }
     let text: Vec<String> = actions.iter().map(|row| row.join(",")).collect();
     evaluate(&text.join("\n"), name, cost, comm, mem, mem_limit)
+}
+
+/// `simulate`'s per-rank action lists: a list of lists of strings, no rank empty.
+fn action_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
+    let what = "simulate takes a list with one list of actions per rank, e.g. \
+                [[\"0F0\", \"0I0\", \"0W0\"], [\"1F0\", \"1I0\", \"1W0\"]] (for CSV text use \
+                nobubble.check)";
+    if obj.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(what));
+    }
+    let rows: Vec<Vec<String>> = obj.extract().map_err(|_| PyTypeError::new_err(what))?;
+    if rows.is_empty() {
+        return Err(value_error(format!("the action list is empty; {what}")));
+    }
+    if let Some(r) = rows.iter().position(|row| row.is_empty()) {
+        return Err(value_error(format!(
+            "rank {r} has no actions: every rank runs at least one stage"
+        )));
+    }
+    Ok(rows)
 }
 
 /// Every schedule name with its one-line summary, in `compare`'s order.

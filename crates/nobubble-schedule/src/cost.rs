@@ -238,11 +238,18 @@ impl CostModel {
                 .chunks(k / n)
                 .map(|group| group.iter().copied().reduce(RankCost::plus).expect("k > 0"))
                 .collect(),
+            k if n == p => {
+                return Err(Error::Input(format!(
+                    "the costs list {k} stages but this schedule has {n} (one per rank): give \
+                     1 entry for all, {n}, or a multiple of {n} (consecutive model chunks summed \
+                     into each stage)"
+                )))
+            }
             k => {
                 return Err(Error::Input(format!(
-                    "costs list {k} stages; this schedule has {p} ranks and {n} stages: give 1, \
-                     {p} (one per rank, split evenly over its chunks), {n}, or a multiple of {n} \
-                     (consecutive model chunks summed into each stage)"
+                    "the costs list {k} stages but this schedule has {p} ranks and {n} stages: \
+                     give 1 entry for all, {p} (one per rank, split evenly over its chunks), \
+                     {n}, or a multiple of {n} (consecutive model chunks summed into each stage)"
                 )))
             }
         };

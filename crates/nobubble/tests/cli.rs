@@ -158,8 +158,33 @@ fn bad_flags_say_what_to_write() {
     assert!(fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,0,1"]).contains("positive"));
     assert!(
         fails(&["plan", "-s", "interleaved-1f1b", "-p", "4", "-m", "6"])
-            .contains("multiple of --stages 4")
+            .contains("--microbatches: must be a multiple of the 4 ranks")
     );
+    // A schedule's own layout passes; another one is refused, naming the layout it has.
+    let own = ok(&[
+        "plan",
+        "-s",
+        "zb-h1",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--placement",
+        "linear",
+    ]);
+    assert!(own.contains("makespan 27"), "{own}");
+    assert!(fails(&[
+        "plan",
+        "-s",
+        "zb-v",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--placement",
+        "linear"
+    ])
+    .contains("--placement: zb-v places two stages per rank"));
 }
 
 #[test]

@@ -164,8 +164,8 @@ def plan_from_csv(text: str, schedule: str = "csv") -> PlanSnapshot:
     for rank, row in enumerate(rows):
         if not row:
             raise ValueError(f"row {rank + 1} (rank {rank}) of the schedule CSV has no actions")
-        for text in row:
-            action = parse_action(text)
+        for cell in row:
+            action = parse_action(cell)
             owner = placement.setdefault(action.stage_index, rank)
             if owner != rank:
                 raise ValueError(
@@ -185,7 +185,19 @@ def plan_from_csv(text: str, schedule: str = "csv") -> PlanSnapshot:
         csv=text,
     )
     snapshot.validate()
+    _check_runs(snapshot)
     return snapshot
+
+
+def _check_runs(snapshot: PlanSnapshot) -> None:
+    """Runs nobubble's validator on a plan read from elsewhere: a schedule that deadlocks or
+    misses a pass fails here, naming the ranks and actions, instead of inside PyTorch's
+    runtime (skipped when the Rust extension is not built)."""
+    try:
+        from nobubble import simulate
+    except ImportError:
+        return
+    simulate([list(row) for row in snapshot.actions], name=snapshot.schedule)
 
 
 def make_plan(
@@ -248,6 +260,12 @@ def make_plan(
         free, mem_limit = mem_limit, mem_limit.budgets(readings)
     if mem_limit is not None:
         kwargs["mem_limit"] = mem_limit
+    if free is not None and costs is None and layers is None:
+        raise ValueError(
+            "mem_limit=FreeMemory() is a budget in bytes and needs each stage's activation "
+            "bytes: pass costs=nobubble.torch.profile(...) (or layers=), or give a multiple of "
+            "M_B such as mem_limit=4"
+        )
     if layers is not None and costs is not None:
         raise ValueError("pass costs= (per stage) or layers= (per layer), not both")
     try:
@@ -366,7 +384,8 @@ def agreed_plan(
         except Exception as exc:  # reported by rank 0: the others must not wait for this one
             reading = f"{type(exc).__name__}: {exc}"
     gathered: list[Any] = [None] * num_ranks
-    dist.all_gather_object(gathered, (costs, layers, reading), group=group)
+    key = _request_key(schedule, microbatches, plan_kwargs)
+    dist.all_gather_object(gathered, (costs, layers, reading, key), group=group)
     merged = _average([g[0] for g in gathered])
     merged_layers = _average([g[1] for g in gathered])
     payload: list[Any] = [None]
@@ -374,6 +393,7 @@ def agreed_plan(
         readings: list[MemoryReading] | None = None
         try:
             readings = _readings([g[2] for g in gathered], limit)
+            _check_same_request([g[3] for g in gathered])
             if isinstance(limit, FreeMemory) and readings is not None:
                 plan_kwargs = dict(plan_kwargs, mem_limit=limit.budgets(readings))
             payload[0] = make_plan(
@@ -393,6 +413,24 @@ def agreed_plan(
     if isinstance(payload[0], Exception):
         raise payload[0]
     return payload[0]
+
+
+def _request_key(schedule: str, microbatches: int, kwargs: Mapping[str, Any]) -> str:
+    """What every rank must ask for alike (not each rank's own device or reserve)."""
+    shown = {k: ("FreeMemory" if isinstance(v, FreeMemory) else v) for k, v in kwargs.items()}
+    return repr((schedule, microbatches, sorted(shown.items(), key=lambda kv: kv[0])))
+
+
+def _check_same_request(keys: list[str]) -> None:
+    """A ``ValueError`` naming the ranks whose planning arguments differ from rank 0's:
+    rank 0 plans for all, so another rank's arguments would be silently ignored."""
+    differ = [r for r, k in enumerate(keys) if k != keys[0]]
+    if differ:
+        raise ValueError(
+            f"rank(s) {differ} asked for a different plan than rank 0 (schedule, microbatches "
+            f"or planning arguments): rank 0 {keys[0]}, rank {differ[0]} {keys[differ[0]]}; "
+            "pass the same arguments on every rank"
+        )
 
 
 def _readings(gathered: list[Any], limit: Any) -> list[MemoryReading] | None:
@@ -496,8 +534,32 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
     kwargs = dict(plan.inputs)
     schedule = kwargs.pop("schedule")
     kwargs["cost"] = [tuple(float(x) for x in c) for c in cost]
+    # The planner took one entry per model chunk, which may be finer than the stages (2p
+    # chunks for a linear pipeline): sum the memory of consecutive chunks into each stage,
+    # as the planner summed them, to go with the measured per-stage times.
+    mem = kwargs.get("mem")
+    if isinstance(mem, (list, tuple)) and len(mem) != len(cost) and len(mem) % len(cost) == 0:
+        k = len(mem) // len(cost)
+        kwargs["mem"] = [
+            tuple(float(sum(m[j] for m in mem[s * k : (s + 1) * k])) for j in range(2))
+            for s in range(len(cost))
+        ]
     # The stages are built: keep their placement (and, with a layer split, their cut).
-    kwargs["placement"] = "v" if plan.num_stages == 2 * plan.num_ranks else "linear"
+    layout = _layout(plan.stage_ranks, plan.num_ranks)
+    if layout is None:
+        kwargs.pop("placement", None)
+    else:
+        kwargs["placement"] = layout
     kwargs.pop("layer_costs", None)
     new = nobubble.plan(schedule, **kwargs)
     return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule))
+
+
+def _layout(stage_ranks: Sequence[int], num_ranks: int) -> str | None:
+    """``"linear"`` or ``"v"`` when the stage→rank map is one of those, else ``None``."""
+    p = num_ranks
+    if list(stage_ranks) == list(range(p)):
+        return "linear"
+    if list(stage_ranks) == [s if s < p else 2 * p - 1 - s for s in range(2 * p)]:
+        return "v"
+    return None

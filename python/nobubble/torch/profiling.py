@@ -104,10 +104,12 @@ class Profile:
         Consecutive chunks are summed (times and memory add when chunks run back to back on
         one device); the chunk count must be a multiple of ``num_stages``.
         """
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"num_stages must be a positive whole number, got {num_stages!r}")
         n = self.num_chunks
         if num_stages == n:
             return self
-        if num_stages <= 0 or n % num_stages != 0:
+        if n % num_stages != 0:
             raise ValueError(
                 f"cannot regroup a profile of {n} chunks into {num_stages} stages: the chunk "
                 f"count must be a multiple of the stage count; profile {num_stages} chunks, "

@@ -229,6 +229,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         every rank must call it (it ends with an all-gather of the action timings).
         """
         _check_batch(args, kwargs.get("target"), self._n_microbatches)
+        self._check_step_inputs(kwargs)
         if self._recorder is None or not self._measuring:
             return super().step(*args, **kwargs)
         if self._collective:
@@ -241,6 +242,17 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._finish_measurement(wall)
         return result
 
+    def _check_step_inputs(self, kwargs: dict[str, Any]) -> None:
+        """The rank with the last stage needs the targets when there is a loss: PyTorch's own
+        error for a missing one does not say so."""
+        has_last = any(s.is_last for s in self._stages)
+        wants_target = has_last and self._loss_fn is not None
+        if wants_target and kwargs.get("target") is None and kwargs.get("target_mbs") is None:
+            raise ValueError(
+                "this rank holds the last stage and the schedule has a loss: pass "
+                "step(..., target=y)"
+            )
+
     def _finish_measurement(self, wall_ms: float) -> None:
         local = (wall_ms, self._recorder.actions if self._recorder else [])
         if self._collective:
@@ -250,8 +262,15 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             gathered = [local]
         walls = [g[0] for g in gathered]
         actions = [a for g in gathered for a in g[1]]
+        # The plan's makespan is in ms only when it was planned on measured costs; on unit
+        # costs (or a plan given, in unknown units) there is no time to compare with.
+        in_ms = "cost" in self.plan.inputs
         measurement = summarize(
-            walls, actions, self.pp_group_size, self.plan.makespan, self.plan.bubble_rate
+            walls,
+            actions,
+            self.pp_group_size,
+            self.plan.makespan if in_ms else None,
+            self.plan.bubble_rate,
         )
         self.measurements.append(measurement)
         if (
@@ -412,15 +431,24 @@ def _is_collective(group: Any, size: int) -> bool:
 
 
 def _placement_of(stages: list[_PipelineStageBase], size: int) -> tuple[str, int | None]:
+    """The layout the stages were built in, for the planner: ``("linear", None)`` for one
+    stage per rank, ``("v", 2)`` when rank r holds stages r and 2p−1−r, and ``("auto", k)``
+    for k stages per rank looped over the ranks (interleaved schedules: stage s on rank
+    s mod p). Only this rank's stages are known here; a rank whose stages fit another
+    layout is caught once the plan is made (every rank checks its own)."""
     num_stages = stages[0].num_stages
     if num_stages == size:
         return "linear", None
-    if num_stages == 2 * size:
-        return "v", 2
+    if num_stages % size == 0:
+        rank = stages[0].group_rank
+        mine = sorted(s.stage_index for s in stages)
+        if num_stages == 2 * size and mine == sorted({rank, 2 * size - 1 - rank}):
+            return "v", 2
+        return "auto", num_stages // size
     raise ValueError(
-        f"nobubble plans a linear pipeline (one stage per rank) or a V (two per rank), but the "
-        f"stages have num_stages={num_stages} on {size} ranks; build {size} or {2 * size} "
-        "stages, or pass plan= a plan of your own"
+        f"nobubble plans one stage per rank (linear), two in a V, or k per rank looped "
+        f"(interleaved), but the stages have num_stages={num_stages} on {size} ranks; build a "
+        f"multiple of {size} stages, or pass plan= a plan of your own"
     )
 
 

@@ -86,11 +86,15 @@ pub(crate) fn interleaved_orders(
     }
     if !m.is_multiple_of(p) {
         let lo = (m / p).max(1) * p;
-        return Err(Error::Input(format!(
-            "interleaved schedules run microbatches through the chunks in groups of {p} (one per rank), \
-             so --microbatches must be a multiple of --stages {p}; got {m}, try {lo} or {}",
-            lo + p
-        )));
+        return Err(Error::setting(
+            "microbatches",
+            format!(
+                "must be a multiple of the {p} ranks for an interleaved schedule (it runs \
+                 microbatches through the chunks in groups of one per rank); got {m}, try {lo} \
+                 or {}",
+                lo + p
+            ),
+        ));
     }
     let total = m * v;
     // k-th forward (or backward) of a rank: which chunk and microbatch it is.

@@ -190,8 +190,9 @@ impl ScheduleKind {
             .find(|k| k.name() == alias)
             .ok_or_else(|| {
                 Error::Input(format!(
-                    "unknown schedule `{name}`; valid schedules: {} (and the names of \
-                     `nobubble plan --help`)",
+                    "unknown schedule `{name}`; valid schedules: {} (and PyTorch's class \
+                     names, e.g. ScheduleZBVZeroBubble: `nobubble plan --help` and \
+                     nobubble.schedules() list them all)",
                     ScheduleKind::ALL.map(|k| k.name()).join(", ")
                 ))
             })
@@ -396,8 +397,44 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     Ok(schedule)
 }
 
+/// A placement given to a schedule that is not zb-auto must be the schedule's own layout
+/// (a caller that builds its stages first, as `nobubble.torch` does, passes it along);
+/// another one is refused, naming the layout the schedule has.
+fn check_own_placement(kind: ScheduleKind, asked: Placement) -> Result<(), Error> {
+    let own = match kind {
+        ScheduleKind::ZbAuto => return Ok(()),
+        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => None,
+        ScheduleKind::ZbV
+        | ScheduleKind::VHalf
+        | ScheduleKind::VMin
+        | ScheduleKind::VAuto
+        | ScheduleKind::DualPipeV => Some(Placement::V),
+        _ => Some(Placement::Linear),
+    };
+    if own == Some(asked) {
+        return Ok(());
+    }
+    let has = match own {
+        Some(Placement::Linear) => "one stage per rank (linear)",
+        Some(Placement::V) => "two stages per rank, down and back up (a V)",
+        None => "its chunks looped over the ranks (stage s on rank s mod p)",
+    };
+    let wants = match asked {
+        Placement::Linear => "one stage per rank",
+        Placement::V => "a V (two stages per rank)",
+    };
+    Err(Error::setting(
+        "placement",
+        format!(
+            "{} places {has}, not {wants}: leave the placement to it, \
+             or plan zb-auto, which plans either",
+            kind.name()
+        ),
+    ))
+}
+
 /// Refuses a request no schedule can meet: no ranks or microbatches, a placement for a kind
-/// that has its own, more ranks, stages or passes than the planner handles.
+/// other than its own, more ranks, stages or passes than the planner handles.
 fn check_request(req: &Request) -> Result<(), Error> {
     let (p, m) = (req.ranks, req.microbatches);
     if p == 0 {
@@ -422,15 +459,8 @@ fn check_request(req: &Request) -> Result<(), Error> {
         ScheduleKind::ZbAuto if req.placement == Some(Placement::V) => p.saturating_mul(2),
         _ => p,
     };
-    if req.placement.is_some() && req.kind != ScheduleKind::ZbAuto {
-        return Err(Error::setting(
-            "placement",
-            format!(
-                "chooses zb-auto's placement; {} has its own (leave the placement to it, or \
-                 plan zb-auto)",
-                req.kind.name()
-            ),
-        ));
+    if let Some(asked) = req.placement {
+        check_own_placement(req.kind, asked)?;
     }
     crate::schedule::check_size(p, stages)?;
     let actions = stages.saturating_mul(m).saturating_mul(3);

@@ -250,6 +250,8 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
         for name, p in s.submod.named_parameters()
     }
     out: dict[str, Any] = {"losses": losses, "weights": weights, "peak": peak, "stages": mine}
+    if spec.get("replan_by_hand"):
+        out["by_hand"] = schedule.replan().digest()
     if isinstance(schedule, PlannedSchedule):
         out["plan"] = schedule.plan
         out["replanned"] = schedule.replanned is not None
@@ -297,6 +299,10 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
         except ValueError as exc:
             found[name] = str(exc)
     schedule = PlannedSchedule(right, MICROBATCHES, lm_loss, plan=plan)
+    try:
+        schedule.replan()
+    except ValueError as exc:
+        found["replan_unmeasured"] = str(exc)
     x = torch.zeros(MICROBATCHES + 1, CFG.seq_len, dtype=torch.long)
     try:
         schedule.step(x, target=x)
@@ -379,6 +385,7 @@ def two_ranks() -> dict[str, Any]:
         {"name": "spot", "kind": "spot", "num_stages": 2},
         *(
             {"name": f"spot-{s}", "kind": "spot-fixed", "num_stages": 0, "schedule": s, "layout": v}
+            | {"replan_by_hand": s == "zb-h1"}
             for s, v in [("zb-h1", "linear"), ("zb-v", "v")]
         ),
         {
@@ -575,6 +582,7 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         )
         assert "n_microbatches=4" in errors["wrong_microbatches"]
         assert "multiple of 8" in errors["bad_batch"]
+        assert errors["replan_unmeasured"].startswith("no measured step yet"), errors
         if rank == 1:  # the last stage of the linear plan
             assert "pass step(..., target=y)" in errors["no_target"], errors
         assert errors["planner"].startswith("mem_limit: 0.5 × M_B is below"), errors
@@ -618,6 +626,8 @@ def test_fixed_schedules_plan_on_the_spot_and_replan(
     ranks = {"linear": (0, 1), "v": (0, 1, 1, 0), "looped": (0, 1, 0, 1)}[layout]
     assert r0["plan"].stage_ranks == ranks
     assert len(r0["measured"]) == STEPS
+    if name == "spot-zb-h1":  # and again by hand, after the last step: one plan still
+        assert r0["by_hand"] == r1["by_hand"]
     reference = {"linear": "ref-1f1b", "v": "ref-zbv"}.get(layout)
     if reference is not None:
         losses, _ = _gather(two_ranks["results"], name)

@@ -305,6 +305,18 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             )
         return Profile(stages=tuple(stages), device=str(self._stages[0].device))
 
+    def replan(self) -> PlanSnapshot:
+        """Re-plans now on the pass times measured so far; the new plan runs from the next
+        step. A collective: call it on every rank (rank 0 plans, every rank switches). Needs
+        ``measure=True`` and a measured step, and a plan that records its inputs."""
+        if not self.measurements:
+            raise ValueError(
+                "no measured step yet: build the schedule with measure=True and run a step "
+                "before re-planning"
+            )
+        self._replan()
+        return self.plan
+
     def _replan(self) -> None:
         """Re-plans once on the measured times; every rank switches to rank 0's new plan."""
         cost = self.measured_profile().cost

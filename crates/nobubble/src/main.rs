@@ -36,25 +36,34 @@ struct Cli {
     command: Command,
 }
 
+// Every subcommand takes negative numbers as values (`--lr -1`), so that they reach
+// nobubble's own checks and their messages instead of clap's "unexpected argument".
 #[derive(Subcommand)]
 enum Command {
     /// Generate one schedule, simulate it and print or export it.
-    #[command(after_long_help = plan::schedules_help())]
+    #[command(after_long_help = plan::schedules_help(), allow_negative_numbers = true)]
     Plan(plan::PlanArgs),
     /// One table over every schedule that applies to a pipeline.
+    #[command(allow_negative_numbers = true)]
     Compare(compare::CompareArgs),
     /// Validate and simulate a schedule file (PyTorch's compute-only CSV).
+    #[command(allow_negative_numbers = true)]
     Check(check::CheckArgs),
     /// Train a GPT on text under any schedule: ranks as threads, or as processes under mpirun.
+    #[command(allow_negative_numbers = true)]
     Train(Box<train::TrainArgs>),
     /// What a training job costs (GPU-hours, days, dollars) under each schedule, from the
     /// FLOP model.
+    #[command(allow_negative_numbers = true)]
     Forecast(forecast::ForecastArgs),
     /// Continue a prompt with a model saved by `train --save`.
+    #[command(allow_negative_numbers = true)]
     Sample(sample::SampleArgs),
     /// Loss, perplexity and logits of a text under a checkpoint or a Hugging Face model.
+    #[command(allow_negative_numbers = true)]
     Score(score::ScoreArgs),
     /// Write a checkpoint in Hugging Face's format (transformers loads the directory).
+    #[command(allow_negative_numbers = true)]
     Export(export::ExportArgs),
     /// Benchmarks: the paper's table, simulator and planner speed, memory sweep, engine speed.
     #[command(subcommand)]

@@ -277,3 +277,86 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         .is_symlink());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_fresh_run_does_not_mix_with_another_runs_checkpoints() {
+    let d = dir("mix");
+    let run = d.join("run");
+    run_ok(&["--steps", "4", "--save-every", "2", "--save", s(&run)]);
+    // Forgot --resume: refused before training, naming the newest checkpoint; nothing moves.
+    let e = run_fails(&["--steps", "6", "--save", s(&run), "--keep-last", "1"]);
+    assert!(
+        e.contains("holds another run's checkpoints (2 of them, the newest step-000004)")
+            && e.contains("--resume"),
+        "{e}"
+    );
+    let latest = || std::fs::read_to_string(run.join("latest")).unwrap();
+    assert_eq!(latest().trim(), "step-000004");
+    assert!(run.join("step-000002").is_dir());
+    // Continuing it is fine; so is replacing it when asked.
+    run_ok(&["--steps", "5", "--resume", s(&run), "--save", s(&run)]);
+    assert_eq!(latest().trim(), "step-000005");
+    run_ok(&["--steps", "6", "--save", s(&run), "--overwrite"]);
+    assert_eq!(latest().trim(), "step-000006");
+    // A pointer to a step that is gone, or no pointer: the error names the newest left.
+    std::fs::remove_dir_all(run.join("step-000006")).unwrap();
+    let e = fails(&[
+        "sample",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        "a",
+        "--tokens",
+        "2",
+    ]);
+    assert!(
+        e.contains("the newest checkpoint left is step-000005"),
+        "{e}"
+    );
+    std::fs::remove_file(run.join("latest")).unwrap();
+    let e = fails(&[
+        "sample",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        "a",
+        "--tokens",
+        "2",
+    ]);
+    assert!(
+        e.contains("has no `latest` pointer") && e.contains("step-000005"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_resumed_run_continues_its_log() {
+    let d = dir("log");
+    let (run, log) = (d.join("run"), d.join("steps.jsonl"));
+    run_ok(&["--steps", "3", "--save", s(&run), "--log", s(&log)]);
+    run_ok(&[
+        "--steps",
+        "5",
+        "--resume",
+        s(&run),
+        "--save",
+        s(&run),
+        "--log",
+        s(&log),
+    ]);
+    let steps: Vec<u64> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [0, 1, 2, 3, 4]); // 0-based, as the log writes them
+                                        // A fresh run starts the file anew.
+    run_ok(&["--steps", "2", "--log", s(&log)]);
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -440,7 +440,7 @@ fn train_checks_every_flag_before_training() {
         v.extend_from_slice(extra);
         v
     };
-    let cases: [(Vec<&str>, &[&str]); 12] = [
+    let cases: [(Vec<&str>, &[&str]); 17] = [
         (
             micro_train("1", &["-p", "4097"]),
             &["--stages 4097", "(4096)"],
@@ -485,6 +485,31 @@ fn train_checks_every_flag_before_training() {
         (
             micro_train("1", &["--recv-timeout", "0"]),
             &["--recv-timeout must be between 0.001 and 1e6"],
+        ),
+        // Negative numbers reach nobubble's checks, not clap's "unexpected argument".
+        (
+            micro_train("1", &["--lr", "-1"]),
+            &["--lr must be a positive number, got -1"],
+        ),
+        // Flags that would be ignored are refused.
+        (
+            micro_train("1", &["--cost", "100,100,100"]),
+            &[
+                "--cost sets the emulated passes' times",
+                "--compute emulated",
+            ],
+        ),
+        (
+            micro_train("1", &["--rope-theta", "5"]),
+            &["--rope-theta needs --arch llama"],
+        ),
+        (
+            micro_train("1", &["--chunks", "5"]),
+            &["--chunks is for interleaved-1f1b and interleaved-zb; zb-auto sets its own"],
+        ),
+        (
+            micro_train("1", &["-s", "1f1b", "--chunks", "3"]),
+            &["--chunks is for interleaved"],
         ),
     ];
     for (args, says) in cases {

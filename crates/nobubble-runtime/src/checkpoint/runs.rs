@@ -106,6 +106,44 @@ pub fn check_run_steps(
     Ok(())
 }
 
+/// The steps of the checkpoints in run directory `run` (its `step-NNNNNN/` directories
+/// holding a checkpoint), in increasing order; empty if there are none or `run` is missing.
+pub fn saved_steps(run: &Path) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return Vec::new();
+    };
+    let mut steps: Vec<u64> = entries
+        .flatten()
+        .filter_map(|e| step_of(&e.file_name().to_string_lossy()))
+        .filter(|&s| run.join(step_dir_name(s)).join(META).is_file())
+        .collect();
+    steps.sort_unstable();
+    steps
+}
+
+/// A fresh run (not resumed from `run` itself) refuses to save into a run directory that
+/// holds another run's checkpoints: the two runs would mix under one `latest`, and
+/// `--keep-last` would delete the older run's. `resumes_here`: the run resumes from `run`
+/// or one of its steps, i.e. continues it.
+pub fn check_other_run(run: &Path, resumes_here: bool) -> Result<(), RuntimeError> {
+    let steps = saved_steps(run);
+    let Some(&newest) = steps.last() else {
+        return Ok(());
+    };
+    if resumes_here {
+        return Ok(());
+    }
+    Err(RuntimeError::Config(format!(
+        "{} holds another run's checkpoints ({} of them, the newest {}); this run does not \
+         resume from it, so saving there would mix the two runs: continue it with --resume {}, \
+         save to a new directory, or pass --overwrite to let this run replace them",
+        run.display(),
+        steps.len(),
+        step_dir_name(newest),
+        run.display()
+    )))
+}
+
 /// Writes `ckpt` into the run directory `run` as `step-NNNNNN/` (atomically, see [`save`]),
 /// then points `latest` at it (a file replaced atomically), then, with `keep_last` > 0,
 /// removes older step directories beyond the newest `keep_last` — only those holding nothing
@@ -197,13 +235,34 @@ pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
                     ),
                 ));
             }
-            Ok(dir.join(name))
+            let at = dir.join(name);
+            if !at.exists() && !previous_dir(&at).join(META).is_file() {
+                if let Some(&newest) = saved_steps(dir).last() {
+                    return Err(RuntimeError::Config(format!(
+                        "{} names {name}, which is gone; the newest checkpoint left is {} \
+                         (pass it: {})",
+                        latest.display(),
+                        step_dir_name(newest),
+                        dir.join(step_dir_name(newest)).display()
+                    )));
+                }
+            }
+            Ok(at)
         }
-        Err(_) if dir.is_dir() => Err(RuntimeError::Config(format!(
-            "{} holds no checkpoint: no {META} and no `{LATEST}` (pass a run directory given to \
-             --save, or one of its step-NNNNNN directories)",
-            dir.display()
-        ))),
+        Err(_) if dir.is_dir() => Err(RuntimeError::Config(match saved_steps(dir).last() {
+            Some(&newest) => format!(
+                "{} has no `{LATEST}` pointer, but holds checkpoints; the newest is {} \
+                 (pass it: {})",
+                dir.display(),
+                step_dir_name(newest),
+                dir.join(step_dir_name(newest)).display()
+            ),
+            None => format!(
+                "{} holds no checkpoint: no {META} and no `{LATEST}` (pass a run directory given \
+                 to --save, or one of its step-NNNNNN directories)",
+                dir.display()
+            ),
+        })),
         Err(_) => Err(RuntimeError::Config(format!(
             "no checkpoint at {}: the directory does not exist (pass the directory given to \
              --save)",

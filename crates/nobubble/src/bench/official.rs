@@ -17,9 +17,11 @@ use std::time::Instant;
 /// Arguments of `bench reference`.
 #[derive(Args, Debug)]
 pub struct ReferenceBenchArgs {
-    /// The folder holding the authors' schedules (the README of `../shared` lists them).
-    #[arg(long, default_value = "../shared/data/reference-schedules")]
-    pub dir: PathBuf,
+    /// The folder holding the authors' schedules (the README of `../shared` lists them)
+    /// [default: ../shared/data/reference-schedules, from the current folder or the
+    /// repository's].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -205,13 +207,35 @@ fn measure(s: &Schedule, spec: &CostSpec) -> Result<Figures, String> {
     Ok((m.bubble_rate, m.makespan, span, need))
 }
 
+/// `--dir`, or the shared folder beside the current one or beside the repository this
+/// binary was built from (so the tour's command works from any folder).
+fn reference_dir(given: Option<&std::path::Path>) -> Result<PathBuf, String> {
+    if let Some(d) = given {
+        return Ok(d.to_path_buf());
+    }
+    const REL: &str = "../shared/data/reference-schedules";
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(REL);
+    [PathBuf::from(REL), repo]
+        .into_iter()
+        .find(|d| d.is_dir())
+        .ok_or_else(|| {
+            format!(
+                "the authors' schedules are not at {REL} (from here or from the repository): \
+                 pass --dir FOLDER"
+            )
+        })
+}
+
 /// `bench reference`.
 pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
+    let dir = reference_dir(a.dir.as_deref())?;
     let mut rows: Vec<Row> = Vec::new();
     for reference in REFERENCES {
-        rows.push(uniform_row(&a.dir, reference)?);
+        rows.push(uniform_row(&dir, reference)?);
     }
-    rows.extend(heterogeneous_rows(&a.dir)?);
+    rows.extend(heterogeneous_rows(&dir)?);
     if a.json {
         let out: Vec<_> = rows
             .iter()

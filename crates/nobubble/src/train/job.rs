@@ -50,7 +50,7 @@ pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             kind,
             file,
             ranks: stages,
-            chunks: a.chunks,
+            chunks: chunks(a, kind)?,
             mem_limit,
             emulated,
             collective_ms: a.collective_latency,
@@ -101,10 +101,19 @@ fn pipeline_shape(a: &TrainArgs, file: Option<&Schedule>) -> Result<(usize, usiz
 /// With `--compute emulated`, the passes' times from `--cost` (the ranks only sleep).
 fn emulated_costs(a: &TrainArgs) -> Result<Option<CostSpec>, String> {
     if a.compute != "emulated" {
+        if a.cost.is_some() {
+            return Err(
+                "--cost sets the emulated passes' times and needs --compute emulated; real runs \
+                 measure theirs"
+                    .into(),
+            );
+        }
         return Ok(None);
     }
     let t: Vec<f64> = a
         .cost
+        .as_deref()
+        .unwrap_or(super::DEFAULT_EMULATED_COST)
         .split(',')
         .map(|x| {
             x.trim()
@@ -163,10 +172,15 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
         let saves = move |k: u64| {
             k > first && k <= last && (k == last || (every > 0 && k.is_multiple_of(every)))
         };
+        let resumes_here = a.resume.as_deref().is_some_and(|r| same_run(r, dir));
         fs::check_run_target(dir)
             .and_then(|_| match fs::resolve(dir) {
                 Ok(latest) => fs::check_save_model(&latest, model, a.overwrite),
                 Err(_) => Ok(()),
+            })
+            .and_then(|_| match overwrite {
+                true => Ok(()),
+                false => fs::check_other_run(dir, resumes_here),
             })
             .and_then(|_| fs::check_run_steps(dir, saves, overwrite))
             .map_err(|e| format!("--save: {e}"))?;
@@ -187,6 +201,31 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `--chunks`: only the interleaved schedules take it (default 2); refused elsewhere rather
+/// than ignored.
+fn chunks(a: &TrainArgs, kind: ScheduleKind) -> Result<usize, String> {
+    let interleaved = matches!(
+        kind,
+        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb
+    );
+    match a.chunks {
+        Some(_) if !interleaved => Err(format!(
+            "--chunks is for interleaved-1f1b and interleaved-zb; {} sets its own (leave it out)",
+            kind.name()
+        )),
+        Some(c) => Ok(c),
+        None => Ok(2),
+    }
+}
+
+/// Whether `resume` is the run directory `run` or one of its step directories.
+fn same_run(resume: &std::path::Path, run: &std::path::Path) -> bool {
+    let (Ok(r), Ok(d)) = (resume.canonicalize(), run.canonicalize()) else {
+        return false;
+    };
+    r == d || r.parent() == Some(d.as_path())
 }
 
 /// `--peak-flops`, and the checkpoint flags that need `--save`.
@@ -292,7 +331,7 @@ fn init_from_config(a: &TrainArgs, dir: &Path) -> Result<GptConfig, String> {
         ("--kv-heads", a.kv_heads.is_some()),
         ("--ffn-hidden", a.ffn_hidden.is_some()),
         ("--arch llama", a.arch != "gpt"),
-        ("--rope-theta", a.rope_theta != 10_000.0),
+        ("--rope-theta", a.rope_theta.is_some()),
         ("--tie-embeddings", a.tie_embeddings),
     ];
     if let Some((flag, _)) = set.iter().find(|(_, given)| *given) {
@@ -338,8 +377,15 @@ fn model_config(a: &TrainArgs) -> Result<GptConfig, String> {
         }
         m.kv_heads = a.kv_heads;
     }
+    if let Some(theta) = a.rope_theta {
+        if arch != Arch::Llama {
+            return Err(
+                "--rope-theta needs --arch llama (GPT blocks learn their positions)".into(),
+            );
+        }
+        m.rope_theta = theta;
+    }
     m.ffn_hidden = a.ffn_hidden;
-    m.rope_theta = a.rope_theta;
     m.tie_embeddings = a.tie_embeddings;
     m.validate().map_err(|e| e.to_string())?;
     checked_size(m)

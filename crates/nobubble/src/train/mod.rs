@@ -22,6 +22,9 @@ use nobubble_schedule::MemLimit;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `--cost` under `--compute emulated` when not given: F, I and W of 2 ms each.
+pub(crate) const DEFAULT_EMULATED_COST: &str = "2,2,2";
+
 /// Arguments of `train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -47,9 +50,9 @@ pub struct TrainArgs {
     /// Microbatches per step [default: 8, or the --schedule file's].
     #[arg(long, short = 'm')]
     pub microbatches: Option<usize>,
-    /// Model chunks per rank (interleaved schedules).
-    #[arg(long, default_value_t = 2)]
-    pub chunks: usize,
+    /// Model chunks per rank (interleaved schedules) [default: 2].
+    #[arg(long)]
+    pub chunks: Option<usize>,
     /// Model preset: micro, tiny, small, medium.
     #[arg(long, default_value = "tiny")]
     pub model: String,
@@ -65,9 +68,9 @@ pub struct TrainArgs {
     /// up to a multiple of 32 for llama].
     #[arg(long)]
     pub ffn_hidden: Option<usize>,
-    /// Base θ of the rotary position angles (llama).
-    #[arg(long, default_value_t = 10_000.0)]
-    pub rope_theta: f32,
+    /// Base θ of the rotary position angles (llama) [default: 10000].
+    #[arg(long)]
+    pub rope_theta: Option<f32>,
     /// Share the token embedding with the LM head (the last stage holds a copy; the two
     /// copies' gradients are summed before every optimizer step).
     #[arg(long)]
@@ -110,9 +113,9 @@ pub struct TrainArgs {
     /// real: train the model; emulated: passes sleep for --cost milliseconds.
     #[arg(long, value_parser = ["real", "emulated"], default_value = "real")]
     pub compute: String,
-    /// Emulated pass times F,I,W of one rank's share, in milliseconds.
-    #[arg(long, default_value = "2,2,2", allow_hyphen_values = true)]
-    pub cost: String,
+    /// Emulated pass times F,I,W of one rank's share, in milliseconds [default: 2,2,2].
+    #[arg(long, allow_hyphen_values = true)]
+    pub cost: Option<String>,
     /// Emulated link latency in milliseconds.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub comm: f64,
@@ -164,7 +167,8 @@ pub struct TrainArgs {
     /// every --save-every steps; written atomically.
     #[arg(long)]
     pub save: Option<PathBuf>,
-    /// Allow --save to replace a checkpoint of another model.
+    /// Allow --save to replace a checkpoint of another model, or to save into a directory
+    /// holding another run's checkpoints (which --keep-last may then delete).
     #[arg(long)]
     pub overwrite: bool,
     /// Also save every N steps (0 = only at the end).
@@ -274,6 +278,7 @@ fn watch(
         flops_per_step: model_flops_per_step(model, global_microbatches),
         peak_flops,
         log: a.log.as_deref(),
+        append_log: a.resume.is_some(),
         trace: a.trace.is_some(),
         metrics,
         stop: job.stop.clone(),
@@ -375,6 +380,6 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         model.layers,
         model.hidden,
         model.parameter_count() as f64 / 1e6,
-        if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost, a.comm) }
+        if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost.as_deref().unwrap_or(DEFAULT_EMULATED_COST), a.comm) }
     );
 }

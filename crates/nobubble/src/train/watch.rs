@@ -46,6 +46,9 @@ pub struct WatchOptions<'a> {
     pub peak_flops: Option<f64>,
     /// `--log` file.
     pub log: Option<&'a Path>,
+    /// Append to the `--log` file instead of starting it anew (a resumed run continues the
+    /// log of the run it resumes; a fresh one replaces it).
+    pub append_log: bool,
     /// Whether `--trace` was asked for.
     pub trace: bool,
     /// Metrics to update (`--metrics-addr`).
@@ -66,7 +69,12 @@ impl Watch {
             tty,
             log: match o.log {
                 Some(p) => Some(std::io::BufWriter::new(
-                    std::fs::File::create(p)
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .append(o.append_log)
+                        .truncate(!o.append_log)
+                        .open(p)
                         .map_err(|e| format!("cannot create --log {}: {e}", p.display()))?,
                 )),
                 None => None,

@@ -360,3 +360,27 @@ fn a_resumed_run_continues_its_log() {
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_resume_of_another_model_names_every_flag_that_differs() {
+    let d = dir("flags");
+    let run = d.join("run");
+    run_ok(&["--arch", "llama", "--save", s(&run)]);
+    let e = run_fails(&["--steps", "3", "--resume", s(&run)]);
+    assert!(
+        e.contains("--arch llama") && e.contains("--kv-heads 1"),
+        "{e}"
+    );
+    // The flags it names resume it.
+    run_ok(&[
+        "--steps",
+        "3",
+        "--resume",
+        s(&run),
+        "--arch",
+        "llama",
+        "--kv-heads",
+        "1",
+    ]);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -400,6 +400,23 @@ fn train_refuses_bad_input_before_training() {
         e.contains("--mem-limit: zb-h2 needs") || e.contains("below one microbatch"),
         "{e}"
     );
+    // Over the limit: the error names a limit that works (and 1f1b is not told to use 1f1b).
+    let e = fails(&micro_train(
+        "1",
+        &["-s", "1f1b", "-m", "4", "--mem-limit", "1"],
+    ));
+    assert!(
+        e.contains("plan zb-auto (it plans within the limit), or raise the limit to 2 or more"),
+        "{e}"
+    );
+    let e = fails(&micro_train("1", &["-m", "4", "--mem-limit", "1"]));
+    let need = e
+        .split("raise the limit to ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap_or_else(|| panic!("no limit named: {e}"));
+    assert!(need.parse::<f64>().unwrap() > 1.0, "{e}");
+    ok(&micro_train("1", &["-m", "4", "--mem-limit", need]));
     let e = fails(&["train", "--data", "/nonexistent.txt", "--steps", "1"]);
     assert!(e.contains("cannot read --data"), "{e}");
     let e = fails(&["train", "--model", "huge"]);

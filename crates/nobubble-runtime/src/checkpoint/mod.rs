@@ -100,9 +100,29 @@ impl CheckpointMeta {
     /// The `train` flags that reproduce the checkpoint's model and step shape, for messages.
     pub fn flags(&self) -> String {
         let m = &self.model;
+        let mut flags = format!(
+            "--layers {} --hidden {} --heads {} --seq-len {} --microbatch-size {}",
+            m.layers, m.hidden, m.heads, m.seq_len, m.microbatch_size
+        );
+        // The flags beyond the shape, where the checkpoint's differ from the defaults.
+        if m.arch == nobubble_nn::config::Arch::Llama {
+            flags += " --arch llama";
+            if let Some(kv) = m.kv_heads {
+                flags += &format!(" --kv-heads {kv}");
+            }
+            if m.rope_theta != 10_000.0 {
+                flags += &format!(" --rope-theta {}", m.rope_theta);
+            }
+        }
+        if let Some(f) = m.ffn_hidden {
+            flags += &format!(" --ffn-hidden {f}");
+        }
+        if m.tie_embeddings {
+            flags += " --tie-embeddings";
+        }
         format!(
-            "--layers {} --hidden {} --heads {} --seq-len {} --microbatch-size {} and --microbatches × --data-parallel = {}",
-            m.layers, m.hidden, m.heads, m.seq_len, m.microbatch_size, self.train.microbatches
+            "{flags} and --microbatches × --data-parallel = {}",
+            self.train.microbatches
         )
     }
 }

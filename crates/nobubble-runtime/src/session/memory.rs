@@ -5,7 +5,7 @@ use super::{human_bytes, plan_with, Plan, Session};
 use crate::error::RuntimeError;
 use crate::machine;
 use nobubble_schedule::validate::peak_memory;
-use nobubble_schedule::{CostModel, CostSpec, MemLimit};
+use nobubble_schedule::{CostModel, CostSpec, MemLimit, ScheduleKind};
 
 impl Session {
     /// The activation bytes per rank an automatic schedule was planned within because its own
@@ -174,13 +174,26 @@ impl Session {
         };
         for (r, (&peak, &a)) in plan.predicted_peak.iter().zip(&allowed).enumerate() {
             if peak > a * (1.0 + 1e-9) {
-                // An automatic kind already planned within the limit: only more memory helps.
+                // An automatic kind already planned within the limit: only more memory helps,
+                // and the message says how much.
+                let raise = match self.options.mem_limit.as_multiple() {
+                    Some(x) => {
+                        let need = (x * peak / a * 100.0).ceil() / 100.0;
+                        format!("raise the limit to {need} or more")
+                    }
+                    None => format!("raise rank {r}'s budget to {} or more", human_bytes(peak)),
+                };
                 let fix = if self.fitted_to_free.is_some() {
-                    "use a smaller microbatch or sequence, or more machines"
+                    "use a smaller microbatch or sequence, or more machines".to_string()
                 } else if self.options.file.is_none() && self.options.kind.takes_limit() {
-                    "raise the limit, or use a smaller microbatch or sequence"
+                    format!("{raise}, or use a smaller microbatch or sequence")
+                } else if self.options.kind == ScheduleKind::OneFOneB {
+                    format!("plan zb-auto (it plans within the limit), or {raise}")
                 } else {
-                    "plan zb-auto (it plans within the limit) or 1f1b, or raise the limit"
+                    format!(
+                        "plan zb-auto (it plans within the limit) or 1f1b (p × M_B at most), or \
+                         {raise}"
+                    )
                 };
                 let limit = match self.fitted_to_free {
                     Some(_) => "its share of the free memory".to_string(),

@@ -238,9 +238,17 @@ fn check_resume(job: &TrainJob, dir: &Path) -> Result<(Checkpoint, Vec<String>),
     let model = &job.session.run.model;
     let train = global_train(job);
     let mut warnings = ckpt.check_resume(model, &train).map_err(|e| {
+        // The vocabulary is no flag: it comes from the data.
+        let vocab = if model.vocab != ckpt.meta.model.vocab {
+            " (the vocabulary comes from the data: 256 for bytes, one more for JSON lines, \
+             which add an end-of-text id, a tokenizer's own size otherwise: resume on data of \
+             the checkpoint's kind)"
+        } else {
+            ""
+        };
         RuntimeError::Config(format!(
-            "--resume {}: {e}; resume with the checkpoint's settings ({}) or train from scratch \
-             without --resume",
+            "--resume {}: {e}; resume with the checkpoint's settings ({}){vocab} or train from \
+             scratch without --resume",
             dir.display(),
             ckpt.meta.flags()
         ))

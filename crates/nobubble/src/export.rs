@@ -4,7 +4,7 @@
 
 use clap::Args;
 use nobubble_runtime::checkpoint::hf;
-use nobubble_runtime::checkpoint_fs::load_resolved;
+use nobubble_runtime::checkpoint_fs::load_resolved_weights;
 use std::path::PathBuf;
 
 /// Arguments of `export`.
@@ -24,7 +24,8 @@ pub struct ExportArgs {
 
 /// Runs `export`.
 pub fn run(a: &ExportArgs) -> Result<(), String> {
-    let (dir, ckpt) = load_resolved(&a.checkpoint).map_err(|e| format!("CHECKPOINT: {e}"))?;
+    let (dir, ckpt) =
+        load_resolved_weights(&a.checkpoint).map_err(|e| format!("CHECKPOINT: {e}"))?;
     let done = hf::export(&ckpt, &a.out, a.overwrite).map_err(|e| e.to_string())?;
     let m = &ckpt.meta.model;
     eprintln!(

@@ -5,7 +5,7 @@
 use nobubble_nn::data::Codec;
 use nobubble_nn::Stage;
 use nobubble_runtime::checkpoint::hf;
-use nobubble_runtime::checkpoint_fs::load_resolved;
+use nobubble_runtime::checkpoint_fs::load_resolved_weights;
 use std::path::Path;
 
 /// A model ready to run, its codec and a line saying what it is.
@@ -38,7 +38,7 @@ pub fn open(dir: &Path, seq_len: Option<usize>) -> Result<Model, String> {
         if seq_len.is_some() {
             return Err("--seq-len is for Hugging Face models; a checkpoint has its own".into());
         }
-        let (_, ckpt) = load_resolved(dir).map_err(|e| format!("--checkpoint: {e}"))?;
+        let (_, ckpt) = load_resolved_weights(dir).map_err(|e| format!("--checkpoint: {e}"))?;
         let stage = ckpt.build_model().map_err(|e| e.to_string())?;
         let origin = format!("checkpoint at step {}", ckpt.meta.step);
         (stage, ckpt.meta.tokenizer, origin)

@@ -384,3 +384,24 @@ fn a_resume_of_another_model_names_every_flag_that_differs() {
     ]);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn running_a_model_needs_only_its_weights() {
+    let d = dir("weights");
+    let run = d.join("run");
+    run_ok(&["--save", s(&run)]);
+    std::fs::remove_file(run.join("step-000002").join("optimizer.safetensors")).unwrap();
+    ok(&[
+        "sample",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        "In the",
+        "--tokens",
+        "3",
+    ]);
+    // Training on needs the moments: refused, naming the file.
+    let e = run_fails(&["--steps", "3", "--resume", s(&run)]);
+    assert!(e.contains("optimizer.safetensors"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -358,6 +358,16 @@ fn read_tensors(
 /// the previous one kept beside it), checking format, version and that weights and
 /// moments cover the same parameters with the same shapes.
 pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
+    load_parts(dir, true)
+}
+
+/// [`load`] without the optimizer's moments (left empty), for what only runs the model
+/// (`sample`, `score`, `export`): a checkpoint whose optimizer file is gone still loads.
+pub fn load_weights(dir: &Path) -> Result<Checkpoint, RuntimeError> {
+    load_parts(dir, false)
+}
+
+fn load_parts(dir: &Path, with_moments: bool) -> Result<Checkpoint, RuntimeError> {
     let (src, meta) = read_meta(dir)?;
     let meta_path = src.join(META);
     let model_path = src.join(MODEL);
@@ -380,7 +390,10 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         ));
     }
     let opt_path = src.join(OPTIMIZER);
-    let moments = read_tensors(&opt_path, &meta.files)?;
+    let moments = match with_moments {
+        true => moments_by_parameter(&params, read_tensors(&opt_path, &meta.files)?, &opt_path)?,
+        false => Default::default(),
+    };
     // Verified: the manifest is a storage detail (a save writes a new one).
     let mut meta = meta;
     meta.files.clear();
@@ -388,7 +401,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, RuntimeError> {
         config: meta.optimizer_config,
         steps: meta.optimizer_steps,
         last: meta.optimizer_last,
-        moments: moments_by_parameter(&params, moments, &opt_path)?,
+        moments,
     };
     Ok(Checkpoint {
         state: TrainingState {

@@ -282,6 +282,12 @@ pub fn peek_step(dir: &Path) -> Option<u64> {
     meta_json(&src)?.get("step")?.as_u64()
 }
 
+/// [`super::fs::load_weights`] of [`resolve`]`(dir)`: the model without its optimizer state.
+pub fn load_resolved_weights(dir: &Path) -> Result<(PathBuf, Checkpoint), RuntimeError> {
+    let at = resolve(dir)?;
+    super::fs::load_weights(&at).map(|c| (at, c))
+}
+
 /// [`load`] of [`resolve`]`(dir)`.
 pub fn load_resolved(dir: &Path) -> Result<(PathBuf, Checkpoint), RuntimeError> {
     let at = resolve(dir)?;

@@ -196,6 +196,16 @@ fn positive(setting: &'static str, v: f64) -> Result<(), Error> {
 
 fn check(x: &ForecastInput) -> Result<(), Error> {
     positive("tokens", x.tokens)?;
+    if x.tokens > 1e18 {
+        return Err(Error::setting(
+            "tokens",
+            format!(
+                "{:e} is beyond what this forecast models (1e18, a thousand times today's largest \
+                 runs); check the unit (300B = 3e11)",
+                x.tokens
+            ),
+        ));
+    }
     positive("peak_flops", x.peak_flops)?;
     positive("usd_per_gpu_hour", x.usd_per_gpu_hour)?;
     if !(x.mfu.is_finite() && x.mfu > 0.0 && x.mfu <= 1.0) {
@@ -256,6 +266,12 @@ fn check_model(x: &ForecastInput) -> Result<(), Error> {
                 if n == 0 {
                     return Err(Error::setting(setting, "must be at least 1"));
                 }
+            }
+            if hidden % heads != 0 {
+                return Err(Error::setting(
+                    "heads",
+                    format!("{heads} heads do not divide the hidden size {hidden}"),
+                ));
             }
             if layers < x.stages {
                 return Err(Error::setting(

@@ -68,9 +68,9 @@ pub fn json_report<'a>(
         "span": m.span,
         "messages": m.messages,
         "lower_bound": bound,
-        "gap": m.makespan / bound - 1.0,
+        "gap": gap(m.makespan, bound),
         "span_lower_bound": span_bound,
-        "span_gap": max_span / span_bound - 1.0,
+        "span_gap": gap(max_span, span_bound),
         "comm": costs.comm,
         "critical_path": sim.critical_path.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "placement": schedule.placement,
@@ -200,14 +200,14 @@ pub fn text_summary(
     out.push_str(&format!(
         "lower bound on the makespan {} (this schedule is {:.2}% above it)\n",
         fmt_num(bound),
-        100.0 * (m.makespan / bound - 1.0)
+        100.0 * gap(m.makespan, bound)
     ));
     let span_bound = span_lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     let max_span = m.span.iter().copied().fold(0.0, f64::max);
     out.push_str(&format!(
         "lower bound on the longest rank span {} (this schedule is {:.2}% above it)\n",
         fmt_num(span_bound),
-        100.0 * (max_span / span_bound - 1.0)
+        100.0 * gap(max_span, span_bound)
     ));
     out.push_str(&format!(
         "critical path: {} actions, {} … {}\n",
@@ -290,5 +290,17 @@ pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
             }
             Ok(())
         }
+    }
+}
+
+/// How far `value` is above its lower bound, as a fraction; a bound that exceeds the value
+/// only by float rounding (a relative 1e-9: the two sum the same costs in another order)
+/// counts as met, so the report never says "-0.00% above".
+fn gap(value: f64, bound: f64) -> f64 {
+    let g = value / bound - 1.0;
+    if g < 0.0 && g > -1e-9 {
+        0.0
+    } else {
+        g
     }
 }

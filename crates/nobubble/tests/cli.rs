@@ -897,3 +897,16 @@ fn bench_reference_covers_the_heterogeneous_official_schedules() {
         );
     }
 }
+
+/// A bound equal to the makespan up to float rounding is met, not "-0.00% above".
+#[test]
+fn a_met_bound_is_zero_percent_above() {
+    let csv = temp_file(
+        "zb-h2-gap.csv",
+        &ok(&["plan", "-s", "zb-h2", "-p", "4", "-m", "12", "-f", "csv"]),
+    );
+    let out = ok(&["check", csv.to_str().unwrap(), "--cost", "1,1.2,0.8"]);
+    assert!(out.contains("(this schedule is 0.00% above it)"), "{out}");
+    assert!(!out.contains("-0.00%"), "{out}");
+    let _ = std::fs::remove_file(csv);
+}

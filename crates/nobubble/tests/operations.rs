@@ -654,6 +654,15 @@ fn forecast_matches_a_hand_calculation() {
     assert!(e.contains("not a multiple of --stages 8"), "{e}");
     let e = fails(&["forecast", "--tokens", "lots", "--params", "7B"]);
     assert!(e.contains("--tokens: `lots`"), "{e}");
+    let e = fails(&["forecast", "--tokens", "1e30", "--params", "7B"]);
+    assert!(e.contains("--tokens: 1e30 is beyond"), "{e}");
+    let e = fails(&[
+        "forecast", "--tokens", "1B", "--layers", "32", "--hidden", "4096", "--heads", "31",
+    ]);
+    assert!(
+        e.contains("--heads: 31 heads do not divide the hidden size 4096"),
+        "{e}"
+    );
     let e = fails(&[
         "forecast", "--tokens", "1B", "--params", "7B", "--gpu", "V100",
     ]);

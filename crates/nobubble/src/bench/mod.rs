@@ -33,7 +33,8 @@ pub enum BenchCommand {
     Memory(MemoryBenchArgs),
     /// zb-auto against the paper's own scheduler (zb-paper) on random pipelines.
     Baseline(BaselineBenchArgs),
-    /// Ours against the four schedules the zero-bubble authors' scheduler produced.
+    /// Ours against the six schedules the zero-bubble authors' scheduler produced (four
+    /// uniform, two heterogeneous).
     Reference(crate::bench::official::ReferenceBenchArgs),
     /// zb-v, v-half, v-min against the authors' V constructions on random pipelines.
     VBaseline(crate::bench::official::VBaselineBenchArgs),

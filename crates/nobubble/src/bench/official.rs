@@ -52,7 +52,8 @@ type Reference = (
     &'static [ScheduleKind],
 );
 
-/// The four schedules of `../shared/data/reference-schedules` (its README's table).
+/// The four uniform schedules of `../shared/data/reference-schedules` (its README's table;
+/// the two heterogeneous ones are read by `heterogeneous_rows`).
 const REFERENCES: [Reference; 4] = [
     (
         "paper01_1.5B_p8_m24_ZB-V.csv",

@@ -30,6 +30,18 @@ pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     check_run_flags(a, emulated.is_some())?;
     let mem_limit = mem_limit(a, emulated.is_some())?;
     check_numbers(a)?;
+    let per_set = (microbatches * a.data_parallel * model.microbatch_size * model.seq_len) as u64;
+    let held_out = data.eval.len() as u64;
+    if emulated.is_none() && a.eval_sets > 1 && a.eval_sets.saturating_mul(per_set) > 2 * held_out {
+        eprintln!(
+            "warning: --eval-sets {} reads {} tokens per validation, {:.0}× the {held_out} \
+             held-out tokens: the sets repeat the same text; {} or fewer cover it",
+            a.eval_sets,
+            a.eval_sets.saturating_mul(per_set),
+            (a.eval_sets.saturating_mul(per_set)) as f64 / held_out.max(1) as f64,
+            held_out.div_ceil(per_set).max(1)
+        );
+    }
     let run = RunConfig {
         model,
         train: train_config(a, microbatches, stages * a.data_parallel)?,

@@ -367,8 +367,9 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Gpt => format!("{} heads", model.heads),
     };
     eprintln!(
-        "nobubble train: {schedule} on {} ranks{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
+        "nobubble train: {schedule} on {} rank{}{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
         job.session.ranks,
+        if job.session.ranks == 1 { "" } else { "s" },
         job.session.run.train.threads,
         if job.session.run.train.threads == 1 { "" } else { "s" },
         nobubble_nn::Simd::selected(),

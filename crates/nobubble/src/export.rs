@@ -24,6 +24,13 @@ pub struct ExportArgs {
 
 /// Runs `export`.
 pub fn run(a: &ExportArgs) -> Result<(), String> {
+    if a.out.exists() && !a.out.is_dir() {
+        return Err(format!(
+            "OUT {} is a file; the export writes a directory (config.json, model.safetensors): \
+             give a new or existing directory",
+            a.out.display()
+        ));
+    }
     let (dir, ckpt) =
         load_resolved_weights(&a.checkpoint).map_err(|e| format!("CHECKPOINT: {e}"))?;
     let done = hf::export(&ckpt, &a.out, a.overwrite).map_err(|e| e.to_string())?;

@@ -443,8 +443,21 @@ fn train_refuses_bad_input_before_training() {
         "2",
     ]);
     assert!(e.contains("exceeds the limit 1"), "{e}");
-    let e = fails(&micro_train("1", &["--trace", "/nonexistent/t.json"]));
+    // An output under a file, or in a missing folder: refused before training, naming it.
+    let file = temp_file("not-a-folder", "x");
+    let under = file.join("t.json");
+    let e = fails(&micro_train("1", &["--trace", under.to_str().unwrap()]));
     assert!(e.contains("cannot write --trace"), "{e}");
+    let e = fails(&micro_train(
+        "1",
+        &["--log", "/nonexistent/folder/steps.jsonl"],
+    ));
+    assert!(
+        e.contains("the folder /nonexistent/folder does not exist; create it first"),
+        "{e}"
+    );
+    assert!(!std::path::Path::new("/nonexistent/folder").exists());
+    let _ = std::fs::remove_file(file);
 }
 
 /// Each of `train`'s own checks, one bad flag at a time: the message names the flag and what

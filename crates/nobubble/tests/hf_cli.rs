@@ -107,6 +107,16 @@ fn an_exported_model_scores_and_trains_on_exactly_where_the_checkpoint_left_off(
         std::fs::read_to_string(d.join("notes.txt")).unwrap(),
         "mine"
     );
+    // A file where the directory goes: named as such, and kept.
+    let err = fails(&["export", s(&run), s(&d.join("notes.txt"))]);
+    assert!(
+        err.contains("is a file; the export writes a directory"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.join("notes.txt")).unwrap(),
+        "mine"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -124,7 +124,7 @@ pub fn for_each_document(
             let files = files_below(path)?;
             if files.is_empty() {
                 return Err(NnError::BadInput(format!(
-                    "--data {}: the directory holds no files",
+                    "{} is a directory that holds no files; give a text file, a JSON-lines file or a directory of them",
                     path.display()
                 )));
             }

@@ -204,11 +204,22 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
         ("--log", &a.log),
     ] {
         let Some(path) = path else { continue };
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
+        if path.is_dir() {
             return Err(format!(
-                "cannot write {flag} {}: its directory does not exist or it is a directory",
+                "cannot write {flag} {}: it is a directory; give a file name",
                 path.display()
+            ));
+        }
+        // A missing folder is an error rather than made: a typo would otherwise write the
+        // results somewhere the user does not look (plan -o does the same).
+        if let Some(parent) = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+        {
+            return Err(format!(
+                "cannot write {flag} {}: the folder {} does not exist; create it first",
+                path.display(),
+                parent.display()
             ));
         }
     }

@@ -315,3 +315,24 @@ def test_summary_and_trace_format(tmp_path: Path) -> None:
         "args": {"stage": 0, "microbatch": 0, "step": 0},
     }
     assert "planned 4.00 ms" in m.summary()
+
+
+def test_ranks_agree_on_a_request_whatever_layout_their_stages_show() -> None:
+    """The layout each rank reads off its own stages is not part of what ranks must agree
+    on (with an odd rank count, the middle rank's looped stages look like a V's)."""
+    from nobubble.torch.plans import _request_key
+
+    a = _request_key("interleaved-1f1b", 6, {"placement": "v", "chunks": 2, "mem_limit": 2})
+    b = _request_key("interleaved-1f1b", 6, {"placement": "auto", "chunks": 2, "mem_limit": 2})
+    assert a == b
+    assert a != _request_key("interleaved-1f1b", 6, {"placement": "auto", "mem_limit": 3})
+
+
+def test_replan_keeps_a_single_memory_entry() -> None:
+    """mem=(M_B, M_W) once for all stages survives a re-plan (it is not per chunk)."""
+    from nobubble.torch.plans import make_plan, replan
+
+    plan = make_plan("zb-h1", num_ranks=1, num_microbatches=4, mem=(1.0, 0.5))
+    again = replan(plan, [(1.0, 2.0, 1.0)])
+    assert again.inputs["mem"] == (1.0, 0.5)
+    assert again.inputs["time_unit"] == "ms"

@@ -7,8 +7,8 @@
 use nobubble_schedule::export::{chrome, csv, svg};
 use nobubble_schedule::split::LayerCosts;
 use nobubble_schedule::{
-    planner, CostSpec, Error, MemLimit, Objective, Placement, PlanCosts, PlanRequest, Planned,
-    RankCost, ScheduleKind,
+    planner, CostSpec, Error, MemLimit, Objective, OwnLayout, Placement, PlanCosts, PlanRequest,
+    Planned, RankCost, ScheduleKind,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -168,36 +168,25 @@ fn sized_memory(limit: &MemLimit, mem: Option<&Bound<'_, PyAny>>) -> PyResult<()
 /// `chunks=`: model chunks per rank, which only the interleaved schedules choose (default
 /// 2); another schedule accepts only the count it has, so a value is never ignored.
 fn chunks(kind: ScheduleKind, obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-    let own = match kind {
-        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => None,
-        ScheduleKind::ZbV
-        | ScheduleKind::VHalf
-        | ScheduleKind::VMin
-        | ScheduleKind::VAuto
-        | ScheduleKind::DualPipeV => Some(2),
-        // zb-auto's V has two per rank, its linear plan one; the placement decides.
-        ScheduleKind::ZbAuto => Some(0),
-        _ => Some(1),
-    };
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(2);
     };
     let n = count(obj, "chunks")?;
-    match own {
-        None => Ok(n),
-        Some(0) if n <= 2 => Ok(2),
-        Some(own) if own == n => Ok(2),
-        Some(own) => Err(value_error(format!(
-            "chunks: {} has {} per rank, not {n}; chunks= is for interleaved-1f1b and \
-             interleaved-zb (leave it out here)",
-            kind.name(),
-            if own == 0 {
-                "1 or 2".to_string()
-            } else {
-                own.to_string()
-            }
-        ))),
+    let own = match kind.own_layout() {
+        OwnLayout::Looped => return Ok(n),
+        OwnLayout::Linear => "1",
+        OwnLayout::V => "2",
+        // zb-auto's V has two per rank, its linear plan one; the placement decides.
+        OwnLayout::Either => "1 or 2",
+    };
+    if own.split(" or ").any(|c| c == n.to_string()) {
+        return Ok(2);
     }
+    Err(value_error(format!(
+        "chunks: {} has {own} stage(s) per rank, not {n}; chunks= is for interleaved-1f1b \
+         and interleaved-zb (with {n} stages built per rank, plan one of those)",
+        kind.name()
+    )))
 }
 
 fn placement(text: &str) -> PyResult<Option<Placement>> {

@@ -26,7 +26,7 @@ pub use action::{Action, Kind};
 pub use bound::{lower_bound, span_lower_bound};
 pub use cost::{CostModel, CostSpec, Objective, RankCost};
 pub use error::Error;
-pub use generate::{generate, Placement, Request, ScheduleKind};
+pub use generate::{generate, OwnLayout, Placement, Request, ScheduleKind};
 pub use limit::MemLimit;
 pub use planner::{plan, PlanCosts, PlanRequest, Planned};
 pub use schedule::Schedule;

@@ -11,7 +11,9 @@
 use crate::cost::{CostModel, CostSpec, RankCost};
 use crate::error::Error;
 use crate::generate::search::better;
-use crate::generate::{generate, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS};
+use crate::generate::{
+    generate, OwnLayout, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS,
+};
 use crate::limit::MemLimit;
 use crate::schedule::Schedule;
 use serde::{Deserialize, Serialize};
@@ -295,15 +297,11 @@ fn split_placements(req: &Request) -> Vec<(Option<Placement>, usize)> {
             }
             None => vec![(Some(Placement::Linear), p)],
         },
-        ScheduleKind::ZbV
-        | ScheduleKind::VHalf
-        | ScheduleKind::VMin
-        | ScheduleKind::VAuto
-        | ScheduleKind::DualPipeV => vec![(None, 2 * p)],
-        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => {
-            vec![(None, p * req.chunks)]
-        }
-        _ => vec![(None, p)],
+        kind => match kind.own_layout() {
+            OwnLayout::V => vec![(None, 2 * p)],
+            OwnLayout::Looped => vec![(None, p * req.chunks)],
+            _ => vec![(None, p)],
+        },
     }
 }
 

@@ -19,9 +19,9 @@ pub struct PipelineArgs {
     /// Microbatches per iteration.
     #[arg(long, short = 'm')]
     pub microbatches: usize,
-    /// Model chunks per rank (interleaved-1f1b, interleaved-zb).
-    #[arg(long, default_value_t = 2)]
-    pub chunks: usize,
+    /// Model chunks per rank (interleaved-1f1b, interleaved-zb) [default: 2].
+    #[arg(long)]
+    pub chunks: Option<usize>,
 }
 
 /// A transformer's shape, as `train` (overriding its preset) and `forecast` take it.
@@ -249,7 +249,7 @@ impl CostArgs {
             schedule: kind,
             ranks: pipe.stages,
             microbatches: pipe.microbatches,
-            chunks: pipe.chunks,
+            chunks: pipe.chunks.unwrap_or(2),
             costs: self.plan_costs()?,
             mem_limit: self.limit(),
             placement: self.placement.placement(),

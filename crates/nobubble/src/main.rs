@@ -37,7 +37,8 @@ struct Cli {
 }
 
 // Every subcommand takes negative numbers as values (`--lr -1`), so that they reach
-// nobubble's own checks and their messages instead of clap's "unexpected argument".
+// nobubble's own checks and their messages instead of clap's "unexpected argument" (counts
+// still meet the parser's "invalid value" for their flag).
 #[derive(Subcommand)]
 enum Command {
     /// Generate one schedule, simulate it and print or export it.

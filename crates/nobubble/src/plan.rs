@@ -60,6 +60,12 @@ pub fn schedules_help() -> String {
 /// Runs `plan`.
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let kind = ScheduleKind::from_name(&args.schedule).map_err(cli_error)?;
+    if args.pipeline.chunks.is_some() && kind.own_layout() != nobubble_schedule::OwnLayout::Looped {
+        return Err(format!(
+            "--chunks is for interleaved-1f1b and interleaved-zb; {} sets its own (leave it out)",
+            kind.name()
+        ));
+    }
     let planned = plan(kind, &args.pipeline, &args.costs)?;
     planned.check_limit().map_err(cli_error)?;
     let Planned {

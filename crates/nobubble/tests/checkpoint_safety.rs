@@ -293,7 +293,7 @@ fn a_fresh_run_does_not_mix_with_another_runs_checkpoints() {
     let latest = || std::fs::read_to_string(run.join("latest")).unwrap();
     assert_eq!(latest().trim(), "step-000004");
     assert!(run.join("step-000002").is_dir());
-    // Continuing it is fine; so is replacing it when asked.
+    // Continuing it is fine; so is saving there anyway when asked (the older steps stay).
     run_ok(&["--steps", "5", "--resume", s(&run), "--save", s(&run)]);
     assert_eq!(latest().trim(), "step-000005");
     run_ok(&["--steps", "6", "--save", s(&run), "--overwrite"]);

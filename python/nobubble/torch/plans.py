@@ -309,6 +309,7 @@ def _plan_layers(
             cost=[tuple(float(x) for x in c) for c in stage_costs],
             mem=mem,
             placement="v" if len(split) == 2 * int(plan.num_ranks) else "linear",
+            time_unit="ms",
         )
     return PlanSnapshot.of(plan, inputs=dict(inputs, schedule=schedule))
 
@@ -336,7 +337,7 @@ def _plan_with(
     request["cost"] = fitted.cost
     request["mem"] = fitted.mem
     plan = planner(schedule, **request)
-    return PlanSnapshot.of(plan, inputs=dict(request, schedule=schedule))
+    return PlanSnapshot.of(plan, inputs=dict(request, schedule=schedule, time_unit="ms"))
 
 
 def agreed_plan(
@@ -416,8 +417,15 @@ def agreed_plan(
 
 
 def _request_key(schedule: str, microbatches: int, kwargs: Mapping[str, Any]) -> str:
-    """What every rank must ask for alike (not each rank's own device or reserve)."""
-    shown = {k: ("FreeMemory" if isinstance(v, FreeMemory) else v) for k, v in kwargs.items()}
+    """What every rank must ask for alike: not each rank's own device or reserve, nor the
+    layout a PlannedSchedule reads off each rank's stages (a rank whose stages fit another
+    layout is caught once the plan is made)."""
+    own = ("placement", "chunks")
+    shown = {
+        k: ("FreeMemory" if isinstance(v, FreeMemory) else v)
+        for k, v in kwargs.items()
+        if k not in own
+    }
     return repr((schedule, microbatches, sorted(shown.items(), key=lambda kv: kv[0])))
 
 
@@ -533,12 +541,14 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
 
     kwargs = dict(plan.inputs)
     schedule = kwargs.pop("schedule")
+    kwargs.pop("time_unit", None)  # a note of ours, not a planner argument
     kwargs["cost"] = [tuple(float(x) for x in c) for c in cost]
     # The planner took one entry per model chunk, which may be finer than the stages (2p
     # chunks for a linear pipeline): sum the memory of consecutive chunks into each stage,
     # as the planner summed them, to go with the measured per-stage times.
     mem = kwargs.get("mem")
-    if isinstance(mem, (list, tuple)) and len(mem) != len(cost) and len(mem) % len(cost) == 0:
+    per_chunk = isinstance(mem, (list, tuple)) and all(isinstance(m, (list, tuple)) for m in mem)
+    if per_chunk and len(mem) != len(cost) and len(mem) % len(cost) == 0:
         k = len(mem) // len(cost)
         kwargs["mem"] = [
             tuple(float(sum(m[j] for m in mem[s * k : (s + 1) * k])) for j in range(2))
@@ -552,7 +562,8 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
         kwargs["placement"] = layout
     kwargs.pop("layer_costs", None)
     new = nobubble.plan(schedule, **kwargs)
-    return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule))
+    # Re-planned on measured pass times: ms, whatever the first plan's unit was.
+    return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule, time_unit="ms"))
 
 
 def _layout(stage_ranks: Sequence[int], num_ranks: int) -> str | None:

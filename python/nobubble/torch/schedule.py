@@ -47,13 +47,15 @@ class PlannedSchedule(_PipelineScheduleRuntime):
       ``comm=``, ``objective=``: plan here. Construction is then a collective: the ranks'
       profiles are all-gathered and averaged, rank 0 plans, and the plan is broadcast. The
       placement follows the stages given: one per rank plans a linear pipeline, two per
-      rank a V (rank r holds stages r and 2p−1−r).
+      rank a V (rank r holds stages r and 2p−1−r), k per rank looped over the ranks (stage
+      s on rank s mod p) an interleaved schedule.
 
     ``measure=True`` times every action on every rank (``step`` then ends with a small
     all-gather) and appends a :class:`StepMeasurement` to ``self.measurements``;
     ``replan_after=k`` re-plans once after k measured steps on the measured pass times (for
     plans that record their inputs: made here, or by :func:`agreed_plan`); the new plan is
-    ``self.plan`` (and ``self.replanned``) from the next step on. Other keywords go to
+    ``self.plan`` (and ``self.replanned``) from the next step on; :meth:`replan` does the same
+    whenever called. Other keywords go to
     ``_PipelineScheduleRuntime`` (``defer_pp_recv``, ``max_active_stages``, ...).
     """
 
@@ -264,7 +266,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         actions = [a for g in gathered for a in g[1]]
         # The plan's makespan is in ms only when it was planned on measured costs; on unit
         # costs (or a plan given, in unknown units) there is no time to compare with.
-        in_ms = "cost" in self.plan.inputs
+        in_ms = self.plan.inputs.get("time_unit") == "ms"
         measurement = summarize(
             walls,
             actions,

@@ -136,7 +136,8 @@ pub fn check_other_run(run: &Path, resumes_here: bool) -> Result<(), RuntimeErro
     Err(RuntimeError::Config(format!(
         "{} holds another run's checkpoints ({} of them, the newest {}); this run does not \
          resume from it, so saving there would mix the two runs: continue it with --resume {}, \
-         save to a new directory, or pass --overwrite to let this run replace them",
+         save to a new directory, or pass --overwrite to save there anyway (its checkpoints \
+         stay; this run's replace those at the same steps)",
         run.display(),
         steps.len(),
         step_dir_name(newest),

@@ -5,7 +5,7 @@ use super::{human_bytes, plan_with, Plan, Session};
 use crate::error::RuntimeError;
 use crate::machine;
 use nobubble_schedule::validate::peak_memory;
-use nobubble_schedule::{CostModel, CostSpec, MemLimit, ScheduleKind};
+use nobubble_schedule::{CostModel, CostSpec, MemLimit};
 
 impl Session {
     /// The activation bytes per rank an automatic schedule was planned within because its own
@@ -181,19 +181,19 @@ impl Session {
                         let need = (x * peak / a * 100.0).ceil() / 100.0;
                         format!("raise the limit to {need} or more")
                     }
-                    None => format!("raise rank {r}'s budget to {} or more", human_bytes(peak)),
+                    // In bytes, rounded up: a rounded size could fall short of the peak.
+                    None => format!(
+                        "raise rank {r}'s budget to {}B ({}) or more",
+                        peak.ceil(),
+                        human_bytes(peak)
+                    ),
                 };
                 let fix = if self.fitted_to_free.is_some() {
                     "use a smaller microbatch or sequence, or more machines".to_string()
                 } else if self.options.file.is_none() && self.options.kind.takes_limit() {
                     format!("{raise}, or use a smaller microbatch or sequence")
-                } else if self.options.kind == ScheduleKind::OneFOneB {
-                    format!("plan zb-auto (it plans within the limit), or {raise}")
                 } else {
-                    format!(
-                        "plan zb-auto (it plans within the limit) or 1f1b (p × M_B at most), or \
-                         {raise}"
-                    )
+                    format!("plan zb-auto (it plans within the limit), or {raise}")
                 };
                 let limit = match self.fitted_to_free {
                     Some(_) => "its share of the free memory".to_string(),

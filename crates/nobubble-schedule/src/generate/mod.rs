@@ -62,7 +62,34 @@ pub enum ScheduleKind {
     DualPipeV,
 }
 
+/// The stage layout a kind plans on: what its stages are, before any request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnLayout {
+    /// One stage per rank.
+    Linear,
+    /// Two stages per rank, down and back up.
+    V,
+    /// `chunks` stages per rank, stage s on rank s mod p (the interleaved kinds).
+    Looped,
+    /// Linear or V, as the request's placement says or the planner chooses (zb-auto).
+    Either,
+}
+
 impl ScheduleKind {
+    /// The layout this kind plans its stages in (the one place that says so).
+    pub fn own_layout(self) -> OwnLayout {
+        match self {
+            ScheduleKind::ZbAuto => OwnLayout::Either,
+            ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => OwnLayout::Looped,
+            ScheduleKind::ZbV
+            | ScheduleKind::VHalf
+            | ScheduleKind::VMin
+            | ScheduleKind::VAuto
+            | ScheduleKind::DualPipeV => OwnLayout::V,
+            _ => OwnLayout::Linear,
+        }
+    }
+
     /// Every kind, in the order `compare` lists them.
     pub const ALL: [ScheduleKind; 15] = [
         ScheduleKind::GPipe,
@@ -400,24 +427,20 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
 /// A placement given to a schedule that is not zb-auto must be the schedule's own layout
 /// (a caller that builds its stages first, as `nobubble.torch` does, passes it along);
 /// another one is refused, naming the layout the schedule has.
-fn check_own_placement(kind: ScheduleKind, asked: Placement) -> Result<(), Error> {
-    let own = match kind {
-        ScheduleKind::ZbAuto => return Ok(()),
-        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => None,
-        ScheduleKind::ZbV
-        | ScheduleKind::VHalf
-        | ScheduleKind::VMin
-        | ScheduleKind::VAuto
-        | ScheduleKind::DualPipeV => Some(Placement::V),
-        _ => Some(Placement::Linear),
-    };
-    if own == Some(asked) {
-        return Ok(());
-    }
-    let has = match own {
-        Some(Placement::Linear) => "one stage per rank (linear)",
-        Some(Placement::V) => "two stages per rank, down and back up (a V)",
-        None => "its chunks looped over the ranks (stage s on rank s mod p)",
+fn check_own_placement(
+    kind: ScheduleKind,
+    asked: Placement,
+    p: usize,
+    chunks: usize,
+) -> Result<(), Error> {
+    let has = match (kind.own_layout(), asked) {
+        (OwnLayout::Either, _) | (OwnLayout::Linear, Placement::Linear) => return Ok(()),
+        (OwnLayout::V, Placement::V) => return Ok(()),
+        // One rank's two looped chunks are a V too.
+        (OwnLayout::Looped, Placement::V) if p == 1 && chunks == 2 => return Ok(()),
+        (OwnLayout::Linear, _) => "one stage per rank (linear)",
+        (OwnLayout::V, _) => "two stages per rank, down and back up (a V)",
+        (OwnLayout::Looped, _) => "its chunks looped over the ranks (stage s on rank s mod p)",
     };
     let wants = match asked {
         Placement::Linear => "one stage per rank",
@@ -449,18 +472,14 @@ fn check_request(req: &Request) -> Result<(), Error> {
             "must be at least 1; pipelines want m ≥ stages to keep every rank busy",
         ));
     }
-    let stages = match req.kind {
-        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb => p.saturating_mul(req.chunks),
-        ScheduleKind::ZbV
-        | ScheduleKind::VHalf
-        | ScheduleKind::VMin
-        | ScheduleKind::VAuto
-        | ScheduleKind::DualPipeV => p.saturating_mul(2),
-        ScheduleKind::ZbAuto if req.placement == Some(Placement::V) => p.saturating_mul(2),
+    let stages = match req.kind.own_layout() {
+        OwnLayout::Looped => p.saturating_mul(req.chunks),
+        OwnLayout::V => p.saturating_mul(2),
+        OwnLayout::Either if req.placement == Some(Placement::V) => p.saturating_mul(2),
         _ => p,
     };
     if let Some(asked) = req.placement {
-        check_own_placement(req.kind, asked)?;
+        check_own_placement(req.kind, asked, p, req.chunks)?;
     }
     crate::schedule::check_size(p, stages)?;
     let actions = stages.saturating_mul(m).saturating_mul(3);

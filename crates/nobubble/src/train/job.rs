@@ -229,10 +229,7 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
 /// `--chunks`: only the interleaved schedules take it (default 2); refused elsewhere rather
 /// than ignored.
 fn chunks(a: &TrainArgs, kind: ScheduleKind) -> Result<usize, String> {
-    let interleaved = matches!(
-        kind,
-        ScheduleKind::Interleaved1F1B | ScheduleKind::InterleavedZb
-    );
+    let interleaved = kind.own_layout() == nobubble_schedule::OwnLayout::Looped;
     match a.chunks {
         Some(_) if !interleaved => Err(format!(
             "--chunks is for interleaved-1f1b and interleaved-zb; {} sets its own (leave it out)",
@@ -245,10 +242,21 @@ fn chunks(a: &TrainArgs, kind: ScheduleKind) -> Result<usize, String> {
 
 /// Whether `resume` is the run directory `run` or one of its step directories.
 fn same_run(resume: &std::path::Path, run: &std::path::Path) -> bool {
-    let (Ok(r), Ok(d)) = (resume.canonicalize(), run.canonicalize()) else {
+    let Ok(d) = run.canonicalize() else {
         return false;
     };
-    r == d || r.parent() == Some(d.as_path())
+    // The step directory's own path is not resolved: it may be a link to elsewhere.
+    let parent = resume.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    resume.canonicalize().is_ok_and(|r| r == d)
+        || parent
+            .and_then(|p| p.canonicalize().ok())
+            .is_some_and(|p| p == d)
 }
 
 /// `--peak-flops`, and the checkpoint flags that need `--save`.

@@ -168,7 +168,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Allow --save to replace a checkpoint of another model, or to save into a directory
-    /// holding another run's checkpoints (which --keep-last may then delete).
+    /// holding another run's checkpoints (they stay, but for those at this run's steps, and
+    /// --keep-last may delete the older ones).
     #[arg(long)]
     pub overwrite: bool,
     /// Also save every N steps (0 = only at the end).

@@ -299,30 +299,25 @@ fn a_fresh_run_does_not_mix_with_another_runs_checkpoints() {
     run_ok(&["--steps", "6", "--save", s(&run), "--overwrite"]);
     assert_eq!(latest().trim(), "step-000006");
     // A pointer to a step that is gone, or no pointer: the error names the newest left.
+    let sample = || {
+        fails(&[
+            "sample",
+            "--checkpoint",
+            s(&run),
+            "--prompt",
+            "a",
+            "--tokens",
+            "2",
+        ])
+    };
     std::fs::remove_dir_all(run.join("step-000006")).unwrap();
-    let e = fails(&[
-        "sample",
-        "--checkpoint",
-        s(&run),
-        "--prompt",
-        "a",
-        "--tokens",
-        "2",
-    ]);
+    let e = sample();
     assert!(
         e.contains("the newest checkpoint left is step-000005"),
         "{e}"
     );
     std::fs::remove_file(run.join("latest")).unwrap();
-    let e = fails(&[
-        "sample",
-        "--checkpoint",
-        s(&run),
-        "--prompt",
-        "a",
-        "--tokens",
-        "2",
-    ]);
+    let e = sample();
     assert!(
         e.contains("has no `latest` pointer") && e.contains("step-000005"),
         "{e}"

@@ -378,7 +378,11 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         model.microbatch_size,
         model.seq_len,
         model.arch.name(),
-        a.model,
+        // The preset names no model that came from --init-from's config.json.
+        match &a.init_from {
+            Some(dir) => format!("from {}", dir.display()),
+            None => a.model.clone(),
+        },
         model.layers,
         model.hidden,
         model.parameter_count() as f64 / 1e6,

@@ -417,6 +417,12 @@ fn train_refuses_bad_input_before_training() {
         .unwrap_or_else(|| panic!("no limit named: {e}"));
     assert!(need.parse::<f64>().unwrap() > 1.0, "{e}");
     ok(&micro_train("1", &["-m", "4", "--mem-limit", need]));
+    // A flag's own check comes before the data is read (a large corpus takes a while).
+    let e = fails(&["train", "--lr", "nan"]);
+    assert!(
+        e.contains("--lr must be a positive number") && !e.contains("training tokens"),
+        "{e}"
+    );
     let e = fails(&["train", "--data", "/nonexistent.txt", "--steps", "1"]);
     assert!(e.contains("cannot read --data"), "{e}");
     let e = fails(&["train", "--model", "huge"]);

@@ -21,15 +21,16 @@ pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     let (kind, file) = schedule_choice(a)?;
     let (stages, microbatches) = pipeline_shape(a, file.as_ref())?;
     let mut model = model_config(a)?;
-    let data = data::load(a, &mut model)?;
-    let model = checked_size(model)?;
-    eprintln!("{}", data.description);
+    // The flags' own checks first: a typo is reported before a large corpus is read.
     let emulated = emulated_costs(a)?;
     check_emulation(a, emulated.is_some())?;
-    check_outputs(a, &model)?;
     check_run_flags(a, emulated.is_some())?;
     let mem_limit = mem_limit(a, emulated.is_some())?;
     check_numbers(a)?;
+    let data = data::load(a, &mut model)?;
+    let model = checked_size(model)?;
+    eprintln!("{}", data.description);
+    check_outputs(a, &model)?;
     let per_set = (microbatches * a.data_parallel * model.microbatch_size * model.seq_len) as u64;
     let held_out = data.eval.len() as u64;
     if emulated.is_none() && a.eval_sets > 1 && a.eval_sets.saturating_mul(per_set) > 2 * held_out {

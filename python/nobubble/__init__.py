@@ -13,7 +13,16 @@ runtime.
 
 from __future__ import annotations
 
-from nobubble._native import Plan, ScheduleError, __version__, check, plan, schedules, simulate
+from nobubble._native import (
+    Plan,
+    ScheduleError,
+    __version__,
+    check,
+    plan,
+    schedule_names,
+    schedules,
+    simulate,
+)
 
 __all__ = [
     "Plan",
@@ -21,6 +30,7 @@ __all__ = [
     "__version__",
     "check",
     "plan",
+    "schedule_names",
     "schedules",
     "simulate",
 ]

@@ -115,3 +115,7 @@ def simulate(
 
 def schedules() -> list[tuple[str, str]]:
     """Every schedule name with its one-line summary."""
+
+def schedule_names() -> list[tuple[str, list[str]]]:
+    """Every schedule name with the other names ``plan`` accepts for it (PyTorch's class
+    names such as ``"ScheduleZBVZeroBubble"``, other systems' spellings)."""

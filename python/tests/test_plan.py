@@ -289,3 +289,14 @@ def test_simulate_says_what_shape_it_takes() -> None:
     with pytest.raises(ValueError, match="rank 1 has no actions"):
         nobubble.simulate([["0F0", "0I0", "0W0"], []])
     assert nobubble.simulate([["0F0", "0I0", "0W0"]]).num_ranks == 1
+
+
+def test_every_other_name_listed_plans_its_schedule() -> None:
+    names = dict(nobubble.schedule_names())
+    assert [n for n, _ in nobubble.schedules()] == list(names)
+    assert "ScheduleZBVZeroBubble" in names["zb-v"]
+    assert "Schedule1F1B" in names["1f1b"]
+    for name, others in names.items():
+        want = nobubble.plan(name, 2, 4).actions
+        for other in others:
+            assert nobubble.plan(other, 2, 4).actions == want, (name, other)

@@ -582,9 +582,28 @@ fn schedules() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
+/// Every schedule name with the other names `plan` accepts for it (PyTorch's class names
+/// such as `ScheduleZBVZeroBubble`, other systems' spellings), in `compare`'s order.
+#[pyfunction]
+fn schedule_names() -> Vec<(&'static str, Vec<&'static str>)> {
+    ScheduleKind::ALL
+        .iter()
+        .map(|&k| {
+            let mut names = k.other_names();
+            for (alias, kind) in ScheduleKind::ALIASES {
+                if kind == k && !names.iter().any(|n| n.eq_ignore_ascii_case(alias)) {
+                    names.push(alias);
+                }
+            }
+            (k.name(), names)
+        })
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Plan>()?;
+    m.add_function(wrap_pyfunction!(schedule_names, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;

@@ -254,10 +254,14 @@ fn same_run(resume: &std::path::Path, run: &std::path::Path) -> bool {
             p
         }
     });
+    let is_step = resume
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
     resume.canonicalize().is_ok_and(|r| r == d)
-        || parent
-            .and_then(|p| p.canonicalize().ok())
-            .is_some_and(|p| p == d)
+        || is_step
+            && parent
+                .and_then(|p| p.canonicalize().ok())
+                .is_some_and(|p| p == d)
 }
 
 /// `--peak-flops`, and the checkpoint flags that need `--save`.

@@ -172,14 +172,14 @@ fn chunks(kind: ScheduleKind, obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize>
         return Ok(2);
     };
     let n = count(obj, "chunks")?;
-    let own = match kind.own_layout() {
+    // What each layout has per rank; zb-auto's V has two, its linear plan one.
+    let (fits, own) = match kind.own_layout() {
         OwnLayout::Looped => return Ok(n),
-        OwnLayout::Linear => "1",
-        OwnLayout::V => "2",
-        // zb-auto's V has two per rank, its linear plan one; the placement decides.
-        OwnLayout::Either => "1 or 2",
+        OwnLayout::Linear => (n == 1, "1"),
+        OwnLayout::V => (n == 2, "2"),
+        OwnLayout::Either => ((1..=2).contains(&n), "1 or 2"),
     };
-    if own.split(" or ").any(|c| c == n.to_string()) {
+    if fits {
         return Ok(2);
     }
     Err(value_error(format!(

@@ -55,6 +55,7 @@ class PlanSnapshot:
     :class:`~nobubble.torch.Profile`); ``None`` when unknown (a plan read from a CSV file).
     ``inputs`` records how it was planned, so a schedule can re-plan it on measured times.
     ``layer_split``: blocks per stage when the planner chose the cut (``layers=`` profile).
+    ``placement_kind``: ``"linear"``, ``"v"`` or ``None`` (another layout), as the plan says.
     """
 
     schedule: str
@@ -68,6 +69,7 @@ class PlanSnapshot:
     csv: str | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
     layer_split: tuple[int, ...] | None = None
+    placement_kind: str | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -113,6 +115,7 @@ class PlanSnapshot:
             lower_bound=_float_or_none(getattr(plan, "lower_bound", None)),
             inputs=dict(inputs or {}),
             layer_split=None if split is None else tuple(int(b) for b in split),
+            placement_kind=getattr(plan, "placement_kind", None),
         )
         snapshot.validate()
         return snapshot
@@ -555,22 +558,11 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
             for s in range(len(cost))
         ]
     # The stages are built: keep their placement (and, with a layer split, their cut).
-    layout = _layout(plan.stage_ranks, plan.num_ranks)
-    if layout is None:
+    if plan.placement_kind is None:
         kwargs.pop("placement", None)
     else:
-        kwargs["placement"] = layout
+        kwargs["placement"] = plan.placement_kind
     kwargs.pop("layer_costs", None)
     new = nobubble.plan(schedule, **kwargs)
     # Re-planned on measured pass times: ms, whatever the first plan's unit was.
     return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule, time_unit="ms"))
-
-
-def _layout(stage_ranks: Sequence[int], num_ranks: int) -> str | None:
-    """``"linear"`` or ``"v"`` when the stage→rank map is one of those, else ``None``."""
-    p = num_ranks
-    if list(stage_ranks) == list(range(p)):
-        return "linear"
-    if list(stage_ranks) == [s if s < p else 2 * p - 1 - s for s in range(2 * p)]:
-        return "v"
-    return None

@@ -126,13 +126,13 @@ pub fn saved_steps(run: &Path) -> Vec<u64> {
 /// `--keep-last` would delete the older run's. `resumes_here`: the run resumes from `run`
 /// or one of its steps, i.e. continues it.
 pub fn check_other_run(run: &Path, resumes_here: bool) -> Result<(), RuntimeError> {
+    if resumes_here {
+        return Ok(());
+    }
     let steps = saved_steps(run);
     let Some(&newest) = steps.last() else {
         return Ok(());
     };
-    if resumes_here {
-        return Ok(());
-    }
     Err(RuntimeError::Config(format!(
         "{} holds another run's checkpoints ({} of them, the newest {}); this run does not \
          resume from it, so saving there would mix the two runs: continue it with --resume {}, \

@@ -141,6 +141,9 @@ impl Planned {
 pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
     req.mem_limit.check(req.ranks)?;
     let gen = req.generator_request();
+    // The limit the plan is judged against: the request's, or for a layer split the bytes
+    // per rank the split search held every split to.
+    let mut judged = req.mem_limit.clone();
     let (schedule, spec, split) = match &req.costs {
         PlanCosts::Stages(spec) => (generate(&gen, spec)?, spec.clone(), None),
         PlanCosts::Layers(layers) => {
@@ -154,6 +157,9 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
                 }
                 None => None,
             };
+            if !chosen.budget.is_empty() {
+                judged = MemLimit::PerRank(chosen.budget.clone());
+            }
             let split = LayerSplit {
                 counts: chosen.counts,
                 even,
@@ -161,11 +167,12 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
             (chosen.schedule, chosen.spec, Some(split))
         }
     };
-    let mut planned = evaluate(schedule, &spec, &req.mem_limit, req.objective)?;
+    let mut planned = evaluate(schedule, &spec, &judged, req.objective)?;
+    planned.mem_limit = req.mem_limit.clone();
     // The limit it was planned under: under budgets in memory the multiple `evaluate` found;
     // else the kind's own (automatic kinds: the user's multiple or their default), or the
     // user's multiple that a fixed pattern was checked against.
-    if req.mem_limit.budgets().is_empty() {
+    if judged.budgets().is_empty() {
         let user = req.mem_limit.as_multiple();
         planned.limit = req.schedule.planning_limit(req.ranks, user).or(user);
     }

@@ -149,6 +149,8 @@ struct Candidate {
     schedule: Schedule,
     spec: CostSpec,
     score: (f64, f64),
+    /// The bytes per rank it was checked against (empty: none).
+    budget: Vec<f64>,
 }
 
 /// The split chosen and what it planned.
@@ -163,6 +165,10 @@ pub struct Split {
     /// The even split's schedule, for comparison (`None` if it does not plan, e.g. over a
     /// byte budget).
     pub even: Option<Schedule>,
+    /// The bytes per rank the split was held to (empty: no limit): a budget given in memory
+    /// as given, a multiple of M_B as the bytes it means under the even split. A multiple of
+    /// the chosen split's own M_B would be another limit, so the plan is judged against these.
+    pub budget: Vec<f64>,
 }
 
 /// `blocks` spread over `n` stages as evenly as possible, extra blocks to the middle stages
@@ -282,6 +288,7 @@ pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
         schedule: best.schedule,
         spec: best.spec,
         even: search.even_best.map(|e| e.0),
+        budget: best.budget,
     })
 }
 
@@ -338,6 +345,7 @@ impl SplitSearch<'_> {
             schedule: s,
             spec,
             score,
+            budget: check.to_vec(),
         })
     }
 

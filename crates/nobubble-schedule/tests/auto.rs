@@ -943,3 +943,64 @@ proptest! {
         }
     }
 }
+
+/// A layer split is planned within the bytes the even split's multiple of M_B means, and
+/// judged against those bytes: a split that moves blocks off a rank holds more microbatches
+/// there than a multiple of its own, smaller M_B would allow. (The 8B model of
+/// `docs/examples` on 8 blocks; at 3 × M_B the chosen V split's rank 0 holds more than 3 ×
+/// its own M_B, which the planner used to refuse with an error telling the user to plan with
+/// zb-auto, the schedule they had asked for.)
+#[test]
+fn a_layer_split_is_judged_against_the_even_splits_bytes() {
+    use nobubble_schedule::split::{even_counts, LayerCosts};
+    use nobubble_schedule::{plan as plan_request, PlanCosts, PlanRequest};
+    let text = include_str!("../../../docs/examples/layers-8b-vocab128k.json");
+    let mut layers: LayerCosts = serde_json::from_str(text).unwrap();
+    layers.count = 8;
+    let blocks = layers.blocks().unwrap().len();
+    let mut over_own = 0;
+    for x in [2.0, 2.5, 3.0, 4.0, 6.0] {
+        let req = PlanRequest {
+            mem_limit: MemLimit::Multiple(x),
+            costs: PlanCosts::Layers(layers.clone()),
+            ..PlanRequest::new(
+                ScheduleKind::ZbAuto,
+                4,
+                8,
+                CostSpec::uniform(RankCost::default(), 0.0),
+            )
+        };
+        let planned = plan_request(&req).unwrap_or_else(|e| panic!("x = {x}: {e}"));
+        planned.check_limit().unwrap();
+        let s = &planned.schedule;
+        let even = layers.spec(&even_counts(blocks, s.stages)).unwrap();
+        let even = CostModel::for_schedule(&even, s).unwrap();
+        let own = CostModel::for_schedule(
+            &layers
+                .spec(&planned.split.as_ref().unwrap().counts)
+                .unwrap(),
+            s,
+        )
+        .unwrap();
+        for r in 0..s.ranks {
+            let peak = planned.sim.metrics.peak_memory[r];
+            let budget = x * even.placed_mem_b(&s.placement, r);
+            assert!(
+                peak <= budget * (1.0 + 1e-9),
+                "x = {x}, rank {r}: {peak} > {budget}"
+            );
+            if peak > x * own.placed_mem_b(&s.placement, r) * (1.0 + 1e-9) {
+                over_own += 1;
+            }
+        }
+        let bound = planned.lower_bound();
+        assert!(
+            bound <= planned.sim.metrics.makespan * (1.0 + 1e-9),
+            "x = {x}"
+        );
+    }
+    assert!(
+        over_own > 0,
+        "no limit exercised a rank beyond its own multiple"
+    );
+}

@@ -157,6 +157,16 @@ pub fn json_text(mut report: JsonReport<'_>, planned_for: Option<Objective>) -> 
     s
 }
 
+/// `v` to `digits` significant digits: a budget rebuilt as `x × share × M_B` prints as the
+/// bytes it was given, not with a last-place residue (`52076478464.00001`).
+fn round_digits(v: f64, digits: i32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let scale = 10f64.powi(digits - v.abs().log10().ceil() as i32);
+    (v * scale).round() / scale
+}
+
 /// The per-rank table and headline metrics printed under a text timeline.
 pub fn text_summary(
     schedule: &Schedule,
@@ -166,7 +176,25 @@ pub fn text_summary(
 ) -> String {
     let m = &sim.metrics;
     let mut out = String::new();
-    out.push_str("rank  stages        busy        idle        span   peak mem\n");
+    // Under per-rank budgets (given in memory, or a layer split held to the even split's
+    // bytes) each rank's own budget stands beside its peak.
+    let budget = |r: usize| match mem_limit {
+        Some(x) if !costs.rank_share.is_empty() => {
+            format!(
+                " {:>11}",
+                fmt_num(round_digits(costs.rank_limit(schedule, r, x), 12))
+            )
+        }
+        _ => String::new(),
+    };
+    out.push_str(&format!(
+        "rank  stages        busy        idle        span   peak mem{}\n",
+        if budget(0).is_empty() {
+            ""
+        } else {
+            "      budget"
+        }
+    ));
     for r in 0..schedule.ranks {
         let stages: Vec<String> = schedule
             .stages_of(r)
@@ -174,12 +202,13 @@ pub fn text_summary(
             .map(|s| s.to_string())
             .collect();
         out.push_str(&format!(
-            "{r:>4}  {:<8} {:>11} {:>11} {:>11} {:>10}\n",
+            "{r:>4}  {:<8} {:>11} {:>11} {:>11} {:>10}{}\n",
             stages.join(","),
             fmt_num(m.busy[r]),
             fmt_num(m.idle[r]),
             fmt_num(m.span[r]),
             fmt_num(m.peak_memory[r]),
+            budget(r),
         ));
     }
     let peak = m.peak_memory.iter().copied().fold(0.0, f64::max);

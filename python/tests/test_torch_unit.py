@@ -336,3 +336,30 @@ def test_replan_keeps_a_single_memory_entry() -> None:
     again = replan(plan, [(1.0, 2.0, 1.0)])
     assert again.inputs["mem"] == (1.0, 0.5)
     assert again.inputs["time_unit"] == "ms"
+
+
+def test_a_lost_peer_says_the_other_ranks_error_is_the_cause(
+    fake_rank1_of_2: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 cannot know why rank 0 stopped; its step failure says where to look. Other
+    errors pass unchanged."""
+    plan = nbt.plan_from_csv(V_CSV)
+    stages = nbt.build_stages(gpt_chunks(CFG, 4), plan)
+    schedule = nbt.PlannedSchedule(stages, 2, lm_loss, plan=plan)
+    parent = type(schedule).__mro__[1]
+
+    def gone(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:5")
+
+    monkeypatch.setattr(parent, "step", gone)
+    with pytest.raises(RuntimeError, match="closed by peer") as info:
+        schedule.step(target=torch.zeros(4, CFG.seq_len, dtype=torch.long))
+    assert any("another rank of this pipeline stopped" in n for n in info.value.__notes__)
+
+    def other(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(parent, "step", other)
+    with pytest.raises(RuntimeError, match="shape mismatch") as info:
+        schedule.step(target=torch.zeros(4, CFG.seq_len, dtype=torch.long))
+    assert not getattr(info.value, "__notes__", [])

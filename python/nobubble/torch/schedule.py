@@ -11,7 +11,8 @@ split, gradient scaling and FSDP/DDP handling are PyTorch's, unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -232,17 +233,18 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         """
         _check_batch(args, kwargs.get("target"), self._n_microbatches)
         self._check_step_inputs(kwargs)
-        if self._recorder is None or not self._measuring:
-            return super().step(*args, **kwargs)
-        if self._collective:
-            dist.barrier(group=self._group)
-        self._recorder.begin()
-        try:
-            result = super().step(*args, **kwargs)
-        finally:
-            wall = self._recorder.end()
-        self._finish_measurement(wall)
-        return result
+        with _peer_failures_explained():
+            if self._recorder is None or not self._measuring:
+                return super().step(*args, **kwargs)
+            if self._collective:
+                dist.barrier(group=self._group)
+            self._recorder.begin()
+            try:
+                result = super().step(*args, **kwargs)
+            finally:
+                wall = self._recorder.end()
+            self._finish_measurement(wall)
+            return result
 
     def _check_step_inputs(self, kwargs: dict[str, Any]) -> None:
         """The rank with the last stage needs the targets when there is a loss: PyTorch's own
@@ -369,6 +371,26 @@ def _check_stages(stages: Any) -> list[_PipelineStageBase]:
     if len(set(indices)) != len(indices):
         raise ValueError(f"stage indices {indices} repeat; build each stage once")
     return list(stages)
+
+
+# What gloo and NCCL say when the rank at the other end of a send or receive has gone.
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "ncclremoteerror")
+
+
+@contextlib.contextmanager
+def _peer_failures_explained() -> Iterator[None]:
+    """A step whose peer rank stopped fails here with the transport's words only ("Connection
+    closed by peer"); the cause is the other rank's own error (a batch that does not split,
+    a missing target, ...), which only that rank can raise. Say so."""
+    try:
+        yield
+    except RuntimeError as e:
+        if any(words in str(e).lower() for words in _PEER_GONE):
+            e.add_note(
+                "nobubble: another rank of this pipeline stopped during step(); its own "
+                "error (printed by that rank) is the cause, this rank only lost its peer"
+            )
+        raise
 
 
 def _check_microbatches(n: Any) -> None:

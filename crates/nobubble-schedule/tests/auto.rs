@@ -1004,3 +1004,32 @@ fn a_layer_split_is_judged_against_the_even_splits_bytes() {
         "no limit exercised a rank beyond its own multiple"
     );
 }
+
+/// Above the ladder's size, a limit under p starves the handcrafted schedules and the paper's
+/// greedy (p 32, m 256, 20 × M_B: 7982 against a bound of 1012, 689% above; twice the
+/// microbatches of m 128 cost 12.8 times the time). The list scheduler's runs keep zb-auto
+/// near the bound there, at every limit under p.
+#[test]
+fn large_pipelines_under_tight_limits_stay_near_the_bound() {
+    use nobubble_schedule::{plan as plan_request, PlanRequest};
+    let spec = CostSpec::uniform(
+        RankCost {
+            f: 1.0,
+            i: 1.2,
+            w: 0.8,
+            mem_b: 1.0,
+            mem_w: 0.5,
+        },
+        0.1,
+    );
+    for x in [8.0, 16.0, 20.0, 28.0] {
+        let req = PlanRequest {
+            mem_limit: MemLimit::Multiple(x),
+            ..PlanRequest::new(ScheduleKind::ZbAuto, 32, 256, spec.clone())
+        };
+        let planned = plan_request(&req).unwrap();
+        planned.check_limit().unwrap();
+        let gap = planned.sim.metrics.makespan / planned.lower_bound() - 1.0;
+        assert!(gap < 0.12, "x = {x}: {:.1}% above the bound", 100.0 * gap);
+    }
+}

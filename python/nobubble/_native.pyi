@@ -6,10 +6,13 @@ from typing import Literal
 __version__: str
 
 Cost = tuple[float, float, float] | Sequence[Sequence[float]]
-"""``(F, I, W)`` for every stage, or one such entry per stage (or per rank)."""
+"""``(F, I, W)`` for every stage, or one such entry per stage in model order. With one entry
+per rank on a schedule of more stages (V, interleaved), entry ``k`` is the model's ``k``-th
+slice, split evenly into consecutive chunks: on a V, entry 1 prices chunks 2 and 3, which
+run on ranks 2 and p − 3, not rank 1 (give one entry per chunk for a slow device)."""
 
 Mem = tuple[float, float] | Sequence[Sequence[float]]
-"""``(M_B, M_W)`` for every stage, or one such entry per stage (or per rank)."""
+"""``(M_B, M_W)`` for every stage, or one such entry per stage, read as ``Cost`` is."""
 
 MemLimit = float | int | str | Sequence[str] | None
 """``None``; a number, always a multiple of each rank's M_B; a size with a unit
@@ -54,9 +57,16 @@ class Plan:
     @property
     def objective(self) -> Literal["span", "makespan"] | None: ...
     @property
-    def mem_limit(self) -> str: ...
+    def mem_limit(self) -> str:
+        """The memory limit as requested (``"none"``, ``"8"``, ``"20MiB"``, ...)."""
     @property
-    def fits(self) -> bool: ...
+    def limit(self) -> float | None:
+        """The limit the plan was made under, in multiples of each rank's M_B: the request's,
+        or the schedule's own default when none was given (zb-auto's 2p); ``None``: none."""
+    @property
+    def fits(self) -> bool:
+        """Always ``True`` for a plan ``plan``/``check``/``simulate`` return: they raise
+        :class:`ScheduleError` for a schedule over its limit."""
     @property
     def layer_split(self) -> list[int] | None: ...
     @property
@@ -65,6 +75,10 @@ class Plan:
     def to_chrome_trace(self) -> str: ...
     def to_svg(self) -> str: ...
     def _repr_svg_(self) -> str | None: ...
+    def __eq__(self, other: object) -> bool:
+        """Equal schedules, costs, limits, objective and layer split. Plans also hash,
+        pickle and deep-copy."""
+    def __hash__(self) -> int: ...
 
 def plan(
     schedule: str,
@@ -72,7 +86,7 @@ def plan(
     microbatches: int,
     *,
     cost: Cost | None = None,
-    comm: float = 0.0,
+    comm: float | None = None,
     mem: Mem | None = None,
     mem_limit: MemLimit = None,
     placement: Literal["auto", "linear", "v"] = "auto",
@@ -83,10 +97,12 @@ def plan(
     """Plans ``schedule`` (a nobubble name or a PyTorch class name such as
     ``"ScheduleZBVZeroBubble"``) for ``stages`` ranks and ``microbatches`` microbatches.
 
-    Costs default to F = I = W = 1, M_B = 1, M_W = 0.5. ``layer_costs`` takes the JSON text
-    of ``nobubble plan --layer-costs`` and also chooses the blocks per stage. ``chunks``
-    (model chunks per rank) is for the interleaved schedules (default 2); ``placement`` is
-    zb-auto's choice (another schedule accepts only its own layout). Raises
+    Costs default to F = I = W = 1, M_B = 1, M_W = 0.5, comm 0. ``layer_costs`` takes the
+    JSON text of ``nobubble plan --layer-costs`` (times, memory and comm of every layer, so
+    ``cost``/``mem``/``comm`` are refused beside it) and also chooses the blocks per stage.
+    ``chunks`` (model chunks per rank) is for the interleaved schedules (default 2); for
+    zb-auto, 1 means the linear placement and 2 the V one. ``placement`` is zb-auto's choice
+    (another schedule accepts only its own layout). Raises
     :class:`ScheduleError` (a ``ValueError``) naming the setting at fault.
     """
 

@@ -300,3 +300,80 @@ def test_every_other_name_listed_plans_its_schedule() -> None:
         want = nobubble.plan(name, 2, 4).actions
         for other in others:
             assert nobubble.plan(other, 2, 4).actions == want, (name, other)
+
+
+def test_zb_auto_takes_chunks_as_its_placement() -> None:
+    """zb-auto plans either layout: chunks=1 (one stage built per rank) is the linear plan,
+    chunks=2 the V one; a placement saying otherwise is refused, never ignored."""
+    linear = nobubble.plan("zb-auto", 4, 8, chunks=1)
+    assert linear.num_stages == 4 and linear.placement_kind == "linear"
+    assert linear.actions == nobubble.plan("zb-auto", 4, 8, placement="linear").actions
+    v = nobubble.plan("zb-auto", 4, 8, chunks=2)
+    assert v.num_stages == 8 and v.placement_kind == "v"
+    with pytest.raises(ValueError, match='chunks=1 means the linear placement but placement="v"'):
+        nobubble.plan("zb-auto", 4, 8, chunks=1, placement="v")
+    with pytest.raises(ValueError, match='chunks=2 means the v placement but placement="linear"'):
+        nobubble.plan("zb-auto", 4, 8, chunks=2, placement="linear")
+    with pytest.raises(ValueError, match="zb-auto plans 1 stage per rank"):
+        nobubble.plan("zb-auto", 4, 8, chunks=3)
+
+
+def test_the_limit_a_plan_was_made_under_is_shown() -> None:
+    """mem_limit is the request; limit the multiple the plan was made under, a default
+    included (as the CLI prints it)."""
+    default = nobubble.plan("zb-auto", 4, 8)
+    assert default.mem_limit == "none" and default.limit == 8.0
+    out = json.loads(cli("plan", "-s", "zb-auto", "-p", "4", "-m", "8", "-f", "json").stdout)
+    assert out["mem_limit"] == default.limit
+    assert nobubble.plan("zb-auto", 4, 8, mem_limit=3).limit == 3.0
+    assert nobubble.plan("1f1b", 4, 8).limit is None
+
+
+def test_layer_costs_refuse_per_stage_costs_beside_them() -> None:
+    """layer_costs carries its own times, memory and comm: the others would be ignored."""
+    layers = (REPO / "docs/examples/layers-8b-vocab128k.json").read_text()
+    for extra in ({"cost": (1, 1, 1)}, {"mem": (5, 6)}, {"comm": 0.0}):
+        with pytest.raises(ValueError, match=f"leave out {next(iter(extra))}"):
+            nobubble.plan("zb-auto", 4, 8, layer_costs=layers, **extra)
+
+
+def test_plans_compare_pickle_and_copy() -> None:
+    import copy
+    import pickle
+
+    layers = (REPO / "docs/examples/layers-8b-vocab128k.json").read_text()
+    plans = [
+        nobubble.plan("zb-auto", 4, 8, cost=[(1, 1.2, 0.8)] * 4, mem=(1, 0.4), mem_limit=3),
+        nobubble.plan("zb-v", 4, 8, comm=0.5),
+        nobubble.plan("zb-auto", 4, 8, mem=(1000, 400), mem_limit="3000B"),
+        nobubble.plan("zb-auto", 4, 8, layer_costs=layers, mem_limit=4),
+        nobubble.simulate([["0F0", "0I0", "0W0"], ["1F0", "1I0", "1W0"]]),
+    ]
+    for p in plans:
+        for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+            assert q == p and hash(q) == hash(p)
+            for attr in ("actions", "makespan", "bubble_rate", "peak_memory", "lower_bound"):
+                assert getattr(q, attr) == getattr(p, attr), attr
+            for attr in ("span_lower_bound", "mem_limit", "limit", "layer_split", "objective"):
+                assert getattr(q, attr) == getattr(p, attr), attr
+            assert q.to_svg() == p.to_svg()
+    assert plans[0] != plans[1] and plans[0] != "a plan"
+    assert nobubble.plan("zb-v", 4, 8) == nobubble.plan("zb-v", 4, 8)
+    assert nobubble.plan("zb-v", 4, 8) != nobubble.plan("zb-v", 4, 8, comm=0.5)
+
+
+def test_pictures_tell_every_chunk_apart_and_stay_valid_xml() -> None:
+    import xml.etree.ElementTree as ET
+
+    svg = nobubble.plan("interleaved-1f1b", 4, 8, chunks=3).to_svg()
+    ET.fromstring(svg)
+    fills = {}
+    for rect in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}rect"):
+        title = rect.find("{http://www.w3.org/2000/svg}title")
+        action = title.text.split(":")[0] if title is not None and title.text else ""
+        if action.endswith("F0"):
+            fills[action] = rect.get("fill")
+    # Stages 0, 4 and 8 are rank 0's three chunks.
+    assert len({fills.get("0F0"), fills.get("4F0"), fills.get("8F0")}) == 3, fills
+    weird = nobubble.simulate([["0F0", "0B0"]], name="bad\x00name\x07<&>")
+    ET.fromstring(weird.to_svg())

@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList, PyString, PyTuple};
 use std::path::Path;
 
+mod state;
+
 // Named by its importable path, so that pickle (e.g. `torch.distributed`'s object
 // collectives, which carry rank 0's planner error to every rank) can find the class.
 create_exception!(
@@ -166,21 +168,48 @@ fn sized_memory(limit: &MemLimit, mem: Option<&Bound<'_, PyAny>>) -> PyResult<()
 }
 
 /// `chunks=`: model chunks per rank, which only the interleaved schedules choose (default
-/// 2); another schedule accepts only the count it has, so a value is never ignored.
-fn chunks(kind: ScheduleKind, obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+/// 2); another schedule accepts only the count it has, so a value is never ignored. For
+/// zb-auto, which plans either layout, 1 means the linear placement and 2 the V one (the
+/// stages a caller built), so it must agree with `placement=`.
+fn chunks(
+    kind: ScheduleKind,
+    obj: Option<&Bound<'_, PyAny>>,
+    placement: Option<Placement>,
+) -> PyResult<(usize, Option<Placement>)> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(2);
+        return Ok((2, placement));
     };
     let n = count(obj, "chunks")?;
     // What each layout has per rank; zb-auto's V has two, its linear plan one.
     let (fits, own) = match kind.own_layout() {
-        OwnLayout::Looped => return Ok(n),
+        OwnLayout::Looped => return Ok((n, placement)),
         OwnLayout::Linear => (n == 1, "1"),
         OwnLayout::V => (n == 2, "2"),
-        OwnLayout::Either => ((1..=2).contains(&n), "1 or 2"),
+        OwnLayout::Either => {
+            let chosen = match n {
+                1 => Placement::Linear,
+                2 => Placement::V,
+                _ => {
+                    return Err(value_error(format!(
+                        "chunks: zb-auto plans 1 stage per rank (placement \"linear\") or 2 \
+                         (\"v\"), not {n}; chunks= above 2 is for interleaved-1f1b and \
+                         interleaved-zb"
+                    )))
+                }
+            };
+            if placement.is_some_and(|p| p != chosen) {
+                return Err(value_error(format!(
+                    "chunks={n} means the {} placement but placement=\"{}\" was given: \
+                     pass one of them",
+                    chosen.name(),
+                    placement.map_or("auto", Placement::name)
+                )));
+            }
+            return Ok((2, Some(chosen)));
+        }
     };
     if fits {
-        return Ok(2);
+        return Ok((2, placement));
     }
     Err(value_error(format!(
         "chunks: {} has {own} stage(s) per rank, not {n}; chunks= is for interleaved-1f1b \
@@ -375,13 +404,23 @@ impl Plan {
         self.inner.objective.map(Objective::name)
     }
 
-    /// The memory limit as requested (`"none"`, `"8"`, `"20MiB"`, …).
+    /// The memory limit as requested (`"none"`, `"8"`, `"20MiB"`, …); the limit the plan
+    /// was actually made under, a schedule's default included, is [`Self::limit`].
     #[getter]
     fn mem_limit(&self) -> String {
         self.inner.mem_limit.to_string()
     }
 
-    /// Whether the schedule fits the memory limit (fixed patterns may not).
+    /// The limit the plan was made (or checked) under, in multiples of each rank's M_B: the
+    /// request's, or the schedule's own default when none was given (zb-auto's 2p, v-auto's
+    /// p/2, …); under budgets in bytes, the multiple they allow. `None`: no limit.
+    #[getter]
+    fn limit(&self) -> Option<f64> {
+        self.inner.limit
+    }
+
+    /// Whether the schedule fits its memory limit. `plan`, `check` and `simulate` raise
+    /// `ScheduleError` for one that does not, so a plan they return always fits.
     #[getter]
     fn fits(&self) -> bool {
         self.inner.over_limit.is_none()
@@ -423,6 +462,27 @@ impl Plan {
         (self.inner.schedule.len() <= SVG_REPR_MAX_ACTIONS).then(|| self.to_svg())
     }
 
+    /// Plans are equal when their schedules, costs, limits, objective and layer split are.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Plan>()
+            .is_ok_and(|o| state::of(&self.inner) == state::of(&o.get().inner))
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        state::of(&self.inner).to_string().hash(&mut h);
+        h.finish()
+    }
+
+    /// Pickling (and `copy.deepcopy`) rebuild the plan from its state: the same schedule,
+    /// costs and limits, simulated again.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let rebuild = py.import("nobubble._native")?.getattr("_plan_from_state")?;
+        Ok((rebuild, (state::of(&self.inner).to_string(),)))
+    }
+
     fn __repr__(&self) -> String {
         let s = &self.inner.schedule;
         format!(
@@ -443,7 +503,7 @@ impl Plan {
 /// `nobubble plan`.
 #[pyfunction]
 #[pyo3(signature = (
-    schedule, stages, microbatches, *, cost=None, comm=0.0, mem=None, mem_limit=None,
+    schedule, stages, microbatches, *, cost=None, comm=None, mem=None, mem_limit=None,
     placement="auto", objective="span", chunks=None, layer_costs=None
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -453,7 +513,7 @@ fn plan(
     stages: &Bound<'_, PyAny>,
     microbatches: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
-    comm: f64,
+    comm: Option<f64>,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
     placement: &str,
@@ -466,16 +526,28 @@ fn plan(
         count(stages, "stages")?,
         count(microbatches, "microbatches")?,
     );
-    let chunks = self::chunks(kind, chunks)?;
+    let (chunks, placement) = self::chunks(kind, chunks, self::placement(placement)?)?;
     let limit = self::mem_limit(mem_limit)?;
     let costs = match layer_costs {
         Some(json) => {
+            let given: Vec<&str> = [("cost", cost.is_some()), ("mem", mem.is_some())]
+                .into_iter()
+                .chain([("comm", comm.is_some())])
+                .filter_map(|(name, set)| set.then_some(name))
+                .collect();
+            if !given.is_empty() {
+                return Err(value_error(format!(
+                    "layer_costs holds the model's times, memory and comm itself: leave out {} \
+                     (or give per-stage costs without layer_costs)",
+                    given.join(", ")
+                )));
+            }
             text_not_path(json, "layer_costs", "per-layer costs' JSON")?;
             PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?)
         }
         None => {
             sized_memory(&limit, mem)?;
-            PlanCosts::Stages(cost_spec(cost, mem, comm)?)
+            PlanCosts::Stages(cost_spec(cost, mem, comm.unwrap_or(0.0))?)
         }
     };
     let req = PlanRequest {
@@ -485,7 +557,7 @@ fn plan(
         chunks,
         costs,
         mem_limit: limit,
-        placement: self::placement(placement)?,
+        placement,
         objective: self::objective(objective)?,
     };
     // Planning large pipelines takes a while: let other Python threads run meanwhile.
@@ -573,6 +645,13 @@ fn action_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
     Ok(rows)
 }
 
+/// A plan from the state `Plan.__reduce__` wrote (for pickle).
+#[pyfunction]
+fn _plan_from_state(state: &str) -> PyResult<Plan> {
+    let inner = state::plan(state).map_err(value_error)?;
+    Ok(Plan { inner })
+}
+
 /// Every schedule name with its one-line summary, in `compare`'s order.
 #[pyfunction]
 fn schedules() -> Vec<(&'static str, &'static str)> {
@@ -608,6 +687,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(schedules, m)?)?;
+    m.add_function(wrap_pyfunction!(_plan_from_state, m)?)?;
     m.add("ScheduleError", m.py().get_type::<ScheduleError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -18,23 +18,45 @@ const TOP: f64 = 78.0;
 const ROW: f64 = 26.0;
 const GAP: f64 = 6.0;
 
-/// Fill colour per pass kind; later chunks of a rank get a lighter shade.
-fn colour(kind: Kind, chunk: usize) -> &'static str {
-    let light = chunk % 2 == 1;
-    match (kind, light) {
-        (Kind::F, false) => "#4e79a7",
-        (Kind::F, true) => "#8db3d9",
-        (Kind::I, false) => "#3f9b4f",
-        (Kind::I, true) => "#8fd19b",
-        (Kind::W, false) => "#e8871e",
-        (Kind::W, true) => "#f6c08a",
-        (Kind::B, false) => "#8e5ea2",
-        (Kind::B, true) => "#c5a3d4",
+/// Fill colour per pass kind and chunk of a rank: the first chunk the base colour, the
+/// second a lighter shade, then a darker and a palest one (cycling past four chunks).
+fn colour(kind: Kind, chunk: usize) -> String {
+    let (base, light) = match kind {
+        Kind::F => ("#4e79a7", "#8db3d9"),
+        Kind::I => ("#3f9b4f", "#8fd19b"),
+        Kind::W => ("#e8871e", "#f6c08a"),
+        Kind::B => ("#8e5ea2", "#c5a3d4"),
+    };
+    match chunk % 4 {
+        0 => base.to_string(),
+        1 => light.to_string(),
+        2 => mix(base, 0.0, 0.35),
+        _ => mix(light, 255.0, 0.5),
     }
 }
 
+/// `hex` moved `share` of the way towards the grey level `to` (0 black, 255 white).
+fn mix(hex: &str, to: f64, share: f64) -> String {
+    let channel = |i: usize| {
+        let c = u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or(0) as f64;
+        (c + (to - c) * share).round().clamp(0.0, 255.0) as u8
+    };
+    format!("#{:02x}{:02x}{:02x}", channel(1), channel(3), channel(5))
+}
+
+/// Text for SVG: markup escaped, and control characters (which XML cannot hold at all)
+/// shown as U+FFFD.
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
+    s.chars()
+        .map(|c| {
+            if c.is_control() && !matches!(c, '\t' | '\n') {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect::<String>()
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
@@ -129,12 +151,36 @@ fn legend(svg: &mut String, schedule: &Schedule, y: f64) {
         r#"<rect x="{x}" y="{y}" width="14" height="14" fill="white" stroke="black" stroke-width="2"/><text x="{}" y="{ty}" font-size="12">critical path</text>"#,
         x + 18.0
     );
-    if schedule.stages > schedule.ranks {
+    let chunks = schedule.stages.div_ceil(schedule.ranks.max(1));
+    if chunks == 2 {
         x += 120.0;
         let _ = writeln!(
             svg,
             r#"<text x="{x}" y="{ty}" font-size="12">lighter shade: second chunk of a rank</text>"#
         );
+    } else if chunks > 2 {
+        // One forward swatch per chunk shade.
+        x += 120.0;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{x}" y="{ty}" font-size="12">chunk of a rank:</text>"#
+        );
+        x += 100.0;
+        for k in 0..chunks.min(4) {
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{x}" y="{y}" width="14" height="14" fill="{}"/><text x="{}" y="{ty}" font-size="12">{k}</text>"#,
+                colour(Kind::F, k),
+                x + 18.0,
+            );
+            x += 40.0;
+        }
+        if chunks > 4 {
+            let _ = writeln!(
+                svg,
+                r#"<text x="{x}" y="{ty}" font-size="12">(then again from 0)</text>"#
+            );
+        }
     }
 }
 

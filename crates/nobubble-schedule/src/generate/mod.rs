@@ -219,7 +219,7 @@ impl ScheduleKind {
                 Error::Input(format!(
                     "unknown schedule `{name}`; valid schedules: {} (and PyTorch's class \
                      names, e.g. ScheduleZBVZeroBubble: `nobubble plan --help` and \
-                     nobubble.schedules() list them all)",
+                     nobubble.schedule_names() list them all)",
                     ScheduleKind::ALL.map(|k| k.name()).join(", ")
                 ))
             })

@@ -377,3 +377,32 @@ def test_pictures_tell_every_chunk_apart_and_stay_valid_xml() -> None:
     assert len({fills.get("0F0"), fills.get("4F0"), fills.get("8F0")}) == 3, fills
     weird = nobubble.simulate([["0F0", "0B0"]], name="bad\x00name\x07<&>")
     ET.fromstring(weird.to_svg())
+
+
+def test_wrong_types_name_the_argument() -> None:
+    plan = nobubble.plan("1f1b", 4, 8)
+    for call, message in [
+        (lambda: nobubble.plan(1, 4, 8), "schedule takes a schedule name"),
+        (lambda: nobubble.plan("1f1b", 4, 8, comm="1"), "comm takes a number, got str"),
+        (lambda: nobubble.plan("1f1b", 4, 8, comm=True), "comm takes a number, got bool"),
+        (lambda: nobubble.plan("1f1b", 4, 8, placement=3), "placement takes"),
+        (lambda: nobubble.plan("1f1b", 4, 8, objective=1), "objective takes"),
+        (lambda: nobubble.check(b"0F0,0B0"), "check takes the schedule CSV as a str"),
+        (lambda: nobubble.check([["0F0"]]), "use nobubble.simulate"),
+        (lambda: nobubble.simulate([["0F0", "0B0"]], name=1), "name takes a string"),
+        (lambda: plan.stages_of(True), "rank takes a whole number, got bool"),
+        (lambda: plan.rank_of(1.0), "stage takes a whole number, got float"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(IndexError, match="rank 1180591620717411303424 is out of range"):
+        plan.stages_of(2**70)
+    with pytest.raises(ValueError, match="stages: 1000000000000000000000000000000 is too large"):
+        nobubble.plan("1f1b", 10**30, 8)
+    # None is the default; numpy's integers are whole numbers.
+    assert (
+        nobubble.plan("zb-auto", 4, 8, placement=None).actions
+        == nobubble.plan("zb-auto", 4, 8).actions
+    )
+    np = pytest.importorskip("numpy")
+    assert plan.stages_of(np.int64(2)) == [2]

@@ -13,7 +13,7 @@ use nobubble_schedule::{
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 use std::path::Path;
 
 mod state;
@@ -239,9 +239,57 @@ fn objective(text: &str) -> PyResult<Objective> {
     }
 }
 
-/// An `IndexError` unless `0 ≤ index < count`.
-fn in_range(what: &str, index: i64, count: usize) -> PyResult<usize> {
-    if let Ok(i) = usize::try_from(index) {
+/// The Python type name of `obj`, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "another type".into(), |t| t.to_string())
+}
+
+/// A string argument, or a `TypeError` naming it and saying what it takes.
+fn text(obj: &Bound<'_, PyAny>, name: &str, takes: &str) -> PyResult<String> {
+    if obj.is_instance_of::<PyString>() {
+        return obj.extract();
+    }
+    Err(PyTypeError::new_err(format!(
+        "{name} takes {takes}, got {}",
+        type_name(obj)
+    )))
+}
+
+/// A number argument (not a bool), or a `TypeError` naming it.
+fn number(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if !obj.is_instance_of::<PyBool>() {
+        if let Ok(x) = obj.extract::<f64>() {
+            return Ok(x);
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "{name} takes a number, got {}",
+        type_name(obj)
+    )))
+}
+
+/// An `IndexError` unless `index` is a whole number `0 ≤ index < count` (a `TypeError` for a
+/// bool or a non-integer).
+fn in_range(what: &str, index: &Bound<'_, PyAny>, count: usize) -> PyResult<usize> {
+    // Anything with `__index__` (numpy's integers too), except a bool.
+    let whole = (!index.is_instance_of::<PyBool>())
+        .then(|| {
+            index
+                .py()
+                .import("operator")?
+                .getattr("index")?
+                .call1((index,))
+        })
+        .and_then(Result::ok);
+    let Some(index) = whole else {
+        return Err(PyTypeError::new_err(format!(
+            "{what} takes a whole number, got {}",
+            type_name(index)
+        )));
+    };
+    if let Ok(i) = index.extract::<usize>() {
         if i < count {
             return Ok(i);
         }
@@ -261,12 +309,13 @@ fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
             "{name} takes a whole number, got a bool ({obj})"
         )));
     }
+    if obj.is_instance_of::<PyInt>() && obj.extract::<i64>().is_err() {
+        return Err(value_error(format!("{name}: {obj} is too large")));
+    }
     let n: i64 = obj.extract().map_err(|_| {
         PyTypeError::new_err(format!(
             "{name} takes a whole number, got {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "another type".into(), |t| t.to_string())
+            type_name(obj)
         ))
     })?;
     usize::try_from(n).map_err(|_| value_error(format!("{name}: must be at least 1, got {n}")))
@@ -345,13 +394,13 @@ impl Plan {
     }
 
     /// The stage indices `rank` must build, in increasing order.
-    fn stages_of(&self, rank: i64) -> PyResult<Vec<usize>> {
+    fn stages_of(&self, rank: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
         let s = &self.inner.schedule;
         Ok(s.stages_of(in_range("rank", rank, s.ranks)?))
     }
 
     /// The rank that runs `stage`.
-    fn rank_of(&self, stage: i64) -> PyResult<usize> {
+    fn rank_of(&self, stage: &Bound<'_, PyAny>) -> PyResult<usize> {
         let s = &self.inner.schedule;
         Ok(s.rank_of(in_range("stage", stage, s.stages)?))
     }
@@ -504,29 +553,46 @@ impl Plan {
 #[pyfunction]
 #[pyo3(signature = (
     schedule, stages, microbatches, *, cost=None, comm=None, mem=None, mem_limit=None,
-    placement="auto", objective="span", chunks=None, layer_costs=None
+    placement=None, objective=None, chunks=None, layer_costs=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
-    schedule: &str,
+    schedule: &Bound<'_, PyAny>,
     stages: &Bound<'_, PyAny>,
     microbatches: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
-    comm: Option<f64>,
+    comm: Option<&Bound<'_, PyAny>>,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
-    placement: &str,
-    objective: &str,
+    placement: Option<&Bound<'_, PyAny>>,
+    objective: Option<&Bound<'_, PyAny>>,
     chunks: Option<&Bound<'_, PyAny>>,
-    layer_costs: Option<&str>,
+    layer_costs: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
-    let kind = ScheduleKind::from_name(schedule).map_err(py_error)?;
+    let name = text(schedule, "schedule", "a schedule name such as \"zb-auto\"")?;
+    let kind = ScheduleKind::from_name(&name).map_err(py_error)?;
+    let placement = match placement.filter(|p| !p.is_none()) {
+        Some(p) => text(p, "placement", "\"auto\", \"linear\" or \"v\"")?,
+        None => "auto".into(),
+    };
+    let objective = match objective.filter(|o| !o.is_none()) {
+        Some(o) => text(o, "objective", "\"span\" or \"makespan\"")?,
+        None => "span".into(),
+    };
+    let comm = comm
+        .filter(|c| !c.is_none())
+        .map(|c| number(c, "comm"))
+        .transpose()?;
+    let layer_costs = layer_costs
+        .filter(|l| !l.is_none())
+        .map(|l| text(l, "layer_costs", "the --layer-costs JSON text"))
+        .transpose()?;
     let (stages, microbatches) = (
         count(stages, "stages")?,
         count(microbatches, "microbatches")?,
     );
-    let (chunks, placement) = self::chunks(kind, chunks, self::placement(placement)?)?;
+    let (chunks, placement) = self::chunks(kind, chunks, self::placement(&placement)?)?;
     let limit = self::mem_limit(mem_limit)?;
     let costs = match layer_costs {
         Some(json) => {
@@ -542,8 +608,8 @@ fn plan(
                     given.join(", ")
                 )));
             }
-            text_not_path(json, "layer_costs", "per-layer costs' JSON")?;
-            PlanCosts::Layers(LayerCosts::from_json(json).map_err(py_error)?)
+            text_not_path(&json, "layer_costs", "per-layer costs' JSON")?;
+            PlanCosts::Layers(LayerCosts::from_json(&json).map_err(py_error)?)
         }
         None => {
             sized_memory(&limit, mem)?;
@@ -558,7 +624,7 @@ fn plan(
         costs,
         mem_limit: limit,
         placement,
-        objective: self::objective(objective)?,
+        objective: self::objective(&objective)?,
     };
     // Planning large pipelines takes a while: let other Python threads run meanwhile.
     let planned = py
@@ -570,14 +636,22 @@ fn plan(
 
 /// The plan of a schedule someone else wrote, given as PyTorch's CSV text.
 fn evaluate(
-    text: &str,
-    name: &str,
+    csv_text: &str,
+    name: Option<&Bound<'_, PyAny>>,
     cost: Option<&Bound<'_, PyAny>>,
-    comm: f64,
+    comm: Option<&Bound<'_, PyAny>>,
     mem: Option<&Bound<'_, PyAny>>,
     limit: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
-    let schedule = csv::read(text, name).map_err(py_error)?;
+    let name = match name.filter(|n| !n.is_none()) {
+        Some(n) => text(n, "name", "a string")?,
+        None => "custom".into(),
+    };
+    let comm = match comm.filter(|c| !c.is_none()) {
+        Some(c) => number(c, "comm")?,
+        None => 0.0,
+    };
+    let schedule = csv::read(csv_text, &name).map_err(py_error)?;
     let limit = mem_limit(limit)?;
     sized_memory(&limit, mem)?;
     let spec = cost_spec(cost, mem, comm)?;
@@ -590,30 +664,32 @@ fn evaluate(
 /// Validates a schedule in PyTorch's compute-only CSV format (what `nobubble check` does):
 /// returns its plan, or raises `ScheduleError` naming the rank and action at fault.
 #[pyfunction]
-#[pyo3(signature = (csv, *, cost=None, comm=0.0, mem=None, mem_limit=None, name="custom"))]
+#[pyo3(signature = (csv, *, cost=None, comm=None, mem=None, mem_limit=None, name=None))]
 fn check(
-    csv: &str,
+    csv: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
-    comm: f64,
+    comm: Option<&Bound<'_, PyAny>>,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
-    name: &str,
+    name: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
-    text_not_path(csv, "check", "schedule CSV")?;
-    evaluate(csv, name, cost, comm, mem, mem_limit)
+    let takes = "the schedule CSV as a str (for per-rank action lists use nobubble.simulate)";
+    let csv = text(csv, "check", takes)?;
+    text_not_path(&csv, "check", "schedule CSV")?;
+    evaluate(&csv, name, cost, comm, mem, mem_limit)
 }
 
 /// Simulates per-rank action lists (PyTorch notation, e.g. `[["0F0", "0I0", "0W0"], …]`)
 /// under the given costs; raises `ScheduleError` if they do not form a valid schedule.
 #[pyfunction]
-#[pyo3(signature = (actions, *, cost=None, comm=0.0, mem=None, mem_limit=None, name="custom"))]
+#[pyo3(signature = (actions, *, cost=None, comm=None, mem=None, mem_limit=None, name=None))]
 fn simulate(
     actions: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
-    comm: f64,
+    comm: Option<&Bound<'_, PyAny>>,
     mem: Option<&Bound<'_, PyAny>>,
     mem_limit: Option<&Bound<'_, PyAny>>,
-    name: &str,
+    name: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
     let actions = action_rows(actions)?;
     if let Some(cell) = actions.iter().flatten().find(|a| a.contains([',', '\n'])) {

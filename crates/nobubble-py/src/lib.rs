@@ -113,7 +113,7 @@ fn cost_spec(
 /// `mem_limit=`: `None`, a number (always a multiple of M_B, as on the command line), a size
 /// string (`"20GiB"`, `"1609728B"`), or a list of sizes, one per rank.
 fn mem_limit(obj: Option<&Bound<'_, PyAny>>) -> PyResult<MemLimit> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+    let Some(obj) = given(obj) else {
         return Ok(MemLimit::None);
     };
     if obj.is_instance_of::<PyBool>() {
@@ -176,7 +176,7 @@ fn chunks(
     obj: Option<&Bound<'_, PyAny>>,
     placement: Option<Placement>,
 ) -> PyResult<(usize, Option<Placement>)> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+    let Some(obj) = given(obj) else {
         return Ok((2, placement));
     };
     let n = count(obj, "chunks")?;
@@ -237,6 +237,11 @@ fn objective(text: &str) -> PyResult<Objective> {
             "objective: `{text}` is not \"span\" or \"makespan\""
         ))),
     }
+}
+
+/// An optional argument that was given: `None` (Python's too) when it was not.
+fn given<'a, 'py>(obj: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+    obj.filter(|o| !o.is_none())
 }
 
 /// The Python type name of `obj`, for messages.
@@ -461,8 +466,8 @@ impl Plan {
     }
 
     /// The limit the plan was made (or checked) under, in multiples of each rank's M_B: the
-    /// request's, or the schedule's own default when none was given (zb-auto's 2p, v-auto's
-    /// p/2, …); under budgets in bytes, the multiple they allow. `None`: no limit.
+    /// request's, or the schedule's own default when none was given (zb-auto's 2p, for
+    /// one); under budgets in bytes, the multiple they allow. `None`: no limit.
     #[getter]
     fn limit(&self) -> Option<f64> {
         self.inner.limit
@@ -572,20 +577,16 @@ fn plan(
 ) -> PyResult<Plan> {
     let name = text(schedule, "schedule", "a schedule name such as \"zb-auto\"")?;
     let kind = ScheduleKind::from_name(&name).map_err(py_error)?;
-    let placement = match placement.filter(|p| !p.is_none()) {
+    let placement = match given(placement) {
         Some(p) => text(p, "placement", "\"auto\", \"linear\" or \"v\"")?,
         None => "auto".into(),
     };
-    let objective = match objective.filter(|o| !o.is_none()) {
+    let objective = match given(objective) {
         Some(o) => text(o, "objective", "\"span\" or \"makespan\"")?,
         None => "span".into(),
     };
-    let comm = comm
-        .filter(|c| !c.is_none())
-        .map(|c| number(c, "comm"))
-        .transpose()?;
-    let layer_costs = layer_costs
-        .filter(|l| !l.is_none())
+    let comm = given(comm).map(|c| number(c, "comm")).transpose()?;
+    let layer_costs = given(layer_costs)
         .map(|l| text(l, "layer_costs", "the --layer-costs JSON text"))
         .transpose()?;
     let (stages, microbatches) = (
@@ -596,16 +597,19 @@ fn plan(
     let limit = self::mem_limit(mem_limit)?;
     let costs = match layer_costs {
         Some(json) => {
-            let given: Vec<&str> = [("cost", cost.is_some()), ("mem", mem.is_some())]
-                .into_iter()
-                .chain([("comm", comm.is_some())])
-                .filter_map(|(name, set)| set.then_some(name))
-                .collect();
-            if !given.is_empty() {
+            let beside: Vec<&str> = [
+                ("cost", cost.is_some()),
+                ("mem", mem.is_some()),
+                ("comm", comm.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect();
+            if !beside.is_empty() {
                 return Err(value_error(format!(
                     "layer_costs holds the model's times, memory and comm itself: leave out {} \
                      (or give per-stage costs without layer_costs)",
-                    given.join(", ")
+                    beside.join(", ")
                 )));
             }
             text_not_path(&json, "layer_costs", "per-layer costs' JSON")?;
@@ -643,11 +647,11 @@ fn evaluate(
     mem: Option<&Bound<'_, PyAny>>,
     limit: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Plan> {
-    let name = match name.filter(|n| !n.is_none()) {
+    let name = match given(name) {
         Some(n) => text(n, "name", "a string")?,
         None => "custom".into(),
     };
-    let comm = match comm.filter(|c| !c.is_none()) {
+    let comm = match given(comm) {
         Some(c) => number(c, "comm")?,
         None => 0.0,
     };

@@ -14,7 +14,7 @@ pub(crate) fn of(p: &Planned) -> Value {
         "costs": p.costs,
         "limit": p.limit,
         "mem_limit": p.mem_limit.to_string(),
-        "objective": p.objective.map(Objective::name),
+        "objective": p.objective,
         "layer_split": p.split.as_ref().map(|s| &s.counts),
     })
 }
@@ -29,12 +29,8 @@ pub(crate) fn plan(text: &str) -> Result<Planned, String> {
     let limit: Option<f64> = serde_json::from_value(v["limit"].clone()).map_err(|e| bad(&e))?;
     let mem_limit =
         MemLimit::parse(v["mem_limit"].as_str().unwrap_or("none")).map_err(|e| bad(&e))?;
-    let objective = match v["objective"].as_str() {
-        Some("span") => Some(Objective::Span),
-        Some("makespan") => Some(Objective::Makespan),
-        Some(other) => return Err(bad(&format!("objective `{other}`"))),
-        None => None,
-    };
+    let objective: Option<Objective> =
+        serde_json::from_value(v["objective"].clone()).map_err(|e| bad(&e))?;
     let counts: Option<Vec<usize>> =
         serde_json::from_value(v["layer_split"].clone()).map_err(|e| bad(&e))?;
     let sim = simulate(&schedule, &costs).map_err(|e| bad(&e))?;

@@ -1012,16 +1012,7 @@ fn a_layer_split_is_judged_against_the_even_splits_bytes() {
 #[test]
 fn large_pipelines_under_tight_limits_stay_near_the_bound() {
     use nobubble_schedule::{plan as plan_request, PlanRequest};
-    let spec = CostSpec::uniform(
-        RankCost {
-            f: 1.0,
-            i: 1.2,
-            w: 0.8,
-            mem_b: 1.0,
-            mem_w: 0.5,
-        },
-        0.1,
-    );
+    let spec = grid_costs(0.1);
     for x in [8.0, 16.0, 20.0, 28.0] {
         let req = PlanRequest {
             mem_limit: MemLimit::Multiple(x),

@@ -111,8 +111,7 @@ struct Climb<'a> {
     /// The paper's scheduler's result once memory stopped binding it.
     paper_free: Option<(Schedule, Score)>,
     unbound: LadderRuns,
-    tight: LadderRuns,
-    /// [`linear_tight_policies`] at levels under p on pipelines too large for `unbound`.
+    /// [`linear_tight_policies`] on pipelines too large for `unbound`.
     capped: LadderRuns,
     /// Nothing can beat a schedule on both unlimited lower bounds.
     floor: Score,
@@ -179,7 +178,6 @@ impl<'a> Climb<'a> {
             params: None,
             paper_free: None,
             unbound: LadderRuns::new(policies()),
-            tight: LadderRuns::new(policies().into_iter().take(1).collect()),
             capped: LadderRuns::new(linear_tight_policies(p)),
             static_need,
         })
@@ -224,28 +222,28 @@ impl<'a> Climb<'a> {
     }
 
     /// The list scheduler's best at `level`: under every policy on small pipelines, and on
-    /// large ones only where no fixed candidate fits (limits under p).
+    /// large ones under [`linear_tight_policies`] at limits under p (where the handcrafted
+    /// schedules do not fit and the paper's greedy is short of warm-up) or where no fixed
+    /// candidate fits.
     fn list_candidates(&mut self, level: f64) -> Result<Option<(Schedule, Score)>, Error> {
         let (p, m, costs, name) = (self.p, self.m, self.costs, self.name);
         let placement = &self.placement;
-        let mut candidates = Vec::new();
-        if self.actions() <= LIST_MAX_ACTIONS {
-            candidates.extend(self.unbound.run(name, placement, p, m, costs, level));
-        } else if level < p as f64 {
-            candidates.extend(self.capped.run(name, placement, p, m, costs, level));
-        }
-        let level_best = pick_best(candidates, costs, level)?;
-        let nothing_fits = level_best.is_none()
-            && self
-                .handcrafted
-                .iter()
-                .all(|(_, _, need)| !fits(*need, level))
-            && self.grid.iter().all(|g| !fits(g.2, level));
-        if nothing_fits && self.actions() > LIST_MAX_ACTIONS {
-            let found = self.tight.run(name, placement, p, m, costs, level);
-            return pick_best(found, costs, level);
-        }
-        Ok(level_best)
+        let runs = if self.actions() <= LIST_MAX_ACTIONS {
+            self.unbound.run(name, placement, p, m, costs, level)
+        } else if level < p as f64 || self.nothing_fixed_fits(level) {
+            self.capped.run(name, placement, p, m, costs, level)
+        } else {
+            Vec::new()
+        };
+        pick_best(runs, costs, level)
+    }
+
+    /// Whether no handcrafted schedule and no family point fits `level`.
+    fn nothing_fixed_fits(&self, level: f64) -> bool {
+        self.handcrafted
+            .iter()
+            .all(|(_, _, need)| !fits(*need, level))
+            && self.grid.iter().all(|g| !fits(g.2, level))
     }
 
     /// The handcrafted schedules that fit, and the paper's own scheduler at this level (so
@@ -317,12 +315,12 @@ impl<'a> Climb<'a> {
     }
 }
 
-/// `zb_auto` on a large pipeline: the best of ZB-H1 and ZB-H2 where they fit and the paper's
-/// greedy (all its knob settings, the official code's included) at the limit itself, with the
-/// drain-phase repair — linear time in p·m per candidate, so p = m = 1000 plans in seconds.
-/// No ladder: more memory gives a schedule at least as good as the handcrafted ones that fit
-/// and the official greedy at that limit, not necessarily one at least as good as at a smaller
-/// limit.
+/// `zb_auto` on a large pipeline: the best of ZB-H1 and ZB-H2 where they fit, the paper's
+/// greedy (all its knob settings, the official code's included) and the list scheduler
+/// ([`linear_tight_policies`]) at the limit itself, with the drain-phase repair — linear time
+/// in p·m per candidate. No ladder: more memory gives a schedule at least as good as the
+/// handcrafted ones that fit and the official greedy at that limit, not necessarily one at
+/// least as good as at a smaller limit.
 fn at_the_limit(
     p: usize,
     m: usize,
@@ -334,32 +332,20 @@ fn at_the_limit(
     if let Ok((s, _)) = paper_heuristic::zb_paper(p, m, costs, x, name) {
         candidates.push(s);
     }
-    let linear: Vec<usize> = (0..p).collect();
-    for policy in linear_tight_policies(p) {
-        if let Ok((s, _)) = list_schedule_bound(name, &linear, p, m, costs, x, &policy) {
-            candidates.push(s);
+    let mut found = pick_best(candidates, costs, x)?;
+    // Under p (or where nothing above fits: the list scheduler plans within any limit). Above
+    // it they do not beat the rest and would cost seconds on the largest pipelines.
+    if x < p as f64 || found.is_none() {
+        let linear: Vec<usize> = (0..p).collect();
+        let runs: Vec<Schedule> = linear_tight_policies(p)
+            .iter()
+            .filter_map(|pol| list_schedule_bound(name, &linear, p, m, costs, x, pol).ok())
+            .map(|(s, _)| s)
+            .collect();
+        if let Some((s, sc)) = pick_best(runs, costs, x)? {
+            offer(&mut found, s, sc);
         }
     }
-    let found = pick_best(candidates, costs, x)?;
-    let found = match found {
-        Some(b) => Some(b),
-        // Below what the greedy's warm-up and the handcrafted schedules need: the list
-        // scheduler plans within any limit.
-        None => pick_best(
-            list_schedule_bound(
-                name,
-                &(0..p).collect::<Vec<_>>(),
-                p,
-                m,
-                costs,
-                x,
-                &Policy::default(),
-            )
-            .map(|(s, _)| s),
-            costs,
-            x,
-        )?,
-    };
     let (mut best, _) = found
         .map(|b| repair_drain(b, costs, x))
         .ok_or_else(|| no_fit(x))?;
@@ -371,7 +357,7 @@ fn at_the_limit(
 /// handcrafted schedules do not fit and the paper's greedy, starved of warm-up, can run
 /// several times its lower bound (p 32, m 256, 20 × M_B: 7982 against a bound of 1012):
 /// memory alone deciding the warm-up, and 1F1B's warm-up depth (p − r microbatches in
-/// flight on rank r, within the limit). Both measured 7.5% above the bound there.
+/// flight on rank r, within the limit). With them zb-auto plans 7.5% above the bound there.
 fn linear_tight_policies(p: usize) -> Vec<Policy> {
     vec![
         Policy::default(),

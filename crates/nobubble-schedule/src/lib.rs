@@ -17,6 +17,7 @@ pub mod generate;
 pub mod limit;
 pub mod paper;
 pub mod planner;
+mod scale;
 pub mod schedule;
 pub mod sim;
 pub mod split;

@@ -11,6 +11,7 @@ use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::generate::{generate, search::apply_budget, Placement, Request, ScheduleKind};
 use crate::limit::MemLimit;
+use crate::scale::Scale;
 use crate::schedule::Schedule;
 use crate::sim::{simulate, Simulation};
 use crate::split::{even_counts, plan_split, LayerCosts};
@@ -147,7 +148,14 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
     let (schedule, spec, split) = match &req.costs {
         PlanCosts::Stages(spec) => (generate(&gen, spec)?, spec.clone(), None),
         PlanCosts::Layers(layers) => {
-            let chosen = plan_split(&gen, layers)?;
+            // The split search compares splits in units near 1 too, as `generate` plans
+            // ([`crate::scale`]); the plan is simulated, bounded and reported in the user's.
+            let scale = Scale::of_layers(layers);
+            let scaled = Request {
+                mem_limit: scale.limit(&gen.mem_limit),
+                ..gen
+            };
+            let chosen = plan_split(&scaled, &scale.layers(layers))?;
             let blocks = layers.blocks()?.len();
             let even = match &chosen.even {
                 Some(e) => {
@@ -158,13 +166,14 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
                 None => None,
             };
             if !chosen.budget.is_empty() {
-                judged = MemLimit::PerRank(chosen.budget.clone());
+                judged = MemLimit::PerRank(scale.memory_back(&chosen.budget));
             }
+            let spec = layers.spec(&chosen.counts)?;
             let split = LayerSplit {
                 counts: chosen.counts,
                 even,
             };
-            (chosen.schedule, chosen.spec, Some(split))
+            (chosen.schedule, spec, Some(split))
         }
     };
     let mut planned = evaluate(schedule, &spec, &judged, req.objective)?;

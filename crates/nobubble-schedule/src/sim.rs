@@ -268,10 +268,18 @@ pub fn timing<T>(timeline: &[Vec<T>], interval: impl Fn(&T) -> (f64, f64)) -> Ti
     let max_busy = busy.iter().copied().fold(0.0, f64::max);
     let max_span = span.iter().copied().fold(0.0, f64::max);
     let ranks = timeline.len() as f64;
-    let clamp = |x: f64| if x.abs() < 1e-12 { 0.0 } else { x };
+    // Ratios, so in any unit of time; rounding noise around zero reads as zero.
+    let idle_share = |busy: f64, of: f64| {
+        let x = if of > 0.0 { 1.0 - busy / of } else { 0.0 };
+        if x.abs() < 1e-12 {
+            0.0
+        } else {
+            x
+        }
+    };
     Timing {
-        bubble_rate: clamp(1.0 - max_busy / max_span.max(1e-12)),
-        bubble_fraction: clamp(1.0 - busy.iter().sum::<f64>() / (ranks * makespan).max(1e-12)),
+        bubble_rate: idle_share(max_busy, max_span),
+        bubble_fraction: idle_share(busy.iter().sum::<f64>(), ranks * makespan),
         busy,
         span,
         makespan,

@@ -21,6 +21,7 @@ pub use zero_bubble::{interleaved_zb, zb_h1, zb_h2, zb_template};
 use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::limit::MemLimit;
+use crate::scale::Scale;
 use crate::schedule::Schedule;
 
 /// Largest schedule (passes per iteration) the planner accepts: far beyond any real
@@ -375,7 +376,18 @@ impl Request {
 
 /// Generates the schedule described by `req`, or says why it cannot exist. Only the
 /// automatic kinds read `costs`; the fixed patterns are the same for every cost model.
+/// The automatic kinds plan in units near 1 ([`crate::scale`]), so the unit of time or
+/// memory changes no plan's quality.
 pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
+    let scale = Scale::of(&costs.stages, costs.comm);
+    let req = Request {
+        mem_limit: scale.limit(&req.mem_limit),
+        ..req.clone()
+    };
+    generate_scaled(&req, &scale.spec(costs))
+}
+
+fn generate_scaled(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let (p, m) = (req.ranks, req.microbatches);
     check_request(req)?;
     let mem_budget = req.mem_limit.budgets();

@@ -49,6 +49,21 @@ class Plan:
     @property
     def span(self) -> list[float]: ...
     @property
+    def busy(self) -> list[float]:
+        """Each rank's time running passes."""
+    @property
+    def idle(self) -> list[float]:
+        """Each rank's idle time within its span (span − busy)."""
+    @property
+    def messages(self) -> int:
+        """Transfers between ranks in one iteration."""
+    @property
+    def timeline(self) -> list[list[tuple[str, float, float]]]:
+        """Per rank, each action's ``(action, start, end)`` as simulated, in program order."""
+    @property
+    def critical_path(self) -> list[str]:
+        """The actions whose chain of waits sets the makespan, first to last."""
+    @property
     def peak_memory(self) -> list[float]: ...
     @property
     def lower_bound(self) -> float: ...

@@ -406,3 +406,39 @@ def test_wrong_types_name_the_argument() -> None:
     )
     np = pytest.importorskip("numpy")
     assert plan.stages_of(np.int64(2)) == [2]
+
+
+def test_timeline_and_summary_figures_are_the_clis() -> None:
+    py = nobubble.plan("zb-auto", 4, 8, cost=(1.0, 1.2, 0.8), comm=0.05, mem_limit=3)
+    out = cli(
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--cost",
+        "1,1.2,0.8",
+        "--comm",
+        "0.05",
+        "--mem-limit",
+        "3",
+        "-f",
+        "json",
+    )
+    want = json.loads(out.stdout)
+    assert py.busy == want["busy"] and py.idle == want["idle"]
+    assert py.messages == want["messages"] and py.critical_path == want["critical_path"]
+    assert py.timeline == [
+        [(e["action"], e["start"], e["end"]) for e in rank] for rank in want["timeline"]
+    ]
+    # And with each other: the timeline holds every action in program order, its passes add
+    # up to the busy time, and the critical path ends on the last action to finish.
+    assert [[a for a, _, _ in rank] for rank in py.timeline] == py.actions
+    for rank, busy, idle, span in zip(py.timeline, py.busy, py.idle, py.span):
+        assert sum(end - start for _, start, end in rank) == pytest.approx(busy)
+        assert idle == pytest.approx(span - busy)
+    last = max((end, a) for rank in py.timeline for a, _, end in rank)
+    assert last[0] == py.makespan and py.critical_path[-1] == last[1]
+    assert py.messages > 0

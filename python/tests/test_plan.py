@@ -59,7 +59,12 @@ def test_every_family_plans_the_clis_schedule(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("limit", "flag"),
-    [(6, "6"), ("6000B", "6000B"), (["8KB", "8KB", "8KB", "2KB"], "8KB,8KB,8KB,2KB")],
+    [
+        (6, "6"),
+        ("6000B", "6000B"),
+        ("6kb", "6000B"),  # units in any case
+        (["8KB", "8KB", "8KB", "2KB"], "8KB,8KB,8KB,2KB"),
+    ],
 )
 def test_memory_limits_plan_as_on_the_command_line(limit: object, flag: str) -> None:
     py = nobubble.plan("zb-auto", 4, 8, mem=(1000.0, 400.0), mem_limit=limit)

@@ -283,9 +283,27 @@ impl Plan {
     }
 }
 
-/// Plans `schedule` (a nobubble name or a PyTorch class name) for `stages` ranks and
+/// Plans `schedule` (a nobubble name such as "zb-auto", or a PyTorch class name such as
+/// "ScheduleZBVZeroBubble"; see `nobubble.schedule_names()`) for `stages` ranks and
 /// `microbatches` microbatches: the same planner, and so the same schedule, as
 /// `nobubble plan`.
+///
+/// cost: (F, I, W) pass times of one rank's share of the model, or one tuple per rank or
+///     per stage; any unit (default 1, 1, 1).
+/// comm: time of one transfer between ranks (default 0).
+/// mem: (M_B, M_W) activation memory held after F, and after I until W, or one per rank or
+///     stage (default 1, 0.5).
+/// mem_limit: a number is a multiple of each rank's M_B; a string with a unit ("20GiB",
+///     "1609728B", in mem's unit) or a list of them, one per rank, is a budget in memory.
+/// placement: zb-auto's layout, "auto" (plans linear and V, keeps the better), "linear"
+///     or "v".
+/// objective: "span" (the longest rank span, the default) or "makespan".
+/// chunks: model chunks per rank of the interleaved schedules (default 2); for zb-auto,
+///     1 means the linear layout and 2 the V one.
+/// layer_costs: the JSON text of `nobubble plan --layer-costs`; the planner then also
+///     chooses the blocks per stage (cost, mem and comm are refused beside it).
+///
+/// Returns a `Plan`; raises `ScheduleError` (a ValueError) naming the setting at fault.
 #[pyfunction]
 #[pyo3(signature = (
     schedule, stages, microbatches, *, cost=None, comm=None, mem=None, mem_limit=None,

@@ -42,12 +42,18 @@ const UNITS: [(&str, u64); 7] = [
     ("B", 1),
 ];
 
-/// A size's number and, when it has a unit suffix, the bytes per unit.
+/// A size's number and, when it has a unit suffix, the bytes per unit. Units are read in any
+/// case (`20gib`, `20GB`), as other tools that take memory sizes read them.
 pub fn split_size(text: &str) -> (&str, Option<f64>) {
     let t = text.trim();
     UNITS
         .iter()
-        .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), Some(*m as f64))))
+        .find_map(|(suf, m)| {
+            let cut = t.len().checked_sub(suf.len())?;
+            let (num, unit) = (t.get(..cut)?, t.get(cut..)?);
+            unit.eq_ignore_ascii_case(suf)
+                .then(|| (num.trim(), Some(*m as f64)))
+        })
         .unwrap_or((t, None))
 }
 
@@ -248,6 +254,11 @@ mod tests {
             ("1609728B", MemLimit::Bytes(1_609_728.0)),
             ("2GB", MemLimit::Bytes(2e9)),
             ("1KiB,3KiB", MemLimit::PerRank(vec![1024.0, 3072.0])),
+            // Units in any case, as other tools read them.
+            ("20gib", MemLimit::Bytes(20.0 * 1024.0 * 1024.0 * 1024.0)),
+            ("3 mb", MemLimit::Bytes(3e6)),
+            ("1kib,2Kb", MemLimit::PerRank(vec![1024.0, 2000.0])),
+            ("512b", MemLimit::Bytes(512.0)),
             ("none", MemLimit::None),
         ] {
             let got: MemLimit = text.parse().unwrap();

@@ -118,7 +118,8 @@ def plan(
     ``chunks`` (model chunks per rank) is for the interleaved schedules (default 2); for
     zb-auto, 1 means the linear placement and 2 the V one. ``placement`` is zb-auto's choice
     (another schedule accepts only its own layout). Raises
-    :class:`ScheduleError` (a ``ValueError``) naming the setting at fault.
+    :class:`ScheduleError` (a ``ValueError``) naming the setting at fault. Other Python
+    threads run while it plans, and Ctrl-C interrupts a long plan at once.
     """
 
 def check(

@@ -447,3 +447,21 @@ def test_timeline_and_summary_figures_are_the_clis() -> None:
     last = max((end, a) for rank in py.timeline for a, _, end in rank)
     assert last[0] == py.makespan and py.critical_path[-1] == last[1]
     assert py.messages > 0
+
+
+def test_ctrl_c_interrupts_a_long_plan() -> None:
+    import signal
+    import threading
+    import time
+
+    # p = m = 700 plans in about 3 s on a 2-core VM (a release build); Ctrl-C at 0.3 s.
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        nobubble.plan("zb-auto", 700, 700)
+    elapsed = time.monotonic() - start
+    timer.cancel()
+    assert elapsed < 1.5, f"KeyboardInterrupt came after {elapsed:.2f} s"
+    # The module plans on afterwards.
+    assert nobubble.plan("1f1b", 2, 4).makespan > 0

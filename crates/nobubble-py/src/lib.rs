@@ -10,9 +10,12 @@ use nobubble_schedule::{
     planner, Objective, Placement, PlanCosts, PlanRequest, Planned, ScheduleKind,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread;
+use std::time::Duration;
 
 mod args;
 mod state;
@@ -304,6 +307,7 @@ impl Plan {
 ///     chooses the blocks per stage (cost, mem and comm are refused beside it).
 ///
 /// Returns a `Plan`; raises `ScheduleError` (a ValueError) naming the setting at fault.
+/// Other Python threads run while it plans, and Ctrl-C interrupts a long plan at once.
 #[pyfunction]
 #[pyo3(signature = (
     schedule, stages, microbatches, *, cost=None, comm=None, mem=None, mem_limit=None,
@@ -379,12 +383,43 @@ fn plan(
         placement,
         objective: self::objective(&objective)?,
     };
-    // Planning large pipelines takes a while: let other Python threads run meanwhile.
-    let planned = py
-        .detach(|| nobubble_schedule::plan(&req))
-        .map_err(py_error)?;
+    let planned = plan_interruptibly(py, req)?;
     planned.check_limit().map_err(py_error)?;
     Ok(Plan { inner: planned })
+}
+
+/// How often a wait for the planner looks for Ctrl-C.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// Plans `req` on a thread of its own. Planning a large pipeline takes seconds to minutes:
+/// meanwhile other Python threads run, and Ctrl-C (a notebook's interrupt) raises
+/// `KeyboardInterrupt` within [`SIGNAL_POLL`] instead of when planning ends. The planner has
+/// no way to stop early, so an interrupted plan finishes in the background and is dropped.
+fn plan_interruptibly(py: Python<'_>, req: PlanRequest) -> PyResult<Planned> {
+    let (tx, rx) = mpsc::channel();
+    thread::Builder::new()
+        .name("nobubble-plan".into())
+        .spawn(move || {
+            // The receiver is gone if the wait was interrupted: nobody needs the plan.
+            let _ = tx.send(nobubble_schedule::plan(&req));
+        })
+        .map_err(|e| value_error(format!("could not start the planner's thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        // The receiver goes along into the wait without the GIL (it is `Send`, not `Sync`).
+        let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
+        rx = back;
+        match got {
+            Ok(planned) => return planned.map_err(py_error),
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(
+                    "the planner stopped without a plan (a bug: please report it with the \
+                     arguments that led here)",
+                ))
+            }
+        }
+    }
 }
 
 /// The plan of a schedule someone else wrote, given as PyTorch's CSV text.

@@ -214,7 +214,19 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     // Never move aside (and then delete) a directory that is not a checkpoint.
     check_save_target(dir)?;
     // Never save a diverged state over (or as the latest beside) a good one.
-    let s = &ckpt.state;
+    check_finite(&ckpt.state)?;
+    let tmp = staging_dir(dir);
+    if tmp.exists() {
+        // Checked above: only a checkpoint's own files are in it.
+        std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
+    }
+    std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+    write_files(&tmp, ckpt)?;
+    swap_in(&tmp, dir, &parent)
+}
+
+/// Refuses a state with a non-finite parameter or AdamW moment, naming it.
+fn check_finite(s: &TrainingState) -> Result<(), RuntimeError> {
     let bad = s
         .params
         .iter()
@@ -227,20 +239,19 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
                 .find(|(_, m)| m.m.iter().chain(&m.v).any(|x| !x.is_finite()))
                 .map(|(n, _)| format!("the AdamW moments of {n}"))
         });
-    if let Some(name) = bad {
-        return Err(RuntimeError::Diverged(format!(
+    match bad {
+        Some(name) => Err(RuntimeError::Diverged(format!(
             "not saving step {}: `{name}` holds non-finite values (the run diverged; lower --lr \
              or keep --max-grad-norm); the checkpoints already saved are kept",
             s.step
-        )));
+        ))),
+        None => Ok(()),
     }
-    let tmp = staging_dir(dir);
-    if tmp.exists() {
-        // Checked above: only a checkpoint's own files are in it.
-        std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
-    }
-    std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+}
 
+/// Writes the weights, the optimizer's moments and, last, the metadata with their sizes and
+/// checksums into the staging directory `tmp`: a directory with checkpoint.json is complete.
+fn write_files(tmp: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     let s = &ckpt.state;
     let model = serialize(
         s.params
@@ -272,10 +283,13 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     let meta = serde_json::to_vec_pretty(&manifest).expect("metadata serializes");
     write_synced(&tmp.join(MODEL), &model)?;
     write_synced(&tmp.join(OPTIMIZER), &optimizer)?;
-    // The metadata last: a directory with checkpoint.json is complete.
     write_synced(&tmp.join(META), &meta)?;
-    sync_dir(&tmp)?;
+    sync_dir(tmp)
+}
 
+/// Puts the complete staging directory `tmp` in place of `dir`, the previous checkpoint
+/// moved aside until the rename is durable.
+fn swap_in(tmp: &Path, dir: &Path, parent: &Path) -> Result<(), RuntimeError> {
     let old = previous_dir(dir);
     // Checked again right before replacing: a file may have been put there during training.
     check_save_target(dir)?;
@@ -287,8 +301,8 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
         }
         std::fs::rename(dir, &old).map_err(|e| io_err("move aside", dir, e))?;
     }
-    std::fs::rename(&tmp, dir).map_err(|e| io_err("rename into place", dir, e))?;
-    sync_dir(&parent)?;
+    std::fs::rename(tmp, dir).map_err(|e| io_err("rename into place", dir, e))?;
+    sync_dir(parent)?;
     if old.exists() {
         std::fs::remove_dir_all(&old).map_err(|e| io_err("remove", &old, e))?;
     }

@@ -117,25 +117,8 @@ impl Worker {
                 return Err(RuntimeError::Aborted { rank: self.rank });
             }
             if now >= deadline {
-                let waiting_for = match held_back {
-                    Some(_) => format!(
-                        "{}, which arrived but is held back by the emulated latency: --comm or \
-                         --collective-latency is longer than --recv-timeout",
-                        what()
-                    ),
-                    None => format!(
-                        "{}; that rank failed, died, hung, or the message was lost (raise \
-                         --recv-timeout if passes are really this slow)",
-                        what()
-                    ),
-                };
-                return Err(RuntimeError::Timeout {
-                    rank: self.rank,
-                    action,
-                    waiting_for,
-                    seconds: started.elapsed().as_secs_f64(),
-                    since,
-                });
+                let held = held_back.is_some();
+                return Err(self.timed_out(held, action, &what(), started, since));
             }
             if let Some(d) = held_back {
                 // Arrived but still "on the wire" (emulated latency).
@@ -150,32 +133,77 @@ impl Worker {
             } else {
                 (deadline - now).min(Duration::from_millis(20))
             };
-            match self.transport.recv_timeout(slice) {
-                Ok(Some(m)) => {
-                    self.comm.received += 1;
-                    self.comm.received_bytes += m.wire_len() as u64;
-                    if m.tag.is_pipeline() && m.key() == key && since <= m.sent_at {
-                        // Waited for it since before it was sent: receipt − send is the
-                        // link's latency (the same clock on one machine).
-                        self.comm.latency_sum += (self.now() - m.sent_at).max(0.0);
-                        self.comm.latency_count += 1;
-                    }
-                    self.mailbox.insert(m.key(), m);
+            self.receive(slice, &key, since, action)?;
+        }
+    }
+
+    /// The error of a wait for `what` that reached its deadline; `held_back`: the message
+    /// arrived but its emulated latency had not elapsed.
+    fn timed_out(
+        &self,
+        held_back: bool,
+        action: Option<Action>,
+        what: &str,
+        started: Instant,
+        since: f64,
+    ) -> RuntimeError {
+        let waiting_for = if held_back {
+            format!(
+                "{what}, which arrived but is held back by the emulated latency: --comm or \
+                 --collective-latency is longer than --recv-timeout"
+            )
+        } else {
+            format!(
+                "{what}; that rank failed, died, hung, or the message was lost (raise \
+                 --recv-timeout if passes are really this slow)"
+            )
+        };
+        RuntimeError::Timeout {
+            rank: self.rank,
+            action,
+            waiting_for,
+            seconds: started.elapsed().as_secs_f64(),
+            since,
+        }
+    }
+
+    /// Takes at most one message off the transport within `slice` into the mailbox,
+    /// counting it (and, for the awaited `key` waited on since before it was sent, the
+    /// link's latency).
+    fn receive(
+        &mut self,
+        slice: Duration,
+        key: &Key,
+        since: f64,
+        action: Option<Action>,
+    ) -> Result<(), RuntimeError> {
+        match self.transport.recv_timeout(slice) {
+            Ok(Some(m)) => {
+                self.comm.received += 1;
+                self.comm.received_bytes += m.wire_len() as u64;
+                if m.tag.is_pipeline() && m.key() == *key && since <= m.sent_at {
+                    // Waited for it since before it was sent: receipt − send is the
+                    // link's latency (the same clock on one machine).
+                    self.comm.latency_sum += (self.now() - m.sent_at).max(0.0);
+                    self.comm.latency_count += 1;
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(match action {
-                        Some(action) => RuntimeError::Pass {
-                            rank: self.rank,
-                            action,
-                            cause: format!("transport failed: {e}"),
-                        },
-                        None => RuntimeError::Transport {
-                            rank: Some(self.rank),
-                            cause: format!("transport failed: {e}"),
-                        },
-                    })
-                }
+                self.mailbox.insert(m.key(), m);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                let cause = format!("transport failed: {e}");
+                Err(match action {
+                    Some(action) => RuntimeError::Pass {
+                        rank: self.rank,
+                        action,
+                        cause,
+                    },
+                    None => RuntimeError::Transport {
+                        rank: Some(self.rank),
+                        cause,
+                    },
+                })
             }
         }
     }

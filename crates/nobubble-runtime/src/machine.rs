@@ -266,9 +266,7 @@ const BYTES_PER_PARAMETER: f64 = 16.0;
 /// Checked before any rank allocates (each rank reading the free memory while the others
 /// allocate theirs would refuse wrongly).
 pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
-    let here = Reading::here(0.0, 0.0);
-    let cgroup = (here.cgroup.as_ref()).filter(|c| here.available.is_none_or(|a| c.headroom < a));
-    let Some(free) = cgroup.map(|c| c.headroom).or(here.available) else {
+    let Some((free, cgroup_limit)) = free_here() else {
         return Ok(());
     };
     let params = (model.parameter_count() + model.tied_copy_parameter_count()) as f64;
@@ -286,7 +284,44 @@ pub fn check_weights(model: &GptConfig, replicas: usize) -> Result<(), String> {
                 String::new()
             },
             human_bytes(free as f64),
-            under_cgroup_limit(cgroup.map(|c| c.limit)),
+            under_cgroup_limit(cgroup_limit),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes this machine has free (the tighter of `MemAvailable` and the process's memory
+/// cgroup), with the cgroup's limit when it is the tighter; `None` if unknown.
+fn free_here() -> Option<(u64, Option<u64>)> {
+    let here = Reading::here(0.0, 0.0);
+    let cgroup = (here.cgroup.as_ref()).filter(|c| here.available.is_none_or(|a| c.headroom < a));
+    match cgroup {
+        Some(c) => Some((c.headroom, Some(c.limit))),
+        None => here.available.map(|a| (a, None)),
+    }
+}
+
+/// Bytes an emulated rank thread holds per pass of the schedule (its copy of the schedule,
+/// its program and bookkeeping): measured 34 with 256 ranks × 196 608 passes (1.7 GB).
+const EMULATED_BYTES_PER_PASS: f64 = 40.0;
+
+/// Whether `ranks` emulated rank threads, each holding a schedule of `passes` passes, fit
+/// in the memory this machine has free: emulation's memory grows as ranks × passes, so a
+/// large pipeline would otherwise run the machine out of memory while it sets up.
+pub fn check_emulated(ranks: usize, passes: usize) -> Result<(), String> {
+    let Some((free, cgroup_limit)) = free_here() else {
+        return Ok(());
+    };
+    let need = ranks as f64 * passes as f64 * EMULATED_BYTES_PER_PASS;
+    if need > free as f64 {
+        return Err(format!(
+            "emulating {ranks} ranks of a {passes}-pass schedule takes about {} (every rank \
+             thread holds the schedule), and this machine has {} free{}: emulate fewer ranks or \
+             microbatches, spread the ranks over several machines (mpirun), or simulate it \
+             without threads (`nobubble plan` or `compare` with the same flags)",
+            human_bytes(need),
+            human_bytes(free as f64),
+            under_cgroup_limit(cgroup_limit),
         ));
     }
     Ok(())
@@ -530,6 +565,7 @@ mod tests {
             emulated: None,
             collective_ms: 0.0,
             objective: Objective::Span,
+            plans: Default::default(),
         }
     }
 

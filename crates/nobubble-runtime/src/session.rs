@@ -2,6 +2,7 @@
 //! rank, measure memory and pass times, re-plan automatic schedules on the measurements, step,
 //! evaluate. Every rank plans alike — the planner is deterministic and its inputs (measured
 //! memory and pass times) are all-gathered — so all ranks always run the same schedule.
+//! Ranks in one process (the threads transport) share each plan ([`SharedPlans`]).
 //! [`crate::training`] is the loop over this.
 
 use crate::error::RuntimeError;
@@ -18,7 +19,7 @@ use nobubble_schedule::{
     planner, CostModel, CostSpec, Kind, MemLimit, Objective, Placement, PlanCosts, PlanRequest,
     RankCost, Schedule, ScheduleKind,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 mod memory;
 
@@ -48,6 +49,47 @@ pub struct SessionOptions {
     /// (every iteration waits for the slowest rank), the longest rank span under
     /// post-validation (iterations tile).
     pub objective: Objective,
+    /// The plans of this process's ranks (clones of the options share it).
+    pub plans: Arc<SharedPlans>,
+}
+
+/// Plans shared by the ranks of one process. With the threads transport every rank asks
+/// the planner the same request at the same moment (the first plan, each re-plan): one of
+/// them plans and the others wait for it and take a copy, instead of p planners at once
+/// (p times the time and the planner's memory: p = 256 emulated ranks took 4.3 GB).
+#[derive(Debug, Default)]
+pub struct SharedPlans {
+    plans: Mutex<Vec<(PlanRequest, PlanCell)>>,
+}
+
+type PlanCell = Arc<OnceLock<Result<planner::Planned, nobubble_schedule::Error>>>;
+
+impl SharedPlans {
+    /// The plan of `req`, planned once per process; without the simulated timeline and
+    /// critical path (a session reads only the simulation's figures), which are most of a
+    /// plan's size and would be copied to every rank.
+    pub fn plan(&self, req: &PlanRequest) -> Result<planner::Planned, nobubble_schedule::Error> {
+        let cell = {
+            // A rank that panicked while holding the lock left the list whole.
+            let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+            match plans.iter().find(|(r, _)| r == req) {
+                Some((_, cell)) => cell.clone(),
+                None => {
+                    let cell = PlanCell::default();
+                    plans.push((req.clone(), cell.clone()));
+                    cell
+                }
+            }
+        };
+        let planned = cell.get_or_init(|| {
+            planner::plan(req).map(|mut p| {
+                p.sim.timeline = Vec::new();
+                p.sim.critical_path = Vec::new();
+                p
+            })
+        });
+        planned.clone()
+    }
 }
 
 impl SessionOptions {
@@ -122,7 +164,9 @@ fn plan_with(
 ) -> Result<Plan, RuntimeError> {
     let planned = match &opts.file {
         Some(s) => planner::evaluate(s.clone(), spec, &opts.mem_limit, opts.objective),
-        None => planner::plan(&request(opts, PlanCosts::Stages(spec.clone()), keep)),
+        None => opts
+            .plans
+            .plan(&request(opts, PlanCosts::Stages(spec.clone()), keep)),
     }
     .map_err(RuntimeError::Plan)?;
     Ok(plan_of(planned, source))
@@ -147,9 +191,10 @@ fn plan_of(planned: planner::Planned, source: &'static str) -> Plan {
 fn planned_split(opts: &SessionOptions) -> Option<(Vec<usize>, Schedule)> {
     let layers = PlanCosts::Layers(estimated_layer_costs(&opts.run.model));
     let req = request(opts, layers, None);
-    planner::plan(&req)
+    opts.plans
+        .plan(&req)
         .or_else(|_| {
-            planner::plan(&PlanRequest {
+            opts.plans.plan(&PlanRequest {
                 mem_limit: MemLimit::None,
                 ..req.clone()
             })

@@ -78,6 +78,7 @@ fn train(
             collective_ms: 0.0,
             // A synchronous optimizer step: every iteration pays the makespan.
             objective: Objective::Makespan,
+            plans: Default::default(),
         },
         steps,
         replan_after: if real { 2 } else { 0 },

@@ -74,6 +74,7 @@ pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
             } else {
                 Objective::Makespan
             },
+            plans: Default::default(),
         },
         steps: a.steps,
         replan_after: a.replan_after,

@@ -17,7 +17,7 @@ use nobubble_runtime::metrics::{model_flops_per_step, Metrics, MetricsServer};
 use nobubble_runtime::training::Observer;
 use nobubble_runtime::training::{self, TrainJob};
 use nobubble_runtime::RuntimeError;
-use nobubble_schedule::MemLimit;
+use nobubble_schedule::{MemLimit, OwnLayout};
 #[cfg(feature = "mpi")]
 use std::io::Write;
 use std::path::PathBuf;
@@ -207,6 +207,20 @@ fn runtime_error(e: RuntimeError) -> String {
     }
 }
 
+/// The passes of the schedule an emulated run will plan (F, I and W of every microbatch on
+/// every stage; zb-auto plans V only on small pipelines, which fit anyway).
+fn emulated_passes(s: &nobubble_runtime::session::SessionOptions) -> usize {
+    if let Some(file) = &s.file {
+        return file.orders.iter().map(Vec::len).sum();
+    }
+    let stages = match s.kind.own_layout() {
+        OwnLayout::V => 2 * s.ranks,
+        OwnLayout::Looped => s.chunks * s.ranks,
+        OwnLayout::Linear | OwnLayout::Either => s.ranks,
+    };
+    3 * stages * s.run.train.microbatches
+}
+
 /// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run).
 pub fn run(a: &TrainArgs) -> Result<u8, String> {
     let launched = launch::launched_world_size();
@@ -216,14 +230,21 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
         Some(n) if cfg!(feature = "mpi") || n > 1 => run_mpi(a, &job, n),
         // One process under a launcher, without MPI built in: the ranks are threads.
         _ => {
+            let world = job.session.ranks * a.data_parallel;
             if job.session.emulated.is_none() {
                 nobubble_runtime::machine::check_weights(&job.session.run.model, a.data_parallel)?;
+            } else {
+                nobubble_runtime::machine::check_emulated(world, emulated_passes(&job.session))?;
             }
             header(a, &job, "threads");
-            let world = job.session.ranks * a.data_parallel;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let threads = job.session.run.train.threads;
-            let (watch, _server) = watch(a, &job, (world * threads).min(cores))?;
+            let (mut watch, _server) = watch(a, &job, (world * threads).min(cores))?;
+            // Planning and building many ranks takes a while: say so until the plan is in use.
+            let (setup_done, setup) = std::sync::mpsc::channel();
+            watch.setup_done = Some(setup_done);
+            let label = format!("setting up {world} ranks: planning, building the stages");
+            let _shown = crate::progress::show_until(&label, setup);
             let slot = std::sync::Mutex::new(Some(watch));
             let results = launch::threads(world, |ctx: RankContext| {
                 if ctx.transport.rank() == 0 {

@@ -32,6 +32,8 @@ pub struct Watch {
     validation_bar: Option<ProgressBar>,
     stop: Option<Arc<AtomicUsize>>,
     stop_noticed: bool,
+    /// Dropped when the first plan is in use: ends the set-up's progress line.
+    pub setup_done: Option<std::sync::mpsc::Sender<()>>,
 }
 
 /// What the watcher needs to know about the job.
@@ -87,6 +89,7 @@ impl Watch {
             validation_bar: None,
             stop: o.stop,
             stop_noticed: false,
+            setup_done: None,
         })
     }
 
@@ -150,6 +153,7 @@ impl Observer for Watch {
     }
 
     fn planned(&mut self, plan: &Plan) {
+        self.setup_done = None;
         if let Some(m) = &self.metrics {
             m.set_planned_bubble(plan.simulated_bubble_fraction);
         }

@@ -221,6 +221,18 @@ fn mismatched_or_damaged_checkpoints_are_refused_clearly() {
         )
         .unwrap();
     assert!(warned[0].contains("data seed"), "{warned:?}");
+    // `train` derives the data seed from --seed: the warning names the user's --seed.
+    let warned = ckpt
+        .check_resume(
+            &model(),
+            &TrainConfig {
+                seed: 5,
+                data_seed: 6,
+                ..train()
+            },
+        )
+        .unwrap();
+    assert!(warned[0].starts_with("--seed 5 differs"), "{warned:?}");
 
     // A model with more parameters than the checkpoint: the missing one is named.
     let (mut p, _) = start(ScheduleKind::OneFOneB, 2, bigger);

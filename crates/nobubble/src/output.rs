@@ -65,6 +65,31 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Whether [`write`] could write `path` now: a file is created beside it (where [`write`]
+/// would put its temporary) and removed. For outputs written at the end of long work, so
+/// that a path that cannot be written fails before the work, not after it.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    let text = path.to_string_lossy();
+    let special = ["-", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref())
+        || text.starts_with("/dev/fd/")
+        || (text.starts_with("/proc/") && text.contains("/fd/"));
+    if special {
+        return Ok(());
+    }
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if std::fs::metadata(&target).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return Ok(()); // a device or FIFO, written through
+    }
+    let probe = temporary(&target);
+    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot write {}: {e}", path.display())),
+    }
+}
+
 /// A temporary file name beside `path` that this process has not used yet.
 fn temporary(path: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

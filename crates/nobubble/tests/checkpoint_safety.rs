@@ -326,6 +326,29 @@ fn a_fresh_run_does_not_mix_with_another_runs_checkpoints() {
 }
 
 #[test]
+fn two_runs_never_save_into_one_directory_at_once() {
+    let d = dir("lock");
+    let run = d.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    // A run still going (this test's own process stands for it) holds the lock.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let lock = run.join(".lock");
+    std::fs::write(&lock, format!("{} {}\n", std::process::id(), host.trim())).unwrap();
+    let e = run_fails(&["--save", s(&run), "--overwrite"]);
+    assert!(
+        e.contains(&format!("another run (process {}", std::process::id()))
+            && e.contains("overwrite each other's checkpoints"),
+        "{e}"
+    );
+    assert!(!run.join("latest").exists(), "nothing was saved");
+    // A lock left by a run that is gone is taken over, and removed when this run ends.
+    std::fs::write(&lock, format!("4294967295 {}\n", host.trim())).unwrap();
+    run_ok(&["--save", s(&run)]);
+    assert!(run.join("step-000002").is_dir() && !lock.exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn a_resumed_run_continues_its_log() {
     let d = dir("log");
     let (run, log) = (d.join("run"), d.join("steps.jsonl"));

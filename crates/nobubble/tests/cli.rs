@@ -463,6 +463,20 @@ fn train_refuses_bad_input_before_training() {
         "{e}"
     );
     assert!(!std::path::Path::new("/nonexistent/folder").exists());
+    // A folder that exists but cannot be written (procfs): refused before training too,
+    // for the outputs written at the end and for --save.
+    for flag in ["--report", "--trace", "--timeline-svg"] {
+        let e = fails(&micro_train("3000", &[flag, "/proc/nobubble-out"]));
+        assert!(
+            e.contains(&format!("{flag}: cannot write /proc/nobubble-out")),
+            "{e}"
+        );
+    }
+    let e = fails(&micro_train("3000", &["--save", "/proc/nobubble-run"]));
+    assert!(
+        e.contains("--save: cannot create /proc/nobubble-run"),
+        "{e}"
+    );
     let _ = std::fs::remove_file(file);
 }
 

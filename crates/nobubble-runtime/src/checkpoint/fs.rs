@@ -34,6 +34,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Run directories lived here; their functions keep this path.
+pub use super::lock::{lock_run, RunLock};
 pub use super::runs::*;
 
 pub(super) const META: &str = "checkpoint.json";

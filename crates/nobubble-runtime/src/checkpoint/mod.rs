@@ -15,6 +15,7 @@
 
 pub mod fs;
 pub mod hf;
+pub mod lock;
 pub mod runs;
 mod state;
 mod wire;
@@ -315,10 +316,18 @@ impl Checkpoint {
             }
         }
         if t.data_seed != train.data_seed {
-            warnings.push(format!(
-                "data seed {} differs from the checkpoint's {}",
-                train.data_seed, t.data_seed
-            ));
+            // Named as the user gave it: `train` derives the data seed from --seed.
+            warnings.push(if t.seed != train.seed {
+                format!(
+                    "--seed {} differs from the checkpoint's {} (the data order follows it)",
+                    train.seed, t.seed
+                )
+            } else {
+                format!(
+                    "data seed {} differs from the checkpoint's {}",
+                    train.data_seed, t.data_seed
+                )
+            });
         }
         if t.warmup_steps != train.warmup_steps {
             warnings.push(format!(

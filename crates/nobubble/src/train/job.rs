@@ -224,6 +224,8 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
                 parent.display()
             ));
         }
+        // Written at the end: find out now whether it can be.
+        crate::output::check_writable(path).map_err(|e| format!("{flag}: {e}"))?;
     }
     Ok(())
 }

@@ -221,6 +221,16 @@ fn emulated_passes(s: &nobubble_runtime::session::SessionOptions) -> usize {
     3 * stages * s.run.train.microbatches
 }
 
+/// Locks the `--save` directory for this run (creating it: an unwritable one fails now, not
+/// after the training); held until the run ends.
+fn lock_save(a: &TrainArgs) -> Result<Option<nobubble_runtime::checkpoint_fs::RunLock>, String> {
+    a.save
+        .as_deref()
+        .map(nobubble_runtime::checkpoint_fs::lock_run)
+        .transpose()
+        .map_err(|e| format!("--save: {e}"))
+}
+
 /// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run).
 pub fn run(a: &TrainArgs) -> Result<u8, String> {
     let launched = launch::launched_world_size();
@@ -230,6 +240,7 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
         Some(n) if cfg!(feature = "mpi") || n > 1 => run_mpi(a, &job, n),
         // One process under a launcher, without MPI built in: the ranks are threads.
         _ => {
+            let _lock = lock_save(a)?;
             let world = job.session.ranks * a.data_parallel;
             if job.session.emulated.is_none() {
                 nobubble_runtime::machine::check_weights(&job.session.run.model, a.data_parallel)?;
@@ -335,6 +346,7 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String
         launch::guard(rank, &abort, || training::run(job, ctx, observer))
     };
     if rank == 0 {
+        let _lock = lock_save(a).unwrap_or_else(|e| fail(e));
         header(a, job, &transport);
         // Each rank of an MPI job computes on a core of its own.
         let (mut watch, server) =
@@ -409,4 +421,20 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         model.parameter_count() as f64 / 1e6,
         if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost.as_deref().unwrap_or(DEFAULT_EMULATED_COST), a.comm) }
     );
+    // Megatron's and torchtitan's users save where they load from; here --save is separate.
+    if let (Some(dir), None) = (&a.resume, &a.save) {
+        // A step directory's run directory is the one to continue.
+        let step = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+        let dir = match dir.parent() {
+            Some(run) if step && !run.as_os_str().is_empty() => run,
+            _ => dir.as_path(),
+        };
+        eprintln!(
+            "note: resuming without --save: this run's checkpoints are not saved (add --save {} \
+             to continue that run directory)",
+            dir.display()
+        );
+    }
 }

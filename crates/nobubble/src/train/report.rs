@@ -50,10 +50,16 @@ pub fn finish(
     let real = job.session.emulated.is_none();
     print_results(a, r, &s, &watch, real);
     print_memory_and_comm(r, real);
+    // Every output is attempted: one that fails does not cost the others.
+    let mut failed = Vec::new();
     if let Some(path) = &a.trace {
         let text =
             serde_json::to_string(&json!({"traceEvents": watch.trace_events})).expect("serializes");
-        crate::report::emit(Some(path), &text)?;
+        failed.extend(
+            crate::report::emit(Some(path), &text)
+                .err()
+                .map(|e| format!("--trace: {e}")),
+        );
     }
     if let Some(path) = &a.report {
         let peaks: Vec<Value> = (0..r.plan.schedule.ranks)
@@ -64,10 +70,18 @@ pub fn finish(
             .collect();
         let report = json_report(a, job, r, stopped, &s, watch.peak_flops, peaks);
         let text = serde_json::to_string_pretty(&report).expect("serializes") + "\n";
-        crate::report::emit(Some(path), &text)?;
+        failed.extend(
+            crate::report::emit(Some(path), &text)
+                .err()
+                .map(|e| format!("--report: {e}")),
+        );
     }
     if let Some(path) = &a.timeline_svg {
-        crate::report::emit(Some(path), &measured_timeline(r)?)?;
+        let written = measured_timeline(r).and_then(|svg| crate::report::emit(Some(path), &svg));
+        failed.extend(written.err().map(|e| format!("--timeline-svg: {e}")));
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("\nerror: "));
     }
     exit_status(a, r, stopped, late, real)
 }

@@ -69,11 +69,7 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
 /// would put its temporary) and removed. For outputs written at the end of long work, so
 /// that a path that cannot be written fails before the work, not after it.
 pub fn check_writable(path: &Path) -> Result<(), String> {
-    let text = path.to_string_lossy();
-    let special = ["-", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref())
-        || text.starts_with("/dev/fd/")
-        || (text.starts_with("/proc/") && text.contains("/fd/"));
-    if special {
+    if written_through(path) {
         return Ok(());
     }
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -88,6 +84,38 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
         }
         Err(e) => Err(format!("cannot write {}: {e}", path.display())),
     }
+}
+
+/// Whether `path` is written through rather than replaced: stdout, stderr, an open
+/// descriptor.
+fn written_through(path: &Path) -> bool {
+    let text = path.to_string_lossy();
+    ["-", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref())
+        || text.starts_with("/dev/fd/")
+        || (text.starts_with("/proc/") && text.contains("/fd/"))
+}
+
+/// Where output for `path` that is written piece by piece waits until [`place`] puts it
+/// there: beside the file it replaces (so the rename is atomic), or in the temporary folder
+/// for a path written through.
+pub fn staging_for(path: &Path) -> PathBuf {
+    if written_through(path) {
+        return temporary(&std::env::temp_dir().join("nobubble-output"));
+    }
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    temporary(&target)
+}
+
+/// Puts the finished `staged` file (from [`staging_for`]) at `path`: renamed over a file,
+/// or copied through stdout or a descriptor. `staged` is left for the caller to remove.
+pub fn place(staged: &Path, path: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    if written_through(path) {
+        let content = std::fs::read(staged).map_err(fail)?;
+        return write(path, &content);
+    }
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    std::fs::rename(staged, &target).map_err(fail)
 }
 
 /// A temporary file name beside `path` that this process has not used yet.

@@ -314,11 +314,16 @@ pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
         None => crate::output::stdout(content.as_bytes()),
         Some(path) => {
             crate::output::write(path, content.as_bytes())?;
-            if !["-", "/dev/stdout", "/dev/stderr"].contains(&path.to_string_lossy().as_ref()) {
-                eprintln!("wrote {}", path.display());
-            }
+            note_written(path);
             Ok(())
         }
+    }
+}
+
+/// Says on stderr that `path` was written (not for stdout or stderr themselves).
+pub fn note_written(path: &Path) {
+    if !["-", "/dev/stdout", "/dev/stderr"].contains(&path.to_string_lossy().as_ref()) {
+        eprintln!("wrote {}", path.display());
     }
 }
 

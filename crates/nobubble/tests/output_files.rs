@@ -214,3 +214,39 @@ fn dev_stdout_appended_to_a_file_keeps_what_was_there() {
     assert!(text.starts_with("before\n0F0,"), "{text:?}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--trace` is streamed to a file beside the target and renamed into place at the end: a
+/// finished run's trace holds every pass of every step, a run that failed still leaves the
+/// steps it ran, and no temporary file stays behind either way.
+#[test]
+fn a_trace_is_complete_at_the_end_and_kept_when_a_run_fails() {
+    let d = dir("trace");
+    let trace = d.join("t.json");
+    let t = trace.to_str().unwrap();
+    let events = || -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        v["traceEvents"].as_array().unwrap().clone()
+    };
+    ok(&[
+        "train", "--model", "micro", "--steps", "5", "-m", "2", "--trace", t,
+    ]);
+    // micro: 2 ranks, one stage each, F, I and W of 2 microbatches per step.
+    let all = events();
+    assert_eq!(all.len(), 5 * 2 * 3 * 2);
+    let steps: std::collections::BTreeSet<u64> = all
+        .iter()
+        .map(|e| e["args"]["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps.len(), 5);
+    assert_eq!(names(&d), ["t.json"]);
+    // Stopped by non-finite losses (an error): the steps it ran are in the trace.
+    let e = fails(&[
+        "train", "--model", "micro", "--steps", "50", "-m", "2", "--lr", "1e30", "--trace", t,
+    ]);
+    assert!(e.contains("was not finite"), "{e}");
+    let ran = events();
+    assert!(!ran.is_empty() && ran.len() < 50 * 12, "{}", ran.len());
+    assert_eq!(names(&d), ["t.json"]);
+    let _ = std::fs::remove_dir_all(&d);
+}

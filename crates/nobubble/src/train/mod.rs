@@ -6,6 +6,7 @@
 pub mod data;
 mod job;
 pub mod report;
+mod trace;
 pub mod watch;
 
 use crate::train::watch::{Watch, WatchOptions};
@@ -312,7 +313,7 @@ fn watch(
         peak_flops,
         log: a.log.as_deref(),
         append_log: a.resume.is_some(),
-        trace: a.trace.is_some(),
+        trace: a.trace.as_deref(),
         metrics,
         stop: job.stop.clone(),
     })?;

@@ -52,14 +52,8 @@ pub fn finish(
     print_memory_and_comm(r, real);
     // Every output is attempted: one that fails does not cost the others.
     let mut failed = Vec::new();
-    if let Some(path) = &a.trace {
-        let text =
-            serde_json::to_string(&json!({"traceEvents": watch.trace_events})).expect("serializes");
-        failed.extend(
-            crate::report::emit(Some(path), &text)
-                .err()
-                .map(|e| format!("--trace: {e}")),
-        );
+    if let Some(trace) = watch.trace.take() {
+        failed.extend(trace.finish().err());
     }
     if let Some(path) = &a.report {
         let peaks: Vec<Value> = (0..r.plan.schedule.ranks)

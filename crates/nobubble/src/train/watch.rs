@@ -23,9 +23,8 @@ pub struct Watch {
     pub peak_flops: Option<f64>,
     tty: bool,
     log: Option<std::io::BufWriter<std::fs::File>>,
-    trace: bool,
-    /// Chrome trace events of every recorded step.
-    pub trace_events: Vec<serde_json::Value>,
+    /// `--trace`, streamed step by step.
+    pub trace: Option<super::trace::TraceFile>,
     trace_offset: f64,
     metrics: Option<Metrics>,
     bar: Option<ProgressBar>,
@@ -51,8 +50,8 @@ pub struct WatchOptions<'a> {
     /// Append to the `--log` file instead of starting it anew (a resumed run continues the
     /// log of the run it resumes; a fresh one replaces it).
     pub append_log: bool,
-    /// Whether `--trace` was asked for.
-    pub trace: bool,
+    /// `--trace`'s path.
+    pub trace: Option<&'a Path>,
     /// Metrics to update (`--metrics-addr`).
     pub metrics: Option<Metrics>,
     /// The stop request the signal handlers set.
@@ -81,8 +80,7 @@ impl Watch {
                 )),
                 None => None,
             },
-            trace: o.trace,
-            trace_events: Vec::new(),
+            trace: o.trace.map(super::trace::TraceFile::create).transpose()?,
             trace_offset: 0.0,
             metrics: o.metrics,
             bar: None,
@@ -222,13 +220,13 @@ impl Observer for Watch {
                 .and_then(|_| w.flush())
                 .map_err(|e| format!("cannot write --log: {e}"))?;
         }
-        if self.trace {
+        if let Some(trace) = self.trace.as_mut() {
             for (rank, slots) in rec.timeline.iter().enumerate() {
                 for s in slots {
-                    self.trace_events.push(json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
+                    trace.event(&json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
                         "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
                         "ts": (self.trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
-                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}));
+                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}))?;
                 }
             }
             self.trace_offset += rec.wall.max(rec.makespan);

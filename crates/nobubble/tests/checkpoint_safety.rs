@@ -372,8 +372,9 @@ fn a_resumed_run_continues_its_log() {
                 .unwrap()
         })
         .collect();
-    assert_eq!(steps, [0, 1, 2, 3, 4]); // 0-based, as the log writes them
-                                        // A fresh run starts the file anew.
+    // Numbered as the console and the checkpoints number them: step-000003 is line 3.
+    assert_eq!(steps, [1, 2, 3, 4, 5]);
+    // A fresh run starts the file anew.
     run_ok(&["--steps", "2", "--log", s(&log)]);
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
     let _ = std::fs::remove_dir_all(&d);

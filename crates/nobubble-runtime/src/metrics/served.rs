@@ -101,7 +101,7 @@ impl Metrics {
             .expect(VALID),
             step: IntGauge::new(
                 "nobubble_step",
-                "The last step recorded (0-based, as in --log)",
+                "Steps completed when the last step was recorded (the console's, --log's and the checkpoints' step number)",
             )
             .expect(VALID),
         };
@@ -155,7 +155,7 @@ impl Metrics {
                 .with_label_values(&[rank.to_string()])
                 .inc_by((rec.makespan - busy).max(0.0));
         }
-        m.step.set(rec.step as i64);
+        m.step.set(rec.step as i64 + 1);
     }
 
     /// Records the bubble fraction the plan in use predicts.
@@ -292,6 +292,6 @@ mod tests {
         // Idle time accumulates: 2 × (0.5 − 0.3) on rank 1.
         assert!((value(&t, "nobubble_rank_idle_seconds_total{rank=\"1\"}") - 0.4).abs() < 1e-12);
         assert_eq!(value(&t, "nobubble_step_seconds_count"), 2.0);
-        assert_eq!(value(&t, "nobubble_step"), 4.0);
+        assert_eq!(value(&t, "nobubble_step"), 5.0);
     }
 }

@@ -206,7 +206,7 @@ impl Observer for Watch {
         let tps = rates.tokens_per_second;
         let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
         if let Some(w) = self.log.as_mut() {
-            let line = json!({"step": rec.step, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
+            let line = json!({"step": rec.step + 1, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
                 "skipped": rec.skipped, "clip_scale": rec.clip_scale, "tokens_per_s": tps, "step_seconds": rec.wall,
                 "span_seconds": rec.makespan, "bubble_fraction": rec.bubble_fraction, "mfu": mfu,
                 "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,
@@ -226,7 +226,7 @@ impl Observer for Watch {
                     trace.event(&json!({"name": format!("{}{}", s.action.kind.letter(), s.action.microbatch),
                         "cat": s.action.kind.letter().to_string(), "ph": "X", "pid": rank, "tid": s.action.stage,
                         "ts": (self.trace_offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6,
-                        "args": {"step": rec.step, "waited_ms": s.waited * 1e3}}))?;
+                        "args": {"step": rec.step + 1, "waited_ms": s.waited * 1e3}}))?;
                 }
             }
             self.trace_offset += rec.wall.max(rec.makespan);

@@ -32,10 +32,12 @@ pub enum MemLimit {
 pub const MAX_MULTIPLE: f64 = 1e6;
 
 /// Units an amount of memory may carry, with their size in bytes.
-const UNITS: [(&str, u64); 7] = [
+const UNITS: [(&str, u64); 9] = [
+    ("TiB", 1 << 40),
     ("GiB", 1 << 30),
     ("MiB", 1 << 20),
     ("KiB", 1 << 10),
+    ("TB", 1_000_000_000_000),
     ("GB", 1_000_000_000),
     ("MB", 1_000_000),
     ("KB", 1000),
@@ -259,6 +261,8 @@ mod tests {
             ("3 mb", MemLimit::Bytes(3e6)),
             ("1kib,2Kb", MemLimit::PerRank(vec![1024.0, 2000.0])),
             ("512b", MemLimit::Bytes(512.0)),
+            ("1TiB", MemLimit::Bytes(1024f64.powi(4))),
+            ("2TB", MemLimit::Bytes(2e12)),
             ("none", MemLimit::None),
         ] {
             let got: MemLimit = text.parse().unwrap();

@@ -61,6 +61,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             outcome: evaluate(args, kind),
         })
         .collect();
+    // One reason for every schedule (a pipeline too large, say) is the pipeline's problem:
+    // said once, without a table of n/a.
+    let first = rows[0].outcome.as_ref().err();
+    if first.is_some() && rows.iter().all(|r| r.outcome.as_ref().err() == first) {
+        return Err(first.cloned().unwrap_or_default());
+    }
     let baseline = rows
         .iter()
         .find(|r| r.kind == ScheduleKind::OneFOneB)
@@ -140,6 +146,8 @@ fn print_table(
         "schedule", "bubble rate", "bubble fraction", "makespan", "peak mem", "messages", "speedup"
     );
     let mut notes = Vec::new();
+    // Schedules that do not apply for one reason share one note.
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
     for r in rows {
         let mark = if Some(r.kind) == best { "*" } else { " " };
         match &r.outcome {
@@ -163,9 +171,16 @@ fn print_table(
             }
             Err(e) => {
                 println!("  {:<18} n/a", r.kind.name());
-                notes.push(format!("  {} does not apply: {e}", r.kind.name()));
+                match reasons.iter_mut().find(|(reason, _)| reason == e) {
+                    Some((_, kinds)) => kinds.push(r.kind.name()),
+                    None => reasons.push((e, vec![r.kind.name()])),
+                }
             }
         }
+    }
+    for (e, kinds) in reasons {
+        let verb = if kinds.len() == 1 { "does" } else { "do" };
+        notes.push(format!("  {} {verb} not apply: {e}", kinds.join(", ")));
     }
     println!("\n* fastest within the memory limit. speedup = 1F1B makespan / makespan.");
     for n in notes {

@@ -209,13 +209,14 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
         ModelShape::Parameters(n) => format!("{:.2} B parameters", n / 1e9),
     };
     let mut out = format!(
-        "forecast: {model}, sequence {} × {}, {:.3e} tokens on {} {gpu} ({} stages × {} data-parallel; peak {:.0} TFLOP/s, {:.0}% of it outside the bubble), ${:.2} per GPU-hour\n\
+        "forecast: {model}, sequence {} × {}, {:.3e} tokens on {} {gpu} ({} stage{} × {} data-parallel; peak {:.0} TFLOP/s, {:.0}% of it outside the bubble), ${:.2} per GPU-hour\n\
          iteration time = {}\n\n",
         x.seq_len,
         x.microbatch_size,
         x.tokens,
         x.stages * x.data_parallel,
         x.stages,
+        if x.stages == 1 { "" } else { "s" },
         x.data_parallel,
         x.peak_flops / 1e12,
         100.0 * x.mfu,

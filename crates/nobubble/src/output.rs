@@ -61,7 +61,21 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
             let mut f = OpenOptions::new().write(true).open(&target).map_err(fail)?;
             write_all(&mut f, content).map_err(fail)
         }
-        _ => replace_atomically(&target, content).map_err(fail),
+        _ => {
+            // A missing folder is an error rather than made: a typo would otherwise write
+            // the output somewhere the user does not look.
+            if let Some(parent) = target
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+            {
+                return Err(format!(
+                    "cannot write {}: the folder {} does not exist; create it first",
+                    path.display(),
+                    parent.display()
+                ));
+            }
+            replace_atomically(&target, content).map_err(fail)
+        }
     }
 }
 

@@ -106,8 +106,9 @@ impl CheckpointMeta {
             m.layers, m.hidden, m.heads, m.seq_len, m.microbatch_size
         );
         // The flags beyond the shape, where the checkpoint's differ from the defaults.
+        // Always named: a user who gave --arch llama needs to read --arch gpt here.
+        flags += &format!(" --arch {}", m.arch.name());
         if m.arch == nobubble_nn::config::Arch::Llama {
-            flags += " --arch llama";
             if let Some(kv) = m.kv_heads {
                 flags += &format!(" --kv-heads {kv}");
             }
@@ -249,9 +250,17 @@ impl Checkpoint {
                 },
             ),
         )
+        .chain((m.tie_embeddings != model.tie_embeddings).then(|| {
+            let on = |t: bool| if t { "on" } else { "off" };
+            format!(
+                "tie_embeddings (--tie-embeddings) {} (checkpoint: {})",
+                on(model.tie_embeddings),
+                on(m.tie_embeddings)
+            )
+        }))
         .chain(
-            (m.ln_eps != model.ln_eps || m.tie_embeddings != model.tie_embeddings)
-                .then(|| "ln_eps / tie_embeddings".to_string()),
+            (m.ln_eps != model.ln_eps)
+                .then(|| format!("ln_eps {} (checkpoint: {})", model.ln_eps, m.ln_eps)),
         )
         .collect();
         if !diffs.is_empty() {

@@ -174,6 +174,20 @@ impl Metrics {
     }
 }
 
+/// `addr` in the `HOST:PORT` form the server binds. The forms other exporters accept are
+/// read as they read them: `:9464` is every interface (Prometheus exporters, Go), a bare
+/// `9464` this machine only.
+fn listen_address(addr: &str) -> String {
+    let a = addr.trim();
+    if let Some(port) = a.strip_prefix(':').filter(|p| p.parse::<u16>().is_ok()) {
+        return format!("0.0.0.0:{port}");
+    }
+    if a.parse::<u16>().is_ok() {
+        return format!("127.0.0.1:{a}");
+    }
+    a.to_string()
+}
+
 /// An HTTP endpoint serving [`Metrics`] at `/metrics` until dropped.
 pub struct MetricsServer {
     server: Arc<tiny_http::Server>,
@@ -185,6 +199,7 @@ impl MetricsServer {
     /// Binds `addr` (`HOST:PORT`; port 0 picks a free one) and serves `metrics` from a
     /// background thread.
     pub fn start(addr: &str, metrics: Metrics) -> Result<MetricsServer, String> {
+        let addr = &listen_address(addr);
         let server = tiny_http::Server::http(addr).map_err(|e| {
             format!("--metrics-addr {addr}: cannot listen there ({e}); pick a free port, e.g. 127.0.0.1:9464, or port 0 for any")
         })?;
@@ -270,6 +285,14 @@ mod tests {
             .trim()
             .parse()
             .unwrap()
+    }
+
+    #[test]
+    fn other_exporters_address_forms_are_read_as_they_read_them() {
+        assert_eq!(listen_address(":9464"), "0.0.0.0:9464");
+        assert_eq!(listen_address("9464"), "127.0.0.1:9464");
+        assert_eq!(listen_address("127.0.0.1:0"), "127.0.0.1:0");
+        assert_eq!(listen_address(":x"), ":x");
     }
 
     #[test]

@@ -157,8 +157,8 @@ impl Session {
                 return Err(RuntimeError::Plan(nobubble_schedule::Error::setting(
                     "mem_limit",
                     format!(
-                        "{limit} is below one microbatch's activations on rank {r} ({}); raise \
-                         it or use a smaller microbatch or sequence",
+                        "{limit} is below one microbatch's activations on rank {r} ({}, \
+                         {need:.0}B); raise it or use a smaller microbatch or sequence",
                         human_bytes(need)
                     ),
                 )));

@@ -153,7 +153,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub timeline_svg: Option<PathBuf>,
     /// Serve live metrics in the Prometheus format at http://HOST:PORT/metrics while
-    /// training (e.g. 127.0.0.1:9464; port 0 picks a free one).
+    /// training (e.g. 127.0.0.1:9464; `:9464` listens on every interface, a bare `9464` on
+    /// this machine only; port 0 picks a free one).
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Peak FLOP/s of all ranks together, the denominator of MFU [default: a GEMM probe of
@@ -314,6 +315,7 @@ fn watch(
         log: a.log.as_deref(),
         append_log: a.resume.is_some(),
         trace: a.trace.as_deref(),
+        emulated: !real,
         metrics,
         stop: job.stop.clone(),
     })?;

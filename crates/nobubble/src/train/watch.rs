@@ -33,6 +33,8 @@ pub struct Watch {
     stop_noticed: bool,
     /// Dropped when the first plan is in use: ends the set-up's progress line.
     pub setup_done: Option<std::sync::mpsc::Sender<()>>,
+    /// Emulated compute: no loss, no activations.
+    emulated: bool,
 }
 
 /// What the watcher needs to know about the job.
@@ -52,6 +54,8 @@ pub struct WatchOptions<'a> {
     pub append_log: bool,
     /// `--trace`'s path.
     pub trace: Option<&'a Path>,
+    /// Emulated compute (no loss or activations to show).
+    pub emulated: bool,
     /// Metrics to update (`--metrics-addr`).
     pub metrics: Option<Metrics>,
     /// The stop request the signal handlers set.
@@ -88,6 +92,7 @@ impl Watch {
             stop: o.stop,
             stop_noticed: false,
             setup_done: None,
+            emulated: o.emulated,
         })
     }
 
@@ -232,12 +237,23 @@ impl Observer for Watch {
             self.trace_offset += rec.wall.max(rec.makespan);
         }
         let step = rec.step;
+        // Emulated passes compute no loss and hold no activations: show neither.
+        let (loss, peak_text) = match self.emulated {
+            true => (String::new(), String::new()),
+            false => (
+                format!("loss {:.4}  ", rec.loss),
+                format!("  peak act {}", mib(peak as f64)),
+            ),
+        };
         if self.tty {
             // Short enough for an 80-column terminal.
             let mfu_text = mfu.map_or(String::new(), |x| format!(" · MFU {:.0}%", 100.0 * x));
+            let loss = match self.emulated {
+                true => String::new(),
+                false => format!("loss {:.3} · ", rec.loss),
+            };
             let summary = format!(
-                "loss {:.3} · {:.0} tok/s · bubble {:.1}%{mfu_text}",
-                rec.loss,
+                "{loss}{:.0} tok/s · bubble {:.1}%{mfu_text}",
                 tps,
                 100.0 * rec.bubble_fraction,
             );
@@ -247,13 +263,11 @@ impl Observer for Watch {
         } else if step.is_multiple_of(10) || step + 1 == self.steps {
             let mfu_text = mfu.map_or(String::new(), |x| format!("  MFU {:.1}%", 100.0 * x));
             eprintln!(
-                "step {:>4}/{}  loss {:.4}  {:>6.0} tok/s  bubble {:>5.1}%{mfu_text}  peak act {}",
+                "step {:>4}/{}  {loss}{:>6.0} tok/s  bubble {:>5.1}%{mfu_text}{peak_text}",
                 step + 1,
                 self.steps,
-                rec.loss,
                 tps,
                 100.0 * rec.bubble_fraction,
-                mib(peak as f64)
             );
         }
         self.notice_stop();

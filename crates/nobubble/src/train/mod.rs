@@ -424,6 +424,26 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         model.parameter_count() as f64 / 1e6,
         if job.session.emulated.is_none() { "real compute".to_string() } else { format!("emulated compute ({} ms, comm {} ms)", a.cost.as_deref().unwrap_or(DEFAULT_EMULATED_COST), a.comm) }
     );
+    // Resuming an earlier step into the run that holds later ones: its saves become
+    // `latest`, which a later plain --resume of that directory continues.
+    if let (Some(from), Some(save)) = (&a.resume, &a.save) {
+        use nobubble_runtime::checkpoint_fs as fs;
+        let step = fs::peek_step(from).unwrap_or(0);
+        let later: Vec<String> = fs::saved_steps(save)
+            .into_iter()
+            .filter(|&s| s > step)
+            .map(|s| s.to_string())
+            .collect();
+        if !later.is_empty() && a.steps > step {
+            eprintln!(
+                "note: resuming step {step} into {}, which holds later steps ({}): this run's \
+                 checkpoints become its `latest` (the later ones stay, and are replaced where \
+                 this run saves the same step)",
+                save.display(),
+                later.join(", ")
+            );
+        }
+    }
     // Megatron's and torchtitan's users save where they load from; here --save is separate.
     if let (Some(dir), None) = (&a.resume, &a.save) {
         // A step directory's run directory is the one to continue.

@@ -211,10 +211,14 @@ fn check(x: &ForecastInput) -> Result<(), Error> {
     if !(x.mfu.is_finite() && x.mfu > 0.0 && x.mfu <= 1.0) {
         return Err(Error::setting(
             "mfu",
-            format!(
-                "is a fraction of the peak in (0, 1], e.g. 0.5; got {}",
-                x.mfu
-            ),
+            match x.mfu {
+                // A percentage: say which fraction it means.
+                p if p > 1.0 && p <= 100.0 => format!(
+                    "must be a fraction of the peak in (0, 1], not a percentage: for {p}% write {}",
+                    p / 100.0
+                ),
+                m => format!("must be a fraction of the peak in (0, 1], e.g. 0.5; got {m}"),
+            },
         ));
     }
     for (setting, n) in [

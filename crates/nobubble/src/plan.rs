@@ -24,9 +24,9 @@ pub struct PlanArgs {
     pub pipeline: PipelineArgs,
     #[command(flatten)]
     pub costs: CostArgs,
-    /// Output format.
-    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    /// Output format [default: from -o's extension (.csv, .svg, .json), else text].
+    #[arg(long, short = 'f', value_enum)]
+    pub format: Option<Format>,
     /// Write to this file instead of stdout.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
@@ -78,7 +78,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         mem_limit,
         ..
     } = &planned;
-    let out = match args.format {
+    let out = match output_format(args) {
         // JSON: the report with what only `plan` knows added, serialized once.
         Format::Json => {
             let mut v = json_report(schedule, costs, sim, *limit);
@@ -112,6 +112,42 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         }
     };
     emit(args.output.as_deref(), &out)
+}
+
+/// The format asked for, else the one `-o`'s extension names (`.json` is the report; a
+/// Chrome trace needs `-f chrome`), else text. A format that contradicts the extension is
+/// written as asked, with a note.
+fn output_format(args: &PlanArgs) -> Format {
+    let by_extension = args
+        .output
+        .as_deref()
+        .and_then(|p| p.extension())
+        .and_then(
+            |e| match e.to_string_lossy().to_ascii_lowercase().as_str() {
+                "csv" => Some(Format::Csv),
+                "svg" => Some(Format::Svg),
+                "json" => Some(Format::Json),
+                _ => None,
+            },
+        );
+    match (args.format, by_extension) {
+        (Some(f), Some(e)) if f != e && !(f == Format::Chrome && e == Format::Json) => {
+            let name = |f: Format| format!("{f:?}").to_lowercase();
+            eprintln!(
+                "note: writing {} to {} as asked (its extension says {})",
+                name(f),
+                args.output
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                name(e)
+            );
+            f
+        }
+        (Some(f), _) => f,
+        (None, Some(e)) => e,
+        (None, None) => Format::Text,
+    }
 }
 
 /// The text report's line on the layer split against the even one.

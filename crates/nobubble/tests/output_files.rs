@@ -250,3 +250,41 @@ fn a_trace_is_complete_at_the_end_and_kept_when_a_run_fails() {
     assert_eq!(names(&d), ["t.json"]);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Without `-f`, `-o`'s extension chooses the format; a `-f` that contradicts it is obeyed
+/// with a note.
+#[test]
+fn the_output_extension_chooses_the_format() {
+    let d = dir("ext");
+    let plan = |extra: &[&str]| {
+        let mut a = vec!["plan", "-s", "zb-h1", "-p", "2", "-m", "2"];
+        a.extend_from_slice(extra);
+        nobubble(&a)
+    };
+    let path = |n: &str| d.join(n).to_str().unwrap().to_string();
+    for (name, starts) in [
+        ("p.svg", "<svg"),
+        ("p.csv", "0F0,"),
+        ("p.json", "{"),
+        ("p.txt", "zb-h1"),
+    ] {
+        let out = plan(&["-o", &path(name)]);
+        assert!(out.status.success());
+        let text = std::fs::read_to_string(d.join(name)).unwrap();
+        assert!(
+            text.starts_with(starts),
+            "{name}: {}",
+            &text[..40.min(text.len())]
+        );
+    }
+    let out = plan(&["-f", "svg", "-o", &path("q.csv")]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("note: writing svg to") && err.contains("says csv"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(d.join("q.csv"))
+        .unwrap()
+        .starts_with("<svg"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -62,20 +62,30 @@ pub fn write(path: &Path, content: &[u8]) -> Result<(), String> {
             write_all(&mut f, content).map_err(fail)
         }
         _ => {
-            // A missing folder is an error rather than made: a typo would otherwise write
-            // the output somewhere the user does not look.
-            if let Some(parent) = target
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
-            {
-                return Err(format!(
-                    "cannot write {}: the folder {} does not exist; create it first",
-                    path.display(),
-                    parent.display()
-                ));
-            }
+            check_folder(&target)?;
             replace_atomically(&target, content).map_err(fail)
         }
+    }
+}
+
+/// Refuses a path whose folder does not exist. A missing folder is an error rather than
+/// made: a typo would otherwise write the output somewhere the user does not look.
+pub fn check_folder(path: &Path) -> Result<(), String> {
+    match path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+    {
+        Some(parent) if parent.exists() => Err(format!(
+            "cannot write {}: {} is a file, not a folder",
+            path.display(),
+            parent.display()
+        )),
+        Some(parent) => Err(format!(
+            "cannot write {}: the folder {} does not exist; create it first",
+            path.display(),
+            parent.display()
+        )),
+        None => Ok(()),
     }
 }
 

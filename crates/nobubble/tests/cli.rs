@@ -453,7 +453,7 @@ fn train_refuses_bad_input_before_training() {
     let file = temp_file("not-a-folder", "x");
     let under = file.join("t.json");
     let e = fails(&micro_train("1", &["--trace", under.to_str().unwrap()]));
-    assert!(e.contains("cannot write --trace"), "{e}");
+    assert!(e.contains("--trace: cannot write"), "{e}");
     let e = fails(&micro_train(
         "1",
         &["--log", "/nonexistent/folder/steps.jsonl"],

@@ -212,20 +212,10 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
                 path.display()
             ));
         }
-        // A missing folder is an error rather than made: a typo would otherwise write the
-        // results somewhere the user does not look (plan -o does the same).
-        if let Some(parent) = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
-        {
-            return Err(format!(
-                "cannot write {flag} {}: the folder {} does not exist; create it first",
-                path.display(),
-                parent.display()
-            ));
-        }
         // Written at the end: find out now whether it can be.
-        crate::output::check_writable(path).map_err(|e| format!("{flag}: {e}"))?;
+        crate::output::check_folder(path)
+            .and_then(|_| crate::output::check_writable(path))
+            .map_err(|e| format!("{flag}: {e}"))?;
     }
     Ok(())
 }

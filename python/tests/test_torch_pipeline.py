@@ -250,6 +250,14 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
         for name, p in s.submod.named_parameters()
     }
     out: dict[str, Any] = {"losses": losses, "weights": weights, "peak": peak, "stages": mine}
+    if spec.get("eval"):
+        # Forward only, on the trained weights: the same losses under every schedule.
+        eval_losses: list[torch.Tensor] = []
+        with torch.no_grad():
+            schedule.eval(*args, target=target, losses=eval_losses)
+        out["eval"] = [loss.detach() for loss in eval_losses]
+        # Training goes on afterwards with the training lists.
+        schedule.step(*args, target=target, losses=[])
     if spec.get("replan_by_hand"):
         out["by_hand"] = schedule.replan().digest()
     if isinstance(schedule, PlannedSchedule):
@@ -372,11 +380,11 @@ def two_ranks() -> dict[str, Any]:
     free_bytes = int(2 * limit / 0.8)
     w_reversed = _w_last_reversed(plans["zb-2p"])
     scenarios = [
-        {"name": "ref-1f1b", "kind": "ref-1f1b", "num_stages": 2},
+        {"name": "ref-1f1b", "kind": "ref-1f1b", "num_stages": 2, "eval": True},
         {"name": "ref-zbv", "kind": "ref-zbv", "num_stages": 4},
         {"name": "zb-auto", "kind": "plan", "num_stages": 2, "plan": plans["zb-auto"]},
         {"name": "zb-2p", "kind": "plan", "num_stages": 2, "plan": plans["zb-2p"], "measure": True},
-        {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"]},
+        {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"], "eval": True},
         {"name": "zb-auto-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v"]},
         {"name": "memory", "kind": "plan", "num_stages": 2, "plan": mem_plan, "track_memory": True},
         # Free memory that leaves each of the two ranks the same budget as "memory".
@@ -491,6 +499,17 @@ def test_two_rank_linear_plans_train_like_1f1b(two_ranks: dict[str, Any], name: 
 def test_two_rank_v_plans_train_like_zbv(two_ranks: dict[str, Any], name: str) -> None:
     """V plans on 2 ranks (4 stages): bit-equal to ScheduleZBVZeroBubble (same W order)."""
     _assert_same_training(two_ranks["results"], name, "ref-zbv")
+
+
+def test_eval_of_a_v_plan_gives_1f1bs_losses(two_ranks: dict[str, Any]) -> None:
+    """``eval`` on a V plan (where PyTorch's own ``eval`` fails) runs forward only and gives
+    the losses Schedule1F1B's ``eval`` gives on the same (bit-equal) trained weights."""
+    results = two_ranks["results"]
+    got = [loss for r in results for loss in r["zb-v"].get("eval", [])]
+    want = [loss for r in results for loss in r["ref-1f1b"].get("eval", [])]
+    assert len(got) == MICROBATCHES and len(want) == MICROBATCHES
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a, b)
 
 
 @pytest.mark.parametrize("name", ["zb-auto", "zb-2p"])

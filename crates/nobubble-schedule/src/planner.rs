@@ -153,9 +153,14 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
             let scale = Scale::of_layers(layers);
             let scaled = Request {
                 mem_limit: scale.limit(&gen.mem_limit),
-                ..gen
+                ..gen.clone()
             };
-            let chosen = plan_split(&scaled, &scale.layers(layers))?;
+            // An error may quote times or amounts of memory: found again in the user's units.
+            let (chosen, scale) = match plan_split(&scaled, &scale.layers(layers)) {
+                Ok(chosen) => (chosen, scale),
+                Err(_) if !scale.is_identity() => (plan_split(&gen, layers)?, Scale::IDENTITY),
+                Err(e) => return Err(e),
+            };
             let blocks = layers.blocks()?.len();
             let even = match &chosen.even {
                 Some(e) => {

@@ -19,6 +19,12 @@ pub(crate) struct Scale {
 }
 
 impl Scale {
+    /// No rescaling.
+    pub(crate) const IDENTITY: Scale = Scale {
+        time: 1.0,
+        mem: 1.0,
+    };
+
     /// The factors for costs `entries` (every stage's or layer's) and a transfer time `comm`.
     pub(crate) fn of<'a>(entries: impl IntoIterator<Item = &'a RankCost>, comm: f64) -> Scale {
         let (mut time, mut mem) = (comm.abs(), 0.0_f64);
@@ -30,6 +36,11 @@ impl Scale {
             time: unit_factor(time),
             mem: unit_factor(mem),
         }
+    }
+
+    /// Whether nothing is rescaled.
+    pub(crate) fn is_identity(&self) -> bool {
+        self.time == 1.0 && self.mem == 1.0
     }
 
     /// The factors for a per-layer request.

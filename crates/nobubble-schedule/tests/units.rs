@@ -140,3 +140,21 @@ fn a_layer_split_is_chosen_the_same_in_any_power_of_two_unit() {
     let scaled: Vec<f64> = base.peak_memory().iter().map(|b| b * mem).collect();
     assert_eq!(other.peak_memory(), &scaled[..]);
 }
+
+#[test]
+fn errors_quote_the_users_units() {
+    let spec = CostSpec::uniform(
+        RankCost {
+            mem_b: 2_100_000.0,
+            mem_w: 1_000_000.0,
+            ..RankCost::default()
+        },
+        0.0,
+    );
+    let req = PlanRequest {
+        mem_limit: MemLimit::Bytes(1024.0),
+        ..PlanRequest::new(ScheduleKind::ZbAuto, 2, 8, spec)
+    };
+    let e = plan(&req).unwrap_err().to_string();
+    assert!(e.contains("1024B") && e.contains("2100000B"), "{e}");
+}

@@ -190,6 +190,9 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         """Hands the plan's compute-only action lists to PyTorch's lowering (adds comms)."""
         order = {r: [parse_action(a) for a in row] for r, row in enumerate(snapshot.actions)}
         self.pipeline_order = order
+        # The forward-only program `eval` runs, made on first use.
+        self._forward_order = {r: [a for a in row if "F" in str(a)] for r, row in order.items()}
+        self._forward_lowered: dict[int, list[Any]] | None = None
         try:
             self._prepare_schedule_with_comms(self.pipeline_order)
         except AssertionError as exc:
@@ -245,6 +248,33 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 wall = self._recorder.end()
             self._finish_measurement(wall)
             return result
+
+    def eval(self, *args: Any, **kwargs: Any) -> Any:
+        """One forward-only iteration, like PyTorch's schedules' ``eval`` (same arguments and
+        results; the losses of the last stage's microbatches go to ``losses=``).
+
+        It runs the plan's forward passes alone, in the plan's order. PyTorch's own ``eval``
+        runs the training lists without their backward, which fails where a rank holds two
+        adjacent stages, as every V plan places them (``ScheduleZBVZeroBubble.eval`` fails
+        the same way). Never measured.
+        """
+        _check_batch(args, kwargs.get("target"), self._n_microbatches)
+        training = (self.pipeline_order, self.pipeline_order_with_comms, self._measuring)
+        if self._forward_lowered is None:
+            # PyTorch's lowering insists on backward passes: keep the forward part of the
+            # training program instead (a subsequence, so as free of deadlock as the whole).
+            self._forward_lowered = {
+                rank: [a for a in row if a.computation_type.value in _FORWARD_PROGRAM]
+                for rank, row in self.pipeline_order_with_comms.items()
+            }
+        self.pipeline_order = self._forward_order
+        self.pipeline_order_with_comms = self._forward_lowered
+        self._measuring = False
+        try:
+            with _peer_failures_explained():
+                return super().eval(*args, **kwargs)
+        finally:
+            self.pipeline_order, self.pipeline_order_with_comms, self._measuring = training
 
     def _check_step_inputs(self, kwargs: dict[str, Any]) -> None:
         """The rank with the last stage needs the targets when there is a loss: PyTorch's own
@@ -347,6 +377,11 @@ class PlannedSchedule(_PipelineScheduleRuntime):
 
 
 # -- checks ------------------------------------------------------------------------------
+
+
+#: The kinds of lowered action a forward-only iteration keeps: the forwards, their sends
+#: and receives, and FSDP's unshard/reshard around them.
+_FORWARD_PROGRAM = frozenset({"F", "SEND_F", "RECV_F", "WAIT_SEND_F", "UNSHARD", "RESHARD"})
 
 
 def _check_stages(stages: Any) -> list[_PipelineStageBase]:

@@ -380,11 +380,15 @@ impl Request {
 /// memory changes no plan's quality.
 pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let scale = Scale::of(&costs.stages, costs.comm);
-    let req = Request {
+    let scaled = Request {
         mem_limit: scale.limit(&req.mem_limit),
         ..req.clone()
     };
-    generate_scaled(&req, &scale.spec(costs))
+    match generate_scaled(&scaled, &scale.spec(costs)) {
+        // An error may quote times or amounts of memory: found again in the user's units.
+        Err(_) if !scale.is_identity() => generate_scaled(req, costs),
+        planned => planned,
+    }
 }
 
 fn generate_scaled(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {

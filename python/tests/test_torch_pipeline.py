@@ -306,6 +306,18 @@ def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
             agreed_plan("zb-auto", microbatches=MICROBATCHES, mem_limit=mine)
         except ValueError as exc:
             found[name] = str(exc)
+    # Stages in a V under a schedule that plans one per rank: the layout is named.
+    n = 2 * world
+    v_chunks = gpt_chunks(CFG, n, seed=SEED)
+    cpu = torch.device("cpu")
+    v_stages = [PipelineStage(v_chunks[s], s, n, cpu) for s in (rank, n - 1 - rank)]
+    try:
+        PlannedSchedule(v_stages, MICROBATCHES, lm_loss, schedule="zb-1p")
+    except ValueError as exc:
+        found["v_under_linear"] = str(exc)
+    # Looped stages (rank r holds r and r + p) with no schedule named: planned interleaved.
+    looped = [PipelineStage(v_chunks[s], s, n, cpu) for s in (rank, rank + world)]
+    found["looped_default"] = PlannedSchedule(looped, MICROBATCHES, lm_loss).plan.schedule
     schedule = PlannedSchedule(right, MICROBATCHES, lm_loss, plan=plan)
     try:
         schedule.replan()
@@ -612,6 +624,10 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         assert errors["different_request"].startswith(
             "rank(s) [1] asked for a different plan than rank 0"
         ), errors
+        assert errors["v_under_linear"].startswith(
+            "these stages are built 2 per rank, in a V, which zb-1p does not plan"
+        ), errors
+        assert errors["looped_default"] == "interleaved-zb", errors
 
 
 def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nobubble import ScheduleError
 from nobubble.torch._compat import (
     TESTED_TORCH,
     _PipelineScheduleRuntime,
@@ -104,6 +105,9 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 check_same_plan(snapshot, group)
         else:
             placement, chunks = _placement_of(stage_list, size)
+            if schedule is None and placement == "auto":
+                # Looped stages (rank r holds r, r + p, …): zb-auto plans linear or V only.
+                schedule = "interleaved-zb"
             kwargs = dict(plan_kwargs or {})
             if chunks is not None:
                 kwargs["chunks"] = chunks
@@ -115,23 +119,35 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 placement=placement,
                 num_ranks=size,
             )
-            if collective:
-                snapshot = agreed_plan(
-                    schedule or "zb-auto",
-                    microbatches=n_microbatches,
-                    costs=costs,
-                    group=group,
-                    **request,
-                )
-            else:
-                size_ = request.pop("num_ranks")
-                snapshot = make_plan(
-                    schedule or "zb-auto",
-                    num_ranks=size_,
-                    num_microbatches=n_microbatches,
-                    costs=costs,
-                    **request,
-                )
+            try:
+                if collective:
+                    snapshot = agreed_plan(
+                        schedule or "zb-auto",
+                        microbatches=n_microbatches,
+                        costs=costs,
+                        group=group,
+                        **request,
+                    )
+                else:
+                    size_ = request.pop("num_ranks")
+                    snapshot = make_plan(
+                        schedule or "zb-auto",
+                        num_ranks=size_,
+                        num_microbatches=n_microbatches,
+                        costs=costs,
+                        **request,
+                    )
+            except ScheduleError as exc:
+                # The chunks were read off the stages, not given: say so, not "chunks=".
+                if str(exc).startswith("chunks") and "chunks" not in (plan_kwargs or {}):
+                    layout = "in a V" if placement == "v" else "looped over the ranks"
+                    raise ScheduleError(
+                        f"these stages are built {chunks} per rank, {layout}, which "
+                        f"{schedule or 'zb-auto'} does not plan: pick a schedule for that "
+                        f"layout (V: zb-auto, zb-v, v-half, v-min; looped: interleaved-zb, "
+                        f"interleaved-1f1b) or build one stage per rank ({exc})"
+                    ) from exc
+                raise
             _agree(
                 collective,
                 group,

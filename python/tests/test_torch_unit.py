@@ -76,6 +76,27 @@ def test_profile_leaves_gradients_and_rng_untouched() -> None:
     assert all(p.grad is None for p in chunks[1].parameters())
 
 
+def test_profile_leaves_running_statistics_untouched() -> None:
+    """A forward in training mode updates BatchNorm's buffers; profiling puts them back."""
+
+    class Normed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.BatchNorm1d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.lin(x))
+
+    chunks = [Normed(), Normed()]
+    before = [{k: v.clone() for k, v in c.state_dict().items()} for c in chunks]
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    nbt.profile(chunks, (x, y), torch.nn.functional.mse_loss, warmup=1, iterations=2)
+    for c, saved in zip(chunks, before):
+        for k, v in c.state_dict().items():
+            assert torch.equal(v, saved[k]), k
+
+
 def test_profile_regroup_sums_neighbouring_chunks() -> None:
     """Profile 2p chunks, plan p stages: pairs add up (times and memory)."""
     prof = nbt.profile(gpt_chunks(CFG, 4), _example(2), lm_loss, warmup=0, iterations=1)

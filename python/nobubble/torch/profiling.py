@@ -207,8 +207,9 @@ def profile(
     allocator on GPUs and from the tensors autograd saves on other devices
     (:class:`~nobubble.torch.memory.ActivationMemoryTracker`).
 
-    Gradients already in the chunks' ``.grad`` are restored afterwards, and the RNG state
-    is forked, so profiling does not change the training that follows.
+    Gradients already in the chunks' ``.grad`` and their buffers (BatchNorm's running
+    statistics) are restored afterwards, and the RNG state is forked, so profiling does not
+    change the training that follows.
     """
     if isinstance(chunks, nn.Module) and not isinstance(chunks, (nn.Sequential, nn.ModuleList)):
         raise TypeError(
@@ -233,6 +234,8 @@ def profile(
     target = _to(target, dev)
 
     saved_grads = [[p.grad for p in c.parameters()] for c in chunk_list]
+    # Buffers a forward updates (BatchNorm's running statistics and batch count).
+    saved_buffers = [[b.detach().clone() for b in c.buffers()] for c in chunk_list]
     for c in chunk_list:
         for p in c.parameters():
             p.grad = None  # accumulating into them would change them in place
@@ -246,9 +249,12 @@ def profile(
                     samples.append(times)
             _, mem = _run(chunk_list, inputs, target, loss_fn, dev, memory=True)
     finally:
-        for c, grads in zip(chunk_list, saved_grads):
+        for c, grads, buffers in zip(chunk_list, saved_grads, saved_buffers):
             for p, g in zip(c.parameters(), grads):
                 p.grad = g
+            with torch.no_grad():
+                for b, saved in zip(c.buffers(), buffers):
+                    b.copy_(saved)
 
     stages = []
     raw = []

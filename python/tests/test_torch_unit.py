@@ -384,3 +384,17 @@ def test_a_lost_peer_says_the_other_ranks_error_is_the_cause(
     with pytest.raises(RuntimeError, match="shape mismatch") as info:
         schedule.step(target=torch.zeros(4, CFG.seq_len, dtype=torch.long))
     assert not getattr(info.value, "__notes__", [])
+
+
+def test_a_byte_budget_without_measured_memory_says_to_profile() -> None:
+    """A limit in bytes needs the stages' activation bytes: the error says to profile, not to
+    pass the CLI's mem= (make_plan's callers give costs=, not mem=)."""
+    for limit in ("8GiB", ["8GiB", "6GiB"]):
+        with pytest.raises(ValueError, match=r"pass costs=nobubble\.torch\.profile"):
+            nbt.make_plan("zb-auto", num_ranks=2, num_microbatches=4, mem_limit=limit)
+    # A multiple of M_B, or memory given directly, still plans.
+    assert nbt.make_plan("zb-auto", num_ranks=2, num_microbatches=4, mem_limit="4").schedule
+    plan = nbt.make_plan(
+        "zb-auto", num_ranks=2, num_microbatches=4, mem=(1000, 400), mem_limit="8KB"
+    )
+    assert plan.schedule == "zb-auto"

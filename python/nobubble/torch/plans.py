@@ -192,6 +192,20 @@ def plan_from_csv(text: str, schedule: str = "csv") -> PlanSnapshot:
     return snapshot
 
 
+def _in_bytes(limit: Any) -> bool:
+    """Whether ``limit`` is an amount of memory (a size with a unit, or one per rank) rather
+    than a multiple of M_B."""
+    if isinstance(limit, (list, tuple)):
+        return True
+    if not isinstance(limit, str):
+        return False
+    try:
+        float(limit)
+    except ValueError:
+        return limit.strip().lower() != "none"
+    return False
+
+
 def _check_runs(snapshot: PlanSnapshot) -> None:
     """Runs nobubble's validator on a plan read from elsewhere: a schedule that deadlocks or
     misses a pass fails here, naming the ranks and actions, instead of inside PyTorch's
@@ -263,11 +277,13 @@ def make_plan(
         free, mem_limit = mem_limit, mem_limit.budgets(readings)
     if mem_limit is not None:
         kwargs["mem_limit"] = mem_limit
-    if free is not None and costs is None and layers is None:
+    measured = costs is not None or layers is not None or "mem" in plan_kwargs
+    if (free is not None or _in_bytes(mem_limit)) and not measured:
+        given = "mem_limit=FreeMemory()" if free is not None else f"mem_limit={mem_limit!r}"
         raise ValueError(
-            "mem_limit=FreeMemory() is a budget in bytes and needs each stage's activation "
-            "bytes: pass costs=nobubble.torch.profile(...) (or layers=), or give a multiple of "
-            "M_B such as mem_limit=4"
+            f"{given} is a budget in bytes and needs each stage's activation bytes: pass "
+            "costs=nobubble.torch.profile(...) (or layers=), or give a multiple of M_B such "
+            "as mem_limit=4"
         )
     if layers is not None and costs is not None:
         raise ValueError("pass costs= (per stage) or layers= (per layer), not both")

@@ -83,8 +83,12 @@ pub fn finish(
 /// Steps, throughput, losses, step time, bubble and MFU.
 fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, real: bool) {
     let sim = &r.simulated.metrics;
+    // A blank line under the progress on a terminal; none at the top of a file or pipe.
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        println!();
+    }
     println!(
-        "\ntrained {} steps in {:.1} s ({:.0} tokens/s)",
+        "trained {} steps in {:.1} s ({:.0} tokens/s)",
         r.trained,
         r.elapsed,
         r.tokens_per_step * r.trained as f64 / r.elapsed.max(f64::MIN_POSITIVE)

@@ -12,7 +12,7 @@ use crate::cost::{CostModel, CostSpec, RankCost};
 use crate::error::Error;
 use crate::generate::search::better;
 use crate::generate::{
-    generate, OwnLayout, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS,
+    generate_as_given, OwnLayout, Placement, Request, ScheduleKind, V_CHOICE_MAX_ACTIONS,
 };
 use crate::limit::MemLimit;
 use crate::schedule::Schedule;
@@ -251,7 +251,8 @@ fn balanced_counts(l: &LayerCosts, n: usize, min_middle: usize) -> Result<Vec<us
 /// stage count (`zb-auto` without `--placement` tries the linear and the V one). Every
 /// middle stage keeps at least one block (the runtime's rule). The memory is held fixed: a
 /// budget in memory (`MemLimit::Bytes`, `MemLimit::PerRank`) as given, a multiple of M_B (the kind's limit) as the bytes it
-/// means under the even split, which every other split must fit too.
+/// means under the even split, which every other split must fit too. Plans on the costs as
+/// given: [`crate::planner::plan`] brings them into units near 1 first ([`crate::scale`]).
 pub fn plan_split(req: &Request, layers: &LayerCosts) -> Result<Split, Error> {
     let blocks = layers.blocks()?.len();
     for (setting, n) in [
@@ -334,7 +335,9 @@ impl SplitSearch<'_> {
     /// `counts` planned under `r`, checked against the byte budget `check` (empty: none).
     fn plan(&self, counts: &[usize], r: &Request, check: &[f64]) -> Result<Candidate, Error> {
         let spec = self.layers.spec(counts)?;
-        let s = generate(r, &spec)?;
+        // The planner scaled the layers once ([`crate::scale`]): no rescaling per candidate,
+        // nor a second run of each candidate that fails.
+        let s = generate_as_given(r, &spec)?;
         let c = CostModel::for_schedule(&spec, &s)?.with_objective(self.req.objective);
         if !check.is_empty() {
             crate::validate::check_memory_budget(&s, &c, check)?;

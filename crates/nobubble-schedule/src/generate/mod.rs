@@ -384,14 +384,16 @@ pub fn generate(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
         mem_limit: scale.limit(&req.mem_limit),
         ..req.clone()
     };
-    match generate_scaled(&scaled, &scale.spec(costs)) {
+    match generate_as_given(&scaled, &scale.spec(costs)) {
         // An error may quote times or amounts of memory: found again in the user's units.
-        Err(_) if !scale.is_identity() => generate_scaled(req, costs),
+        Err(_) if !scale.is_identity() => generate_as_given(req, costs),
         planned => planned,
     }
 }
 
-fn generate_scaled(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
+/// [`generate`] on costs already in units near 1 (no rescaling, no second run on an error):
+/// for searches that call it many times on inputs they scaled once (the layer split).
+pub(crate) fn generate_as_given(req: &Request, costs: &CostSpec) -> Result<Schedule, Error> {
     let (p, m) = (req.ranks, req.microbatches);
     check_request(req)?;
     let mem_budget = req.mem_limit.budgets();

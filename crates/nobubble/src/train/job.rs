@@ -240,21 +240,22 @@ fn same_run(resume: &std::path::Path, run: &std::path::Path) -> bool {
         return false;
     };
     // The step directory's own path is not resolved: it may be a link to elsewhere.
-    let parent = resume.parent().map(|p| {
-        if p.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            p
-        }
-    });
-    let is_step = resume
+    resume.canonicalize().is_ok_and(|r| r == d)
+        || run_of_step(resume)
+            .and_then(|p| p.canonicalize().ok())
+            .is_some_and(|p| p == d)
+}
+
+/// The run directory holding `dir` when `dir` is a step directory (`…/step-NNNNNN`).
+pub(super) fn run_of_step(dir: &Path) -> Option<&Path> {
+    let is_step = dir
         .file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
-    resume.canonicalize().is_ok_and(|r| r == d)
-        || is_step
-            && parent
-                .and_then(|p| p.canonicalize().ok())
-                .is_some_and(|p| p == d)
+    let parent = dir.parent().map(|p| match p.as_os_str().is_empty() {
+        true => Path::new("."),
+        false => p,
+    });
+    parent.filter(|_| is_step)
 }
 
 /// `--peak-flops`, and the checkpoint flags that need `--save`.

@@ -447,13 +447,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
     // Megatron's and torchtitan's users save where they load from; here --save is separate.
     if let (Some(dir), None) = (&a.resume, &a.save) {
         // A step directory's run directory is the one to continue.
-        let step = dir
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
-        let dir = match dir.parent() {
-            Some(run) if step && !run.as_os_str().is_empty() => run,
-            _ => dir.as_path(),
-        };
+        let dir = job::run_of_step(dir).unwrap_or(dir);
         eprintln!(
             "note: resuming without --save: this run's checkpoints are not saved (add --save {} \
              to continue that run directory)",

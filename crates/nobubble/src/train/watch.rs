@@ -238,22 +238,13 @@ impl Observer for Watch {
         }
         let step = rec.step;
         // Emulated passes compute no loss and hold no activations: show neither.
-        let (loss, peak_text) = match self.emulated {
-            true => (String::new(), String::new()),
-            false => (
-                format!("loss {:.4}  ", rec.loss),
-                format!("  peak act {}", mib(peak as f64)),
-            ),
-        };
+        let loss = (!self.emulated).then_some(rec.loss);
         if self.tty {
             // Short enough for an 80-column terminal.
             let mfu_text = mfu.map_or(String::new(), |x| format!(" · MFU {:.0}%", 100.0 * x));
-            let loss = match self.emulated {
-                true => String::new(),
-                false => format!("loss {:.3} · ", rec.loss),
-            };
+            let loss_text = loss.map_or(String::new(), |l| format!("loss {l:.3} · "));
             let summary = format!(
-                "{loss}{:.0} tok/s · bubble {:.1}%{mfu_text}",
+                "{loss_text}{:.0} tok/s · bubble {:.1}%{mfu_text}",
                 tps,
                 100.0 * rec.bubble_fraction,
             );
@@ -262,8 +253,13 @@ impl Observer for Watch {
             bar.set_message(summary);
         } else if step.is_multiple_of(10) || step + 1 == self.steps {
             let mfu_text = mfu.map_or(String::new(), |x| format!("  MFU {:.1}%", 100.0 * x));
+            let loss_text = loss.map_or(String::new(), |l| format!("loss {l:.4}  "));
+            let peak_text = match self.emulated {
+                true => String::new(),
+                false => format!("  peak act {}", mib(peak as f64)),
+            };
             eprintln!(
-                "step {:>4}/{}  {loss}{:>6.0} tok/s  bubble {:>5.1}%{mfu_text}{peak_text}",
+                "step {:>4}/{}  {loss_text}{:>6.0} tok/s  bubble {:>5.1}%{mfu_text}{peak_text}",
                 step + 1,
                 self.steps,
                 tps,

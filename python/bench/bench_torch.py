@@ -249,7 +249,7 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
     busy = ", ".join(f"{b:.0f}" for b in measured.busy_ms)
     print(
         f"nobubble, last measured step: {measured.summary()}; compute per rank {busy} ms "
-        f"(planned {sum(sum(c) for c in prof.cost) * m / RANKS:.0f} ms on average)"
+        f"(planned {sum(sum(c[:3]) for c in prof.cost) * m / RANKS:.0f} ms on average)"
     )
 
 

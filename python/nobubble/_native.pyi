@@ -5,7 +5,7 @@ from typing import Literal
 
 __version__: str
 
-Cost = tuple[float, float, float] | Sequence[Sequence[float]]
+Cost = tuple[float, float, float] | tuple[float, float, float, float] | Sequence[Sequence[float]]
 """``(F, I, W)`` for every stage, or one such entry per stage in model order. With one entry
 per rank on a schedule of more stages (V, interleaved), entry ``k`` is the model's ``k``-th
 slice, split evenly into consecutive chunks: on a V, entry 1 prices chunks 2 and 3, which

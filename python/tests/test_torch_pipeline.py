@@ -387,6 +387,8 @@ def two_ranks() -> dict[str, Any]:
         "zb-2p": _snapshot(planner, "zb-2p", 2),
         "zb-v": _snapshot(planner, "zb-v", 2),
         "zb-auto-v": _snapshot(planner, "zb-auto", 2, placement="v"),
+        # A fused backward at 60% of I + W: zb-auto fuses backward passes.
+        "zb-auto-fused": _snapshot(planner, "zb-auto", 2, placement="linear", cost=(1, 1, 1, 1.2)),
     }
     mem_plan, limit, unlimited = _memory_plan(2)
     free_bytes = int(2 * limit / 0.8)
@@ -398,6 +400,7 @@ def two_ranks() -> dict[str, Any]:
         {"name": "zb-2p", "kind": "plan", "num_stages": 2, "plan": plans["zb-2p"], "measure": True},
         {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"], "eval": True},
         {"name": "zb-auto-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v"]},
+        {"name": "fused", "kind": "plan", "num_stages": 2, "plan": plans["zb-auto-fused"]},
         {"name": "memory", "kind": "plan", "num_stages": 2, "plan": mem_plan, "track_memory": True},
         # Free memory that leaves each of the two ranks the same budget as "memory".
         {"name": "free", "kind": "free", "num_stages": 2, "free": free_bytes, "track_memory": True},
@@ -505,6 +508,15 @@ def test_two_rank_linear_plans_train_like_1f1b(two_ranks: dict[str, Any], name: 
     Bit for bit, not a tolerance: W order per stage is the same (see the module docstring).
     """
     _assert_same_training(two_ranks["results"], name, "ref-1f1b")
+
+
+def test_a_plan_with_fused_backward_trains_like_1f1b(two_ranks: dict[str, Any]) -> None:
+    """Where B is cheaper than I + W, zb-auto's plan runs fused backward passes (PyTorch's
+    FULL_BACKWARD); W and B keep microbatch order per stage, so training is bit-equal to
+    Schedule1F1B."""
+    plan = two_ranks["plans"]["zb-auto-fused"]
+    assert any("B" in a for row in plan.actions for a in row), plan.actions
+    _assert_same_training(two_ranks["results"], "fused", "ref-1f1b")
 
 
 @pytest.mark.parametrize("name", ["zb-v", "zb-auto-v"])

@@ -51,7 +51,9 @@ def test_profile_times_are_positive_and_split_like_pytorch() -> None:
     assert first.mem_w == first.mem_b
     assert last.i > 10 * nbt.profiling.MIN_MS
     assert len(prof.cost) == 2 and len(prof.mem) == 2
-    assert prof.cost[1] == (last.f, last.i, last.w)
+    assert prof.cost[1] == (last.f, last.i, last.w, last.b)
+    # The fused backward is timed in runs of its own, for every chunk.
+    assert all(s.b is not None and s.b >= nbt.profiling.MIN_MS for s in prof.stages)
 
 
 def test_profile_memory_grows_with_microbatch_size() -> None:

@@ -20,23 +20,30 @@ pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
     ScheduleError::new_err(msg.into())
 }
 
-/// A tuple or list of exactly `n` numbers.
-pub(crate) fn numbers(obj: &Bound<'_, PyAny>, n: usize) -> Option<Vec<f64>> {
+/// A tuple or list of `n` numbers, `n` in `lens`.
+pub(crate) fn numbers(
+    obj: &Bound<'_, PyAny>,
+    lens: std::ops::RangeInclusive<usize>,
+) -> Option<Vec<f64>> {
     if obj.is_instance_of::<PyString>() {
         return None;
     }
     let v: Vec<f64> = obj.extract().ok()?;
-    (v.len() == n).then_some(v)
+    lens.contains(&v.len()).then_some(v)
 }
 
-/// One entry `(a, b, …)` or a list of them, as rows of `n` numbers.
+/// One entry `(a, b, …)` or a list of them, as rows of `n` numbers (`n` in `lens`).
 pub(crate) fn rows(
     obj: &Bound<'_, PyAny>,
-    n: usize,
+    lens: std::ops::RangeInclusive<usize>,
     what: &str,
     example: &str,
 ) -> PyResult<Vec<Vec<f64>>> {
-    if let Some(one) = numbers(obj, n) {
+    let n = match (lens.start(), lens.end()) {
+        (a, b) if a == b => a.to_string(),
+        (a, b) => format!("{a} or {b}"),
+    };
+    if let Some(one) = numbers(obj, lens.clone()) {
         return Ok(vec![one]);
     }
     let err = || {
@@ -53,7 +60,7 @@ pub(crate) fn rows(
     }
     items
         .iter()
-        .map(|i| numbers(i, n).ok_or_else(err))
+        .map(|i| numbers(i, lens.clone()).ok_or_else(err))
         .collect()
 }
 
@@ -65,11 +72,11 @@ pub(crate) fn cost_spec(
     comm: f64,
 ) -> PyResult<CostSpec> {
     let times = match cost {
-        Some(c) => rows(c, 3, "cost", "(F, I, W)")?,
+        Some(c) => rows(c, 3..=4, "cost", "(F, I, W) or (F, I, W, B)")?,
         None => vec![vec![1.0, 1.0, 1.0]],
     };
     let mems = match mem {
-        Some(m) => rows(m, 2, "mem", "(M_B, M_W)")?,
+        Some(m) => rows(m, 2..=2, "mem", "(M_B, M_W)")?,
         None => vec![vec![1.0, 0.5]],
     };
     let n = times.len().max(mems.len());
@@ -90,6 +97,9 @@ pub(crate) fn cost_spec(
                 w: t[2],
                 mem_b: m[0],
                 mem_w: m[1],
+                // A fused backward's own time, where it is not I + W (PyTorch's split
+                // backward costs extra).
+                b: t.get(3).copied(),
             }
         })
         .collect();

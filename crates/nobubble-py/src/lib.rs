@@ -292,7 +292,9 @@ impl Plan {
 /// `nobubble plan`.
 ///
 /// cost: (F, I, W) pass times of one rank's share of the model, or one tuple per rank or
-///     per stage; any unit (default 1, 1, 1).
+///     per stage; any unit (default 1, 1, 1). A fourth number B is the fused backward's time
+///     where it is not I + W (PyTorch's split backward costs extra): zb-auto then also weighs
+///     plans that fuse backward passes.
 /// comm: time of one transfer between ranks (default 0).
 /// mem: (M_B, M_W) activation memory held after F, and after I until W, or one per rank or
 ///     stage (default 1, 0.5).

@@ -334,6 +334,7 @@ impl Session {
                     w,
                     mem_b: b as f64,
                     mem_w: (bw as f64).min(b as f64),
+                    b: None,
                 })
                 .collect(),
         };
@@ -471,6 +472,7 @@ pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
         w,
         mem_b,
         mem_w,
+        b: None,
     };
     let head_flops = gflop(flops::head_pass_flops(h, model.vocab, s, b));
     let (h, v) = (h as f64, model.vocab as f64);
@@ -480,6 +482,7 @@ pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
         w: head_flops,
         mem_b: 4.0 * tokens * (v + h),
         mem_w: 4.0 * tokens * h,
+        b: None,
     };
     // A lookup and an add: next to nothing, but not zero (a stage must take time).
     let embedding = RankCost {
@@ -488,6 +491,7 @@ pub fn estimated_layer_costs(model: &GptConfig) -> LayerCosts {
         w: gflop(tokens * h),
         mem_b: 4.0 * tokens * h,
         mem_w: 0.0,
+        b: None,
     };
     LayerCosts {
         comm: 0.0,

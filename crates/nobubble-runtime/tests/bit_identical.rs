@@ -121,6 +121,7 @@ fn automatic_schedules_on_uneven_costs_stay_bit_identical() {
             w,
             mem_b: 1.0,
             mem_w: mw,
+            b: None,
         })
         .collect(),
     };

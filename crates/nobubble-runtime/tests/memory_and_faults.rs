@@ -64,6 +64,7 @@ fn measured_peak_memory_equals_the_planners_prediction() {
                     w: 1.0,
                     mem_b: f as f64,
                     mem_w: i as f64,
+                    b: None,
                 })
                 .collect(),
         };

@@ -144,6 +144,7 @@ fn overlapped_post_validated_steps_redo_speculative_forwards_exactly() {
             w: 0.5,
             mem_b: 1.0,
             mem_w: 0.5,
+            b: None,
         },
         2.0,
     );

@@ -21,8 +21,13 @@ pub struct RankCost {
     pub f: f64,
     /// Input-gradient time.
     pub i: f64,
-    /// Weight-gradient time (B costs `i + w`).
+    /// Weight-gradient time.
     pub w: f64,
+    /// Fused-backward time (a `B` pass), when it differs from `i + w`: a runtime that splits
+    /// the backward may pay for it (PyTorch's split backward re-walks the autograd graph), so
+    /// schedules that fuse it can be the faster ones. Missing means `i + w`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<f64>,
     /// Memory a microbatch holds after F (M_B).
     #[serde(default = "one")]
     pub mem_b: f64,
@@ -59,6 +64,7 @@ impl Default for RankCost {
             w: 1.0,
             mem_b: 1.0,
             mem_w: 0.5,
+            b: None,
         }
     }
 }
@@ -71,17 +77,39 @@ impl RankCost {
             w: self.w * k,
             mem_b: self.mem_b * k,
             mem_w: self.mem_w * k,
+            b: self.b.map(|b| b * k),
+        }
+    }
+
+    /// Time of a fused backward: `b` when given, else `i + w`.
+    pub fn fused_backward(&self) -> f64 {
+        self.b.unwrap_or(self.i + self.w)
+    }
+
+    /// The costs the lower bounds reason on, valid whether each backward runs split or fused:
+    /// the input gradient leaves after `min(i, b)` and the backward's work is
+    /// `min(i + w, b)`. Unchanged when `b` is missing or at least `i + w`.
+    pub fn relaxed_for_bounds(&self) -> RankCost {
+        let backward = self.fused_backward().min(self.i + self.w);
+        let i = self.i.min(backward);
+        RankCost {
+            i,
+            w: backward - i,
+            b: None,
+            ..*self
         }
     }
 
     /// Two consecutive pieces of the model as one: times and memory add.
-    fn plus(self, other: RankCost) -> RankCost {
+    pub(crate) fn plus(self, other: RankCost) -> RankCost {
         RankCost {
             f: self.f + other.f,
             i: self.i + other.i,
             w: self.w + other.w,
             mem_b: self.mem_b + other.mem_b,
             mem_w: self.mem_w + other.mem_w,
+            b: (self.b.is_some() || other.b.is_some())
+                .then(|| self.fused_backward() + other.fused_backward()),
         }
     }
 
@@ -91,6 +119,15 @@ impl RankCost {
                 return Err(Error::Input(format!(
                     "{what}: time `{name}` must be a positive number up to {MAX_VALUE:e}, got {}",
                     show(v)
+                )));
+            }
+        }
+        if let Some(b) = self.b {
+            if !(b.is_finite() && b > 0.0 && b <= MAX_VALUE) {
+                return Err(Error::Input(format!(
+                    "{what}: fused-backward time `b` must be a positive number up to \
+                     {MAX_VALUE:e}, got {} (leave it out to mean i + w)",
+                    show(b)
                 )));
             }
         }
@@ -140,7 +177,7 @@ impl CostSpec {
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let spec: CostSpec = serde_json::from_str(text).map_err(|e| {
             Error::Input(format!(
-                "costs file: {e}; expected {{\"comm\": C, \"stages\": [{{\"f\": .., \"i\": .., \"w\": .., \"mem_b\": .., \"mem_w\": ..}}, ...]}}"
+                "costs file: {e}; expected {{\"comm\": C, \"stages\": [{{\"f\": .., \"i\": .., \"w\": .., \"mem_b\": .., \"mem_w\": ..}}, ...]}} (optionally \"b\": the fused backward's time)"
             ))
         })?;
         spec.check()?;
@@ -274,7 +311,7 @@ impl CostModel {
             Kind::F => c.f,
             Kind::I => c.i,
             Kind::W => c.w,
-            Kind::B => c.i + c.w,
+            Kind::B => c.fused_backward(),
         }
     }
 
@@ -321,8 +358,23 @@ impl CostModel {
         x * self.placed_mem_b(placement, rank) * self.share(rank)
     }
 
-    /// Sum of all pass times a rank must execute per microbatch; the busy time of any
-    /// schedule is `m` times this, whatever the order.
+    /// The costs the lower bounds reason on ([`RankCost::relaxed_for_bounds`]), when some
+    /// stage's fused backward is cheaper than its split one; `None` when nothing changes.
+    pub(crate) fn relaxed_for_bounds(&self) -> Option<CostModel> {
+        let cheaper = |c: &RankCost| c.fused_backward() < c.i + c.w;
+        self.stages.iter().any(cheaper).then(|| CostModel {
+            stages: self
+                .stages
+                .iter()
+                .map(RankCost::relaxed_for_bounds)
+                .collect(),
+            ..self.clone()
+        })
+    }
+
+    /// Sum of all pass times a rank must execute per microbatch with split backward passes;
+    /// the busy time of any such schedule is `m` times this, whatever the order (a fused B
+    /// costs `b` instead of `i + w`).
     pub fn work_per_microbatch(&self, schedule: &Schedule, rank: usize) -> f64 {
         schedule
             .stages_of(rank)
@@ -343,6 +395,7 @@ mod tests {
             w: 3.0 * k,
             mem_b: 4.0 * k,
             mem_w: k,
+            b: None,
         }
     }
 

@@ -273,6 +273,9 @@ fn slot(kind: Kind) -> usize {
 /// until a W frees memory can be what the optimum does — so it enumerates every semi-active
 /// schedule, as its passes sorted by start time, each once, cut by each rank's remaining
 /// work and memory: for a dozen or so passes per rank.
+///
+/// It schedules split backward passes (I and W) only: with a fused backward cheaper than
+/// `i + w` (`RankCost::b`) a plan with B passes may beat its optimum.
 pub fn min_makespan(
     placement: &[usize],
     m: usize,

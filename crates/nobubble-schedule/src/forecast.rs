@@ -156,6 +156,7 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
                         w: (w + extra) / speed,
                         mem_b,
                         mem_w: mem_w.min(mem_b),
+                        b: None,
                     }
                 })
                 .collect()
@@ -171,6 +172,7 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
                     w: t,
                     mem_b: share,
                     mem_w: 0.5 * share,
+                    b: None,
                 };
                 n
             ]

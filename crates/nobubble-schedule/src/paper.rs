@@ -193,6 +193,7 @@ impl PaperSetting {
                 w: self.t_w,
                 mem_b: 1.0,
                 mem_w: mem_w / mem_b,
+                b: None,
             },
             self.t_comm,
         )

@@ -59,6 +59,7 @@ impl Scale {
             w: c.w * self.time,
             mem_b: c.mem_b * self.mem,
             mem_w: c.mem_w * self.mem,
+            b: c.b.map(|b| b * self.time),
         }
     }
 
@@ -136,6 +137,7 @@ mod tests {
             w: 0.8e-9,
             mem_b: 201216.0,
             mem_w: 73728.0,
+            b: None,
         };
         let spec = CostSpec::uniform(c, 0.05e-9);
         let s = Scale::of(&spec.stages, spec.comm);

@@ -102,19 +102,14 @@ impl LayerCosts {
                 blocks.len()
             )));
         }
-        let add = |a: RankCost, b: &RankCost| RankCost {
-            f: a.f + b.f,
-            i: a.i + b.i,
-            w: a.w + b.w,
-            mem_b: a.mem_b + b.mem_b,
-            mem_w: a.mem_w + b.mem_w,
-        };
+        let add = |a: RankCost, b: &RankCost| a.plus(*b);
         let zero = RankCost {
             f: 0.0,
             i: 0.0,
             w: 0.0,
             mem_b: 0.0,
             mem_w: 0.0,
+            b: None,
         };
         let mut at = 0;
         let n = counts.len();
@@ -490,6 +485,7 @@ mod tests {
             w: f,
             mem_b: mem,
             mem_w: mem / 2.0,
+            b: None,
         }
     }
 

@@ -32,6 +32,7 @@ fn grid_costs(comm: f64) -> CostSpec {
             w: 0.8,
             mem_b: 1.0,
             mem_w: 0.5,
+            b: None,
         },
         comm,
     )
@@ -223,6 +224,7 @@ fn zb_auto_is_near_optimal_on_small_instances() {
                     w,
                     mem_b: 1.0,
                     mem_w: 0.5,
+                    b: None,
                 },
                 c,
             );
@@ -300,6 +302,7 @@ fn zb_2p_matches_the_official_schedule_of_the_28b_pipeline() {
             w: 14576.0,
             mem_b: 454656.0,
             mem_w: 196608.0,
+            b: None,
         },
         879.0,
     );
@@ -358,6 +361,7 @@ fn v_schedules_match_or_beat_the_official_ones_at_their_limits() {
             w: 9337.0,
             mem_b: 201216.0,
             mem_w: 73728.0,
+            b: None,
         },
         601.0,
     );
@@ -406,6 +410,7 @@ fn v_planners_are_valid_on_every_small_shape() {
             w: 0.7,
             mem_b: 1.0,
             mem_w: 0.4,
+            b: None,
         },
         0.2,
     );
@@ -582,7 +587,7 @@ proptest! {
         use nobubble_schedule::split::{even_counts, plan_split, LayerCosts};
         use nobubble_schedule::Objective;
         let blocks = 2 * p + extra;
-        let c = |f: f64| RankCost { f, i: 1.1 * f, w: 0.8 * f, mem_b: 1.0, mem_w: 0.4 };
+        let c = |f: f64| RankCost { f, i: 1.1 * f, w: 0.8 * f, mem_b: 1.0, mem_w: 0.4, b: None };
         let layers = LayerCosts {
             comm: 0.05,
             embedding: c(0.05),
@@ -630,6 +635,7 @@ fn zb_auto_is_near_the_exact_optimum_under_memory_limits() {
                     w,
                     mem_b: 1.0,
                     mem_w: 0.5,
+                    b: None,
                 },
                 c,
             );
@@ -734,6 +740,7 @@ fn v_schedules_are_never_worse_than_the_official_constructions_on_a_grid() {
                 w,
                 mem_b: 1.0,
                 mem_w: 0.4,
+                b: None,
             },
             c,
         );
@@ -900,6 +907,7 @@ fn hetero_strategy() -> impl Strategy<Value = (usize, usize, CostSpec)> {
                     w,
                     mem_b,
                     mem_w: frac * mem_b,
+                    b: None,
                 })
                 .collect();
             (p, m, CostSpec { comm, stages })

@@ -26,6 +26,7 @@ fn run(kind: ScheduleKind, p: usize, m: usize, v: usize, (f, i, w): (f64, f64, f
             w,
             mem_b: 1.0,
             mem_w: 0.5,
+            b: None,
         },
         0.0,
     );

@@ -17,6 +17,7 @@ fn cost_settings(p: usize) -> Vec<CostSpec> {
         w,
         mem_b: 1.0,
         mem_w: 0.5,
+        b: None,
     };
     let chunks: Vec<RankCost> = (0..2 * p)
         .map(|s| {
@@ -27,6 +28,7 @@ fn cost_settings(p: usize) -> Vec<CostSpec> {
                 w: 0.35 * t,
                 mem_b: 0.4 + 0.15 * ((s * 3) % 4) as f64,
                 mem_w: 0.1 + 0.05 * (s % 3) as f64,
+                b: None,
             }
         })
         .enumerate()

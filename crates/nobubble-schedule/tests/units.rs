@@ -16,6 +16,7 @@ fn costs(time: f64, mem: f64) -> CostSpec {
         w: 0.8 * time,
         mem_b: (1.0 + 0.25 * k) * mem,
         mem_w: 0.5 * mem,
+        b: None,
     };
     CostSpec {
         comm: 0.05 * time,
@@ -112,6 +113,7 @@ fn a_layer_split_is_chosen_the_same_in_any_power_of_two_unit() {
             w: 0.9 * f * time,
             mem_b: m * mem,
             mem_w: 0.5 * m * mem,
+            b: None,
         };
         LayerCosts {
             comm: 0.02 * time,

@@ -35,6 +35,7 @@ fn csv_round_trip_keeps_the_makespan_for_every_generator() {
                     w: 0.75,
                     mem_b: 1.0,
                     mem_w: 0.5,
+                    b: None,
                 },
                 0.125,
             );

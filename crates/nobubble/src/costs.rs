@@ -70,10 +70,12 @@ pub fn parse_mem_limit(text: &str) -> Result<MemLimit, String> {
 /// Time, communication and memory of one rank's share of the model (one 1F1B stage).
 #[derive(Args, Clone, Debug)]
 pub struct CostArgs {
-    /// Pass times F,I,W of one rank's share of the model (B = I+W); any unit (µs in the paper).
+    /// Pass times F,I,W of one rank's share of the model; any unit (µs in the paper). A fourth
+    /// number B is the fused backward's time where it is not I+W (PyTorch's split backward
+    /// costs extra): zb-auto then also weighs plans that fuse backward passes.
     #[arg(
         long,
-        value_name = "F,I,W",
+        value_name = "F,I,W[,B]",
         default_value = "1,1,1",
         allow_hyphen_values = true
     )]
@@ -163,9 +165,18 @@ impl PlacementArg {
     }
 }
 
-fn numbers(flag: &str, text: &str, n: usize, example: &str) -> Result<Vec<f64>, String> {
+fn numbers(
+    flag: &str,
+    text: &str,
+    lens: std::ops::RangeInclusive<usize>,
+    example: &str,
+) -> Result<Vec<f64>, String> {
     let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() != n {
+    if !lens.contains(&parts.len()) {
+        let n = match (lens.start(), lens.end()) {
+            (a, b) if a == b => a.to_string(),
+            (a, b) => format!("{a} or {b}"),
+        };
         return Err(format!(
             "{flag} takes {n} comma-separated numbers, e.g. {flag} {example}; got `{text}`"
         ));
@@ -212,8 +223,8 @@ impl CostArgs {
                 .map_err(|e| format!("cannot read --costs {}: {e}", path.display()))?;
             return CostSpec::from_json(&text).map_err(|e| format!("{}: {e}", path.display()));
         }
-        let t = numbers("--cost", &self.cost, 3, "1,1,1")?;
-        let mem = numbers("--mem", &self.mem, 2, "1,0.5")?;
+        let t = numbers("--cost", &self.cost, 3..=4, "1,1,1")?;
+        let mem = numbers("--mem", &self.mem, 2..=2, "1,0.5")?;
         let spec = CostSpec::uniform(
             RankCost {
                 f: t[0],
@@ -221,6 +232,7 @@ impl CostArgs {
                 w: t[2],
                 mem_b: mem[0],
                 mem_w: mem[1],
+                b: t.get(3).copied(),
             },
             self.comm,
         );

@@ -115,6 +115,40 @@ fn plan_csv_then_check_gives_the_same_makespan() {
     }
 }
 
+/// `--cost F,I,W,B`: 1F1B pays B per backward ((m + p − 1)(F + B) on uniform stages), and
+/// zb-auto fuses where B is cheaper, never slower than 1F1B.
+#[test]
+fn a_fourth_cost_is_the_fused_backward() {
+    let plan = |s: &str, cost: &str| -> Value {
+        let args = [
+            "plan", "-s", s, "-p", "4", "-m", "8", "--cost", cost, "-f", "json",
+        ];
+        serde_json::from_str(&ok(&args)).unwrap()
+    };
+    let fused = plan("1f1b", "1,1,1,1.2")["makespan"].as_f64().unwrap();
+    assert!((fused - 11.0 * 2.2).abs() < 1e-9, "{fused}");
+    assert_eq!(plan("1f1b", "1,1,1")["makespan"], 33.0);
+    let auto = plan("zb-auto", "1,1,1,1.2");
+    assert!(
+        auto["makespan"].as_f64().unwrap() <= 11.0 * 2.2 + 1e-9,
+        "{auto}"
+    );
+    let csv = ok(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--cost",
+        "1,1,1,1.2",
+        "-f",
+        "csv",
+    ]);
+    assert!(csv.contains('B'), "{csv}");
+}
+
 #[test]
 fn exports_are_well_formed() {
     let trace: Value = serde_json::from_str(&ok(&[
@@ -151,7 +185,7 @@ fn unknown_schedule_lists_the_valid_ones() {
 
 #[test]
 fn bad_flags_say_what_to_write() {
-    assert!(fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,1"]).contains("--cost takes 3"));
+    assert!(fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,1"]).contains("--cost takes 3 or 4"));
     assert!(
         fails(&["plan", "-p", "4", "-m", "8", "--cost", "1,x,1"]).contains("`x` is not a number")
     );

@@ -7,7 +7,9 @@ runtime splits it: I is ``stage_backward_input`` (autograd w.r.t. the chunk's in
 keeping the graph), W is ``stage_backward_weight`` (resuming from the saved
 intermediates). As in ``PipelineStage``, the first chunk has no input gradient to send: its
 I is skipped and its W runs the whole backward, so its I time is (nearly) zero and its M_W
-equals its M_B. Medians over several iterations after warm-up.
+equals its M_B. B is the fused backward (``stage_backward``, what ``Schedule1F1B`` runs),
+timed in runs of its own: splitting the backward costs extra in PyTorch, and with B the
+planner sees what fusing saves. Medians over several iterations after warm-up.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class StageProfile:
 
     ``mem_b`` is the activation memory one microbatch's forward leaves for its backward
     (M_B), ``mem_w`` what is still held after its input-gradient pass (M_W), ``param_bytes``
-    the chunk's parameters (not activations; for information).
+    the chunk's parameters (not activations; for information), ``b`` the fused backward's
+    time (``None``: not measured, taken as I + W).
     """
 
     f: float
@@ -47,10 +50,17 @@ class StageProfile:
     mem_b: int
     mem_w: int
     param_bytes: int = 0
+    b: float | None = None
 
     @property
-    def cost(self) -> tuple[float, float, float]:
-        return (self.f, self.i, self.w)
+    def cost(self) -> tuple[float, ...]:
+        """(F, I, W), or (F, I, W, B) when B was measured: ``nobubble.plan(cost=...)``."""
+        return (self.f, self.i, self.w) if self.b is None else (self.f, self.i, self.w, self.b)
+
+    @property
+    def fused(self) -> float:
+        """The fused backward's time: B when measured, else I + W."""
+        return self.i + self.w if self.b is None else self.b
 
     @property
     def mem(self) -> tuple[float, float]:
@@ -65,6 +75,7 @@ class StageProfile:
             mem_b=self.mem_b + other.mem_b,
             mem_w=self.mem_w + other.mem_w,
             param_bytes=self.param_bytes + other.param_bytes,
+            b=None if self.b is None and other.b is None else self.fused + other.fused,
         )
 
 
@@ -89,8 +100,8 @@ class Profile:
         return len(self.stages)
 
     @property
-    def cost(self) -> list[tuple[float, float, float]]:
-        """Per chunk (F, I, W) in ms, for ``nobubble.plan(cost=...)``."""
+    def cost(self) -> list[tuple[float, ...]]:
+        """Per chunk (F, I, W, B) in ms (B where measured), for ``nobubble.plan(cost=...)``."""
         return [s.cost for s in self.stages]
 
     @property
@@ -147,6 +158,9 @@ class Profile:
                     mem_b=round(statistics.fmean(s.mem_b for s in per_rank)),
                     mem_w=round(statistics.fmean(s.mem_w for s in per_rank)),
                     param_bytes=per_rank[0].param_bytes,
+                    b=None
+                    if any(s.b is None for s in per_rank)
+                    else statistics.fmean(s.fused for s in per_rank),
                 )
             )
         return replace(profiles[0], stages=tuple(stages), raw_ms=())
@@ -166,7 +180,8 @@ class Profile:
             )
 
         def entry(s: StageProfile) -> dict[str, float]:
-            return {"f": s.f, "i": s.i, "w": s.w, "mem_b": float(s.mem_b), "mem_w": float(s.mem_w)}
+            out = {"f": s.f, "i": s.i, "w": s.w, "mem_b": float(s.mem_b), "mem_w": float(s.mem_w)}
+            return out if s.b is None else {**out, "b": s.b}
 
         return json.dumps(
             {
@@ -179,10 +194,13 @@ class Profile:
 
     def summary(self) -> str:
         """A small table: one line per chunk."""
-        lines = [f"{'chunk':>5} {'F ms':>9} {'I ms':>9} {'W ms':>9} {'M_B':>11} {'M_W':>11}"]
+        lines = [
+            f"{'chunk':>5} {'F ms':>9} {'I ms':>9} {'W ms':>9} {'B ms':>9} {'M_B':>11} {'M_W':>11}"
+        ]
         for k, s in enumerate(self.stages):
+            b = "-" if s.b is None else f"{s.b:.3f}"
             lines.append(
-                f"{k:>5} {s.f:>9.3f} {s.i:>9.3f} {s.w:>9.3f} "
+                f"{k:>5} {s.f:>9.3f} {s.i:>9.3f} {s.w:>9.3f} {b:>9} "
                 f"{format_bytes(s.mem_b):>11} {format_bytes(s.mem_w):>11}"
             )
         return "\n".join(lines)
@@ -197,7 +215,7 @@ def profile(
     warmup: int = 2,
     iterations: int = 5,
 ) -> Profile:
-    """Measures every chunk's F, I, W times (ms) and M_B, M_W (bytes) on ``device``.
+    """Measures every chunk's F, I, W and fused-backward B times (ms) and M_B, M_W (bytes).
 
     ``chunks`` run in sequence (chunk k's output is chunk k+1's input; a tuple output is
     unpacked into several inputs) and the last one's output goes to
@@ -243,10 +261,13 @@ def profile(
     try:
         with torch.random.fork_rng(devices=rng_devices):
             samples: list[list[tuple[float, float, float]]] = []
+            fused: list[list[float]] = []
             for it in range(warmup + iterations):
                 times = _run(chunk_list, inputs, target, loss_fn, dev, memory=False)[0]
+                b_ms = _run_fused(chunk_list, inputs, target, loss_fn, dev)
                 if it >= warmup:
                     samples.append(times)
+                    fused.append(b_ms)
             _, mem = _run(chunk_list, inputs, target, loss_fn, dev, memory=True)
     finally:
         for c, grads, buffers in zip(chunk_list, saved_grads, saved_buffers):
@@ -270,6 +291,7 @@ def profile(
                 mem_b=mem[k][0],
                 mem_w=mem[k][1],
                 param_bytes=sum(p.numel() * p.element_size() for p in chunk.parameters()),
+                b=max(MIN_MS, statistics.median(b[k] for b in fused)),
             )
         )
     first = inputs[0] if inputs else None
@@ -461,3 +483,40 @@ def _run(
         for p in c.parameters():
             p.grad = None
     return list(zip(f_ms, i_ms, w_ms)), list(zip(mem_b, mem_w))
+
+
+def _run_fused(
+    chunks: list[nn.Module],
+    inputs: tuple[Any, ...],
+    target: Any,
+    loss_fn: LossFn,
+    device: torch.device,
+) -> list[float]:
+    """One F of every chunk, then each chunk's fused backward (B) from the last back: ms."""
+    clock = _Clock(device)
+    n = len(chunks)
+    stage_inputs: list[tuple[Any, ...]] = []
+    roots: list[tuple[Any, ...]] = []
+    values: tuple[Any, ...] = inputs
+    for k, chunk in enumerate(chunks):
+        args = values if k == 0 else tuple(_stage_input(v) for v in values)
+        stage_inputs.append(args)
+        output = chunk(*args)
+        if k == n - 1:
+            output = loss_fn(output, target)
+        roots.append(_as_tuple(output))
+        values = roots[-1]
+    b_ms = [0.0] * n
+    grads: Any = None
+    for k in reversed(range(n)):
+        t0 = clock.now()
+        # The loss starts the backward with no incoming gradient (a tuple of outputs with
+        # None for its gradients would be skipped whole).
+        output: Any = roots[k][0] if k == n - 1 else roots[k]
+        grads = list(stage_backward(output, None if k == n - 1 else grads, list(stage_inputs[k])))
+        b_ms[k] = (clock.now() - t0) * 1e3
+        roots[k] = ()
+    for c in chunks:
+        for p in c.parameters():
+            p.grad = None
+    return b_ms

@@ -34,7 +34,13 @@ from nobubble.torch.plans import (
     replan,
 )
 from nobubble.torch.profiling import MIN_MS, Profile, StageProfile
-from nobubble.torch.timing import ActionRecorder, StepMeasurement, pass_times, summarize
+from nobubble.torch.timing import (
+    ActionRecorder,
+    StepMeasurement,
+    fused_times,
+    pass_times,
+    summarize,
+)
 
 
 class PlannedSchedule(_PipelineScheduleRuntime):
@@ -338,11 +344,18 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         if not self.measurements:
             raise ValueError("no measured steps yet: construct with measure=True and call step()")
         times = pass_times(self.measurements)
+        fused = fused_times(self.measurements)
         base = self._costs.regroup(self.plan.num_stages) if self._costs is not None else None
         stages = []
         for s in range(self.plan.num_stages):
             f, i, w = times.get(s, (0.0, 0.0, 0.0))
             mem = base.stages[s] if base is not None else StageProfile(0, 0, 0, 0, 0)
+            b = fused.get(s, mem.b)
+            if s in fused and not any(
+                a.stage == s and a.kind == "I" for m in self.measurements for a in m.actions
+            ):
+                # Only fused passes ran: the split times stay those the plan was made with.
+                i, w = (mem.i, mem.w) if base is not None else (b, 0.0)
             stages.append(
                 StageProfile(
                     f=max(MIN_MS, f),
@@ -351,6 +364,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                     mem_b=mem.mem_b,
                     mem_w=mem.mem_w,
                     param_bytes=mem.param_bytes,
+                    b=None if b is None else max(MIN_MS, b),
                 )
             )
         return Profile(stages=tuple(stages), device=str(self._stages[0].device))

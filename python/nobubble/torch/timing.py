@@ -102,6 +102,16 @@ def pass_times(steps: Sequence[StepMeasurement]) -> dict[int, tuple[float, float
     return out
 
 
+def fused_times(steps: Sequence[StepMeasurement]) -> dict[int, float]:
+    """Per stage that ran fused backward passes, their median B time in ms."""
+    samples: dict[int, list[float]] = {}
+    for step in steps:
+        for a in step.actions:
+            if a.kind == "B":
+                samples.setdefault(a.stage, []).append(a.duration_ms)
+    return {stage: statistics.median(v) for stage, v in sorted(samples.items())}
+
+
 def chrome_trace(steps: Sequence[StepMeasurement]) -> dict[str, Any]:
     """Several steps, one after another, as one Chrome/Perfetto trace."""
     events: list[dict[str, Any]] = []

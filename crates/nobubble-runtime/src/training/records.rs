@@ -149,6 +149,7 @@ pub fn measured_costs(records: &[StepRecord], plan: &CostModel) -> CostModel {
                 w: w.max(1e-6),
                 mem_b: p.mem_b,
                 mem_w: p.mem_w,
+                b: None,
             }
         })
         .collect();

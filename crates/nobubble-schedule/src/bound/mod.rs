@@ -46,6 +46,9 @@ const SLACK: f64 = 2e-9;
 /// makes this bite: at 2p·M_B on the paper's 28.3B model, stage 0 can fill only 64 of the
 /// 65.3 forwards' worth of its start-up wait.
 pub fn span_lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f64>) -> f64 {
+    // A fused backward cheaper than the split one: bound on costs valid for both.
+    let relaxed = costs.relaxed_for_bounds();
+    let costs = relaxed.as_ref().unwrap_or(costs);
     let n = placement.len();
     if n == 0 || m == 0 {
         return 0.0;
@@ -67,6 +70,9 @@ pub fn span_lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Opt
 /// Lower bound on the makespan. `x` is the memory limit in multiples of each rank's M_B
 /// (`None`: unlimited).
 pub fn lower_bound(placement: &[usize], m: usize, costs: &CostModel, x: Option<f64>) -> f64 {
+    // A fused backward cheaper than the split one: bound on costs valid for both.
+    let relaxed = costs.relaxed_for_bounds();
+    let costs = relaxed.as_ref().unwrap_or(costs);
     let n = placement.len();
     if n == 0 || m == 0 {
         return 0.0;

@@ -4,6 +4,7 @@
 pub mod auto;
 mod classic;
 mod drain;
+mod fuse;
 pub mod greedy;
 mod paper_heuristic;
 mod periodic;
@@ -562,12 +563,15 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
     // file listing one of the layouts' stages): an error only if both do.
     match (linear, v) {
         (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => Err(e),
-        (l, v) => pick_placement(
-            l.and_then(Result::ok),
-            v.and_then(Result::ok),
-            goal.costs,
-            req.objective,
-        ),
+        (l, v) => {
+            // Where a fused backward is cheaper than I + W, each placement's plan may fuse.
+            let fused = |s: Option<Result<Schedule, Error>>| {
+                s.and_then(Result::ok)
+                    .map(|s| fuse::best_with_fused(s, goal.costs, req.objective))
+                    .transpose()
+            };
+            pick_placement(fused(l)?, fused(v)?, goal.costs, req.objective)
+        }
     }
 }
 

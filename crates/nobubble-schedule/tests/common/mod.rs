@@ -26,6 +26,7 @@ pub fn costs_strategy(
                     w,
                     mem_b: 1.0,
                     mem_w: frac,
+                    b: None,
                 })
                 .collect(),
         })

@@ -432,6 +432,7 @@ impl Rng {
                     w: self.range(0.1, 0.9),
                     mem_b,
                     mem_w: mem_b * self.range(0.1, 0.9),
+                    b: None,
                 }
             })
             .collect();

@@ -277,6 +277,7 @@ fn uniform_row(dir: &std::path::Path, reference: Reference) -> Result<Row, Strin
             w,
             mem_b,
             mem_w,
+            b: None,
         },
         comm,
     );

@@ -118,6 +118,7 @@ fn profiled(records: &[StepRecord], stages: usize) -> CostModel {
                 w: ms(w),
                 mem_b: 1.0,
                 mem_w: 0.5,
+                b: None,
             })
             .collect(),
     }
@@ -164,6 +165,7 @@ fn emulated_table(a: &RuntimeBenchArgs, kinds: &[ScheduleKind]) -> Result<(), St
                     w: a.pass_ms,
                     mem_b: 1.0,
                     mem_w: 0.5,
+                    b: None,
                 },
                 0.0,
             );

@@ -146,6 +146,7 @@ fn emulated_costs(a: &TrainArgs) -> Result<Option<CostSpec>, String> {
         w: t[2],
         mem_b: 1.0,
         mem_w: 0.5,
+        b: None,
     };
     Ok(Some(CostSpec::uniform(cost, a.comm)))
 }

@@ -1,0 +1,142 @@
+//! A fused backward `b` cheaper than `i + w` (PyTorch's split backward costs extra): the
+//! simulator charges B at `b`, the bounds stay below every plan whether it fuses or splits,
+//! and `zb-auto` fuses where that is faster — never where it is not.
+
+use nobubble_schedule::{
+    generate::{gpipe, interleaved_1f1b, one_f_one_b, zb_h1},
+    lower_bound, plan, simulate, span_lower_bound, CostModel, CostSpec, Kind, MemLimit, Objective,
+    PlanRequest, RankCost, Schedule, ScheduleKind,
+};
+
+fn stage(f: f64, i: f64, w: f64, b: Option<f64>) -> RankCost {
+    RankCost {
+        f,
+        i,
+        w,
+        b,
+        mem_b: 1.0,
+        mem_w: 0.5,
+    }
+}
+
+fn uniform(b: Option<f64>) -> CostSpec {
+    CostSpec::uniform(stage(1.0, 1.0, 1.0, b), 0.0)
+}
+
+fn makespan(s: &Schedule, spec: &CostSpec) -> f64 {
+    let costs = CostModel::for_schedule(spec, s).unwrap();
+    simulate(s, &costs).unwrap().metrics.makespan
+}
+
+fn fused_passes(s: &Schedule) -> usize {
+    s.orders
+        .iter()
+        .flatten()
+        .filter(|a| a.kind == Kind::B)
+        .count()
+}
+
+/// B costs `b`: 1F1B's closed form (m + p − 1)(F + B) holds with the given B.
+#[test]
+fn the_simulator_charges_b_for_a_fused_backward() {
+    for (p, m, b) in [(4, 8, 1.3), (3, 6, 2.0), (2, 5, 2.5)] {
+        let spec = uniform(Some(b));
+        let got = makespan(&one_f_one_b(p, m).unwrap(), &spec);
+        let want = (m + p - 1) as f64 * (1.0 + b);
+        assert!((got - want).abs() < 1e-9, "p {p} m {m}: {got} != {want}");
+    }
+}
+
+/// The bounds hold for fused and split plans alike, on uneven stages whose B is anywhere from
+/// below I to above I + W.
+#[test]
+fn bounds_stay_below_fused_and_split_plans() {
+    for b in [0.4, 0.9, 1.5, 2.0, 2.6] {
+        let spec = CostSpec {
+            comm: 0.1,
+            stages: (0..4)
+                .map(|k| {
+                    let t = 1.0 + 0.2 * k as f64;
+                    stage(t, 1.1 * t, 0.9 * t, Some(b * t))
+                })
+                .collect(),
+        };
+        let m = 8;
+        let schedules = [
+            one_f_one_b(4, m).unwrap(),
+            gpipe(4, m).unwrap(),
+            zb_h1(4, m).unwrap(),
+            interleaved_1f1b(2, m, 2).unwrap(),
+        ];
+        for s in schedules {
+            let costs = CostModel::for_schedule(&spec, &s).unwrap();
+            let sim = simulate(&s, &costs).unwrap();
+            let bound = lower_bound(&s.placement, m, &costs, None);
+            let span_bound = span_lower_bound(&s.placement, m, &costs, None);
+            let span = sim.metrics.span.iter().cloned().fold(0.0, f64::max);
+            assert!(
+                bound <= sim.metrics.makespan + 1e-9,
+                "{} b {b}: {bound}",
+                s.name
+            );
+            assert!(span_bound <= span + 1e-9, "{} b {b}: {span_bound}", s.name);
+        }
+    }
+}
+
+fn zb_auto(p: usize, m: usize, spec: CostSpec, limit: MemLimit) -> nobubble_schedule::Planned {
+    let req = PlanRequest {
+        mem_limit: limit,
+        objective: Objective::Makespan,
+        ..PlanRequest::new(ScheduleKind::ZbAuto, p, m, spec)
+    };
+    plan(&req).unwrap()
+}
+
+/// With B well below I + W, zb-auto's plan fuses and is at least as fast as 1F1B; with B at
+/// I + W (or not given) it splits as before; with B above I + W it never fuses.
+#[test]
+fn zb_auto_fuses_only_where_it_is_faster() {
+    let (p, m) = (4, 8);
+    let cheap = zb_auto(p, m, uniform(Some(1.2)), MemLimit::None);
+    assert!(fused_passes(&cheap.schedule) > 0);
+    let classic = (m + p - 1) as f64 * (1.0 + 1.2);
+    assert!(cheap.sim.metrics.makespan <= classic + 1e-9);
+    assert!(cheap.lower_bound() <= cheap.sim.metrics.makespan + 1e-9);
+
+    let given = zb_auto(p, m, uniform(Some(2.0)), MemLimit::None);
+    let missing = zb_auto(p, m, uniform(None), MemLimit::None);
+    assert_eq!(given.schedule, missing.schedule);
+    assert_eq!(fused_passes(&missing.schedule), 0);
+    let dear = zb_auto(p, m, uniform(Some(2.5)), MemLimit::None);
+    assert_eq!(fused_passes(&dear.schedule), 0);
+}
+
+/// Fusing never buys time with memory: under a tight limit the fused plan holds no more
+/// than the split plan it came from, so it still meets the limit.
+#[test]
+fn a_fused_plan_meets_the_limit() {
+    let (p, m) = (4, 12);
+    for x in [1.0, 2.0, 4.0] {
+        let planned = zb_auto(p, m, uniform(Some(1.5)), MemLimit::Multiple(x));
+        planned.check_limit().unwrap();
+        let peak = planned.peak_memory().iter().cloned().fold(0.0, f64::max);
+        assert!(peak <= x + 1e-9, "limit {x}: peak {peak}");
+    }
+}
+
+/// The costs file takes `b`, refuses a non-positive one, and omits it when not given.
+#[test]
+fn the_costs_file_reads_b() {
+    let spec = CostSpec::from_json(
+        r#"{"stages": [{"f": 1, "i": 1, "w": 1, "b": 1.5, "mem_b": 2, "mem_w": 1}]}"#,
+    )
+    .unwrap();
+    assert_eq!(spec.stages[0].b, Some(1.5));
+    let e = CostSpec::from_json(r#"{"stages": [{"f": 1, "i": 1, "w": 1, "b": 0}]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`b`") && e.contains("i + w"), "{e}");
+    let text = serde_json::to_string(&uniform(None)).unwrap();
+    assert!(!text.contains("\"b\""), "{text}");
+}

@@ -29,6 +29,7 @@ Every step is timed from a barrier to a barrier (the optimizer step included).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -93,6 +94,13 @@ def _predict(name: str, prof: nbt.Profile, m: int, placement: str) -> float | No
         return None
 
 
+def _kind(plan: Any) -> str:
+    """The plan's layout, and how many of its backward passes are fused."""
+    placement = "V" if plan.num_stages == 2 * RANKS else "linear"
+    fused = sum("B" in a for row in plan.actions for a in row)
+    return f"{placement} plan" + (f", {fused} fused backward passes" if fused else "")
+
+
 def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup], nbt.Profile]:
     def fresh() -> list[nn.Module]:
         return gpt_chunks(cfg, CHUNKS, seed=0)
@@ -111,8 +119,18 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
     chunks = fresh()
     stages = nbt.build_stages(chunks, plan)
     sched = nbt.PlannedSchedule(stages, m, lm_loss, plan=plan)
-    placement = "V" if plan.num_stages == 2 * RANKS else "linear"
-    setups.append(_setup("nobubble zb-auto", sched, stages, plan.makespan, f"{placement} plan"))
+    setups.append(_setup("nobubble zb-auto", sched, stages, plan.makespan, _kind(plan)))
+
+    # The same planner blind to the fused backward's cost (B priced as I + W), as before the
+    # profile measured B: what fusing gains.
+    split_prof = dataclasses.replace(
+        prof, stages=tuple(dataclasses.replace(s, b=None) for s in prof.stages)
+    )
+    plan = nbt.agreed_plan("zb-auto", microbatches=m, costs=split_prof, objective="makespan")
+    chunks = fresh()
+    stages = nbt.build_stages(chunks, plan)
+    sched = nbt.PlannedSchedule(stages, m, lm_loss, plan=plan)
+    setups.append(_setup("nobubble zb-auto, B = I + W", sched, stages, plan.makespan, _kind(plan)))
 
     # The planner may also move blocks between stages, from a per-layer profile.
     if skip_cut:

@@ -178,7 +178,7 @@ def main() -> None:
             return_outputs=False,  # the logits are not needed, only the losses
         )
         opt.step()
-        loss = torch.tensor(float(torch.stack(losses).mean()) if losses else 0.0)
+        loss = torch.stack(losses).detach().mean() if losses else torch.tensor(0.0)
         dist.all_reduce(loss)  # only the rank with the last stage has a loss
         measured = schedule.measurements[-1]
         say(

@@ -45,7 +45,9 @@ def test_example_trains_and_writes_a_trace(tmp_path: Path) -> None:
         pytest.fail(f"the example did not finish in {TIMEOUT_S} s:\n{out[-3000:]}")
     assert proc.returncode == 0, out[-3000:]
     losses = [
-        float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if "loss " in line
+        float(line.split("loss ")[1].split()[0])
+        for line in out.splitlines()
+        if line.startswith("step ") and "loss " in line
     ]
     assert len(losses) == 4, out
     assert losses[-1] < losses[0], out

@@ -140,3 +140,35 @@ fn the_costs_file_reads_b() {
     let text = serde_json::to_string(&uniform(None)).unwrap();
     assert!(!text.contains("\"b\""), "{text}");
 }
+
+/// More memory never plans worse with a cheaper B either (the review's cases): the fused
+/// plans of tighter limits' split plans are weighed too.
+#[test]
+fn more_memory_never_plans_worse_with_a_fused_backward() {
+    for (p, m, cost, objective) in [
+        (3, 6, [2.0, 1.0, 1.0, 1.5], Objective::Makespan),
+        (2, 8, [1.0, 2.0, 1.0, 0.3], Objective::Span),
+        (4, 12, [1.0, 2.0, 1.0, 2.5], Objective::Makespan),
+    ] {
+        let spec = CostSpec::uniform(stage(cost[0], cost[1], cost[2], Some(cost[3])), 0.0);
+        let mut last = f64::INFINITY;
+        for x in 1..=2 * p {
+            let req = PlanRequest {
+                mem_limit: MemLimit::Multiple(x as f64),
+                objective,
+                ..PlanRequest::new(ScheduleKind::ZbAuto, p, m, spec.clone())
+            };
+            let planned = plan(&req).unwrap();
+            planned.check_limit().unwrap();
+            let got = match objective {
+                Objective::Makespan => planned.sim.metrics.makespan,
+                Objective::Span => planned.sim.metrics.span.iter().cloned().fold(0.0, f64::max),
+            };
+            assert!(
+                got <= last + 1e-9,
+                "p {p} m {m} {cost:?}: limit {x} gives {got} > {last}"
+            );
+            last = got;
+        }
+    }
+}

@@ -346,16 +346,20 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         times = pass_times(self.measurements)
         fused = fused_times(self.measurements)
         base = self._costs.regroup(self.plan.num_stages) if self._costs is not None else None
+        planned = self._planned_stage_costs()
         stages = []
         for s in range(self.plan.num_stages):
             f, i, w = times.get(s, (0.0, 0.0, 0.0))
             mem = base.stages[s] if base is not None else StageProfile(0, 0, 0, 0, 0)
-            b = fused.get(s, mem.b)
+            # What the plan was made with, for what this plan's passes do not measure.
+            before = base.stages[s] if base is not None else planned[s] if planned else None
+            b = fused.get(s, before.b if before is not None else None)
             if s in fused and not any(
                 a.stage == s and a.kind == "I" for m in self.measurements for a in m.actions
             ):
-                # Only fused passes ran: the split times stay those the plan was made with.
-                i, w = (mem.i, mem.w) if base is not None else (b, 0.0)
+                # Only fused passes ran: the split times stay those the plan was made with
+                # (without them, B stands for I and W for nothing).
+                i, w = (before.i, before.w) if before is not None else (b, 0.0)
             stages.append(
                 StageProfile(
                     f=max(MIN_MS, f),
@@ -368,6 +372,20 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 )
             )
         return Profile(stages=tuple(stages), device=str(self._stages[0].device))
+
+    def _planned_stage_costs(self) -> list[StageProfile] | None:
+        """The per-stage (F, I, W[, B]) the plan recorded as its inputs, if it did."""
+        cost = (getattr(self.plan, "inputs", None) or {}).get("cost")
+        n = self.plan.num_stages
+        if not isinstance(cost, (list, tuple)) or len(cost) != n:
+            return None
+        try:
+            rows = [tuple(float(x) for x in row) for row in cost]
+        except (TypeError, ValueError):
+            return None
+        if any(len(row) not in (3, 4) for row in rows):
+            return None
+        return [StageProfile(*row[:3], 0, 0, b=row[3] if len(row) == 4 else None) for row in rows]
 
     def replan(self) -> PlanSnapshot:
         """Re-plans now on the pass times measured so far; the new plan runs from the next

@@ -6,36 +6,74 @@
 //! CPU). When a cost model says so (`b` below `i + w`), `zb-auto` also weighs plans that fuse
 //! backward passes: its own plan with every W that directly follows its I fused, the same
 //! plan with every backward fused, and on a linear placement 1F1B. None may need more memory
-//! on any rank than the split plan, which met the limit.
+//! on any rank than the limit allows (under byte budgets: than the split plan); the split
+//! plans at lower whole-number limits are weighed too, so more memory never plans worse.
 
 use super::classic::one_f_one_b;
 use super::search::{better, score};
+use super::Goal;
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::simulate;
 
-/// `split`, or a plan with fused backward passes that scores better under `objective` on
-/// `spec` without needing more memory on any rank.
+/// Pipelines (passes, V layout) up to which fused plans are also built from the split plans
+/// at every lower whole-number limit.
+pub(crate) const LADDER_MAX_ACTIONS: usize = 3000;
+
+/// Whether some stage's fused backward is cheaper than its split one.
+pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
+    spec.stages.iter().any(|c| c.fused_backward() < c.i + c.w)
+}
+
+/// What each rank may hold under `goal`'s multiple of M_B: of the linear layout's M_B, or of
+/// the V layout's own (`v_layout`). `None` under byte budgets: there a fused plan may hold no
+/// more than the split plan it came from.
+pub(crate) fn room(goal: &Goal, v_layout: bool) -> Result<Option<Vec<f64>>, Error> {
+    if !goal.budget.is_empty() {
+        return Ok(None);
+    }
+    let p = goal.ranks;
+    let per_rank = if v_layout {
+        let costs = CostModel::for_layout(goal.costs, 2 * p, p)?;
+        let placement = super::v_placement(p);
+        (0..p).map(|r| costs.placed_mem_b(&placement, r)).collect()
+    } else {
+        let costs = CostModel::for_layout(goal.costs, p, p)?;
+        costs.stages.iter().map(|c| c.mem_b).collect::<Vec<_>>()
+    };
+    Ok(Some(per_rank.iter().map(|b| goal.limit * b).collect()))
+}
+
+/// The best under `objective` on `spec` of the split plans `bases` (the first is the plan at
+/// the limit itself) and their fused variants that fit: within `room` per rank, or without
+/// it within the first base's peak. Every base has the same placement.
 pub(crate) fn best_with_fused(
-    split: Schedule,
+    bases: Vec<Schedule>,
+    room: Option<&[f64]>,
     spec: &CostSpec,
     objective: Objective,
 ) -> Result<Schedule, Error> {
+    let split = bases[0].clone();
     let costs = CostModel::for_schedule(spec, &split)?.with_objective(objective);
-    if !costs.stages.iter().any(|c| c.fused_backward() < c.i + c.w) {
-        return Ok(split);
-    }
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
-    let mut candidates = vec![fuse_where_adjacent(&split), fuse_all(&split)];
+    let allowed: Vec<f64> = match room {
+        Some(room) => room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect(),
+        None => peak,
+    };
+    let mut candidates = Vec::new();
+    for base in &bases {
+        candidates.extend([base.clone(), fuse_where_adjacent(base), fuse_all(base)]);
+    }
     if split.stages == split.ranks {
         let mut classic = one_f_one_b(split.ranks, split.microbatches)?;
         classic.placement = split.placement.clone();
         candidates.push(classic);
     }
+    let name = split.name.clone();
     let mut best = (score(&split, &costs)?, split);
-    for mut candidate in candidates {
+    for mut candidate in candidates.into_iter().skip(1) {
         let Ok(sim) = simulate(&candidate, &costs) else {
             continue;
         };
@@ -43,11 +81,11 @@ pub(crate) fn best_with_fused(
             .metrics
             .peak_memory
             .iter()
-            .zip(&peak)
-            .all(|(new, old)| *new <= old + 1e-9 * old.abs().max(1.0));
+            .zip(&allowed)
+            .all(|(new, room)| *new <= room + 1e-9 * room.abs().max(1.0));
         let sc = score(&candidate, &costs)?;
         if fits && better(sc, best.0) {
-            candidate.name = best.1.name.clone();
+            candidate.name = name.clone();
             best = (sc, candidate);
         }
     }
@@ -155,10 +193,12 @@ mod tests {
     fn a_cheaper_fused_backward_is_used_only_when_it_wins() {
         let (p, m) = (4, 8);
         let s = zb_h1(p, m).unwrap();
-        let same = best_with_fused(s.clone(), &spec(None), Objective::Makespan).unwrap();
+        let same =
+            best_with_fused(vec![s.clone()], None, &spec(None), Objective::Makespan).unwrap();
         assert_eq!(same, s);
         let b = 1.2;
-        let fused = best_with_fused(s.clone(), &spec(Some(b)), Objective::Makespan).unwrap();
+        let fused =
+            best_with_fused(vec![s.clone()], None, &spec(Some(b)), Objective::Makespan).unwrap();
         assert!(fused.orders.iter().flatten().any(|a| a.kind == Kind::B));
         assert_eq!(fused.name, s.name);
         let costs = CostModel::for_schedule(&spec(Some(b)), &fused).unwrap();

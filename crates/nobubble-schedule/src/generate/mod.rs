@@ -549,30 +549,60 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
         Some(p) => p == Placement::V,
         None => 6 * p * m <= V_CHOICE_MAX_ACTIONS,
     };
-    let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(goal));
     // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the linear
     // layout's M_B (the V layout's M_B per rank differs when the model's segments do).
-    let v = try_v.then(|| {
-        if goal.budget.is_empty() && req.placement.is_none() {
-            v_shape::v_auto_at_linear_bytes(goal)
+    let at_linear_bytes = goal.budget.is_empty() && req.placement.is_none();
+    let plan_v = |g: &Goal| {
+        if at_linear_bytes {
+            v_shape::v_auto_at_linear_bytes(g)
         } else {
-            v_auto(goal)
+            v_auto(g)
         }
-    });
+    };
+    let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(goal));
+    let v = try_v.then(|| plan_v(goal));
     // Either placement may fail where the other plans (a budget one cannot meet, a costs
     // file listing one of the layouts' stages): an error only if both do.
-    match (linear, v) {
-        (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => Err(e),
-        (l, v) => {
-            // Where a fused backward is cheaper than I + W, each placement's plan may fuse.
-            let fused = |s: Option<Result<Schedule, Error>>| {
-                s.and_then(Result::ok)
-                    .map(|s| fuse::best_with_fused(s, goal.costs, req.objective))
-                    .transpose()
-            };
-            pick_placement(fused(l)?, fused(v)?, goal.costs, req.objective)
-        }
+    let (l, v) = match (linear, v) {
+        (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => return Err(e),
+        (l, v) => (l.and_then(Result::ok), v.and_then(Result::ok)),
+    };
+    if !fuse::cheaper_somewhere(goal.costs) {
+        return pick_placement(l, v, goal.costs, req.objective);
     }
+    // A fused backward cheaper than I + W: each placement's plan may fuse, and so may the
+    // plans at the lower whole-number limits (a fused plan from a tighter split plan can be
+    // the faster), so that more memory still never plans worse.
+    let lower = |plan: &dyn Fn(&Goal) -> Result<Schedule, Error>, top: Schedule| {
+        let mut bases = vec![top];
+        if goal.budget.is_empty() && 6 * p * m <= fuse::LADDER_MAX_ACTIONS {
+            let levels = search::ladder(goal.limit);
+            for level in levels.iter().rev().skip(1) {
+                bases.extend(plan(&goal.at(*level)).ok());
+            }
+        }
+        bases
+    };
+    let room = |v_layout: bool| fuse::room(goal, v_layout && !at_linear_bytes);
+    let l = match l {
+        Some(s) => Some(fuse::best_with_fused(
+            lower(&|g| zb_auto(g), s),
+            room(false)?.as_deref(),
+            goal.costs,
+            req.objective,
+        )?),
+        None => None,
+    };
+    let v = match v {
+        Some(s) => Some(fuse::best_with_fused(
+            lower(&plan_v, s),
+            room(true)?.as_deref(),
+            goal.costs,
+            req.objective,
+        )?),
+        None => None,
+    };
+    pick_placement(l, v, goal.costs, req.objective)
 }
 
 /// The zero-bubble authors' own V constructions, reimplemented (as `zb-paper` is their

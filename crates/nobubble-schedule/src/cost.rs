@@ -86,6 +86,11 @@ impl RankCost {
         self.b.unwrap_or(self.i + self.w)
     }
 
+    /// Whether fusing the backward saves time (`b` below `i + w`).
+    pub fn fusing_saves(&self) -> bool {
+        self.fused_backward() < self.i + self.w
+    }
+
     /// The costs the lower bounds reason on, valid whether each backward runs split or fused:
     /// the input gradient leaves after `min(i, b)` and the backward's work is
     /// `min(i + w, b)`. Unchanged when `b` is missing or at least `i + w`.
@@ -361,15 +366,17 @@ impl CostModel {
     /// The costs the lower bounds reason on ([`RankCost::relaxed_for_bounds`]), when some
     /// stage's fused backward is cheaper than its split one; `None` when nothing changes.
     pub(crate) fn relaxed_for_bounds(&self) -> Option<CostModel> {
-        let cheaper = |c: &RankCost| c.fused_backward() < c.i + c.w;
-        self.stages.iter().any(cheaper).then(|| CostModel {
-            stages: self
-                .stages
-                .iter()
-                .map(RankCost::relaxed_for_bounds)
-                .collect(),
-            ..self.clone()
-        })
+        self.stages
+            .iter()
+            .any(RankCost::fusing_saves)
+            .then(|| CostModel {
+                stages: self
+                    .stages
+                    .iter()
+                    .map(RankCost::relaxed_for_bounds)
+                    .collect(),
+                ..self.clone()
+            })
     }
 
     /// Sum of all pass times a rank must execute per microbatch with split backward passes;

@@ -347,6 +347,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         fused = fused_times(self.measurements)
         base = self._costs.regroup(self.plan.num_stages) if self._costs is not None else None
         planned = self._planned_stage_costs()
+        split = {a.stage for m in self.measurements for a in m.actions if a.kind == "I"}
         stages = []
         for s in range(self.plan.num_stages):
             f, i, w = times.get(s, (0.0, 0.0, 0.0))
@@ -354,9 +355,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             # What the plan was made with, for what this plan's passes do not measure.
             before = base.stages[s] if base is not None else planned[s] if planned else None
             b = fused.get(s, before.b if before is not None else None)
-            if s in fused and not any(
-                a.stage == s and a.kind == "I" for m in self.measurements for a in m.actions
-            ):
+            if s in fused and s not in split:
                 # Only fused passes ran: the split times stay those the plan was made with
                 # (without them, B stands for I and W for nothing).
                 i, w = (before.i, before.w) if before is not None else (b, 0.0)

@@ -13,7 +13,7 @@ use super::classic::one_f_one_b;
 use super::search::{better, score};
 use super::Goal;
 use crate::action::{Action, Kind};
-use crate::cost::{CostModel, CostSpec, Objective};
+use crate::cost::{CostModel, CostSpec, Objective, RankCost};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::simulate;
@@ -24,7 +24,7 @@ pub(crate) const LADDER_MAX_ACTIONS: usize = 3000;
 
 /// Whether some stage's fused backward is cheaper than its split one.
 pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
-    spec.stages.iter().any(|c| c.fused_backward() < c.i + c.w)
+    spec.stages.iter().any(RankCost::fusing_saves)
 }
 
 /// What each rank may hold under `goal`'s multiple of M_B: of the linear layout's M_B, or of
@@ -62,9 +62,10 @@ pub(crate) fn best_with_fused(
         Some(room) => room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect(),
         None => peak,
     };
-    let mut candidates = Vec::new();
+    // The first base is the incumbent; the others compete as they are and fused.
+    let mut candidates: Vec<Schedule> = bases[1..].to_vec();
     for base in &bases {
-        candidates.extend([base.clone(), fuse_where_adjacent(base), fuse_all(base)]);
+        candidates.extend([fuse_where_adjacent(base), fuse_all(base)]);
     }
     if split.stages == split.ranks {
         let mut classic = one_f_one_b(split.ranks, split.microbatches)?;
@@ -73,7 +74,7 @@ pub(crate) fn best_with_fused(
     }
     let name = split.name.clone();
     let mut best = (score(&split, &costs)?, split);
-    for mut candidate in candidates.into_iter().skip(1) {
+    for mut candidate in candidates {
         let Ok(sim) = simulate(&candidate, &costs) else {
             continue;
         };
@@ -149,7 +150,6 @@ pub(crate) fn fuse_all(s: &Schedule) -> Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::RankCost;
     use crate::generate::zb_h1;
     use crate::validate::validate;
 

@@ -583,25 +583,12 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
         }
         bases
     };
-    let room = |v_layout: bool| fuse::room(goal, v_layout && !at_linear_bytes);
-    let l = match l {
-        Some(s) => Some(fuse::best_with_fused(
-            lower(&|g| zb_auto(g), s),
-            room(false)?.as_deref(),
-            goal.costs,
-            req.objective,
-        )?),
-        None => None,
+    let fused = |plan: &dyn Fn(&Goal) -> Result<Schedule, Error>, top: Schedule, v: bool| {
+        let room = fuse::room(goal, v && !at_linear_bytes)?;
+        fuse::best_with_fused(lower(plan, top), room.as_deref(), goal.costs, req.objective)
     };
-    let v = match v {
-        Some(s) => Some(fuse::best_with_fused(
-            lower(&plan_v, s),
-            room(true)?.as_deref(),
-            goal.costs,
-            req.objective,
-        )?),
-        None => None,
-    };
+    let l = l.map(|s| fused(&zb_auto, s, false)).transpose()?;
+    let v = v.map(|s| fused(&plan_v, s, true)).transpose()?;
     pick_placement(l, v, goal.costs, req.objective)
 }
 

@@ -363,6 +363,28 @@ impl CostModel {
         x * self.placed_mem_b(placement, rank) * self.share(rank)
     }
 
+    /// Shares ([`CostModel::rank_share`]) under which a multiple of M_B on this layout
+    /// (`placement`) means the bytes it means on `linear`, the one-stage-per-rank layout of
+    /// the same model: how `zb-auto` compares a V plan with a linear one at the same bytes
+    /// per rank. Empty when every rank's M_B is the same on both.
+    pub fn shares_of_linear(&self, placement: &[usize], linear: &CostModel) -> Vec<f64> {
+        let shares: Vec<f64> = (0..linear.stages.len())
+            .map(|r| {
+                let here = self.placed_mem_b(placement, r);
+                if here > 0.0 {
+                    linear.stages[r].mem_b / here
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        if shares.iter().all(|s| (s - 1.0).abs() <= 1e-12) {
+            Vec::new()
+        } else {
+            shares
+        }
+    }
+
     /// The costs the lower bounds reason on ([`RankCost::relaxed_for_bounds`]), when some
     /// stage's fused backward is cheaper than its split one; `None` when nothing changes.
     pub(crate) fn relaxed_for_bounds(&self) -> Option<CostModel> {

@@ -181,7 +181,16 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
             (chosen.schedule, spec, Some(split))
         }
     };
+    let at_linear_bytes = at_linear_bytes(req, &schedule);
     let mut planned = evaluate(schedule, &spec, &judged, req.objective)?;
+    if at_linear_bytes {
+        // zb-auto planned its V plan at the linear layout's bytes per rank (README: a
+        // multiple is read on the linear layout); judge and bound it there too.
+        let linear = CostModel::for_layout(&spec, req.ranks, req.ranks)?;
+        let s = &planned.schedule;
+        planned.costs.rank_share = planned.costs.shares_of_linear(&s.placement, &linear);
+        planned.over_limit = judged.check_schedule(s, &planned.costs).err();
+    }
     planned.mem_limit = req.mem_limit.clone();
     // The limit it was planned under: under budgets in memory the multiple `evaluate` found;
     // else the kind's own (automatic kinds: the user's multiple or their default), or the
@@ -193,6 +202,16 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
     planned.objective = req.schedule.uses_costs().then_some(req.objective);
     planned.split = split;
     Ok(planned)
+}
+
+/// Whether `schedule` is a `zb-auto` V plan that the planner chose over the linear one at
+/// the linear layout's bytes per rank (a multiple of M_B, no placement forced).
+fn at_linear_bytes(req: &PlanRequest, schedule: &Schedule) -> bool {
+    req.schedule == ScheduleKind::ZbAuto
+        && req.placement.is_none()
+        && matches!(req.costs, PlanCosts::Stages(_))
+        && req.mem_limit.as_multiple().is_some()
+        && schedule.stages != schedule.ranks
 }
 
 /// The plan of a schedule already made (a file, a re-plan that keeps its schedule): its

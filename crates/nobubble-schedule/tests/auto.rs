@@ -1032,3 +1032,74 @@ fn large_pipelines_under_tight_limits_stay_near_the_bound() {
         assert!(gap < 0.12, "x = {x}: {:.1}% above the bound", 100.0 * gap);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    /// The planner judges and bounds a zb-auto plan where it was planned: a V plan chosen
+    /// over the linear one holds x × each rank's *linear* M_B, so with uneven memory it
+    /// fits its own limit check (a V layout's M_B per rank is another amount), and the
+    /// budgets it reports are those bytes.
+    #[test]
+    fn a_planned_v_plan_passes_its_own_limit_check_with_uneven_memory(
+        (p, m, spec) in (2usize..=5, 2usize..=12).prop_flat_map(|(p, m)| (Just(p), Just(m), costs_strategy(p))),
+        mem in proptest::collection::vec(0.5f64..2.0, 5),
+        x in 1usize..=8,
+    ) {
+        let mut spec = spec;
+        for (c, &b) in spec.stages.iter_mut().zip(&mem) {
+            c.mem_w *= b;
+            c.mem_b = b;
+        }
+        let x = x as f64;
+        for objective in [nobubble_schedule::Objective::Span, nobubble_schedule::Objective::Makespan] {
+            let req = nobubble_schedule::PlanRequest {
+                mem_limit: MemLimit::Multiple(x),
+                objective,
+                ..nobubble_schedule::PlanRequest::new(ScheduleKind::ZbAuto, p, m, spec.clone())
+            };
+            let planned = nobubble_schedule::plan(&req).unwrap();
+            prop_assert!(planned.check_limit().is_ok(), "{:?}", planned.check_limit());
+            let linear = CostModel::for_layout(&spec, p, p).unwrap();
+            let s = &planned.schedule;
+            for r in 0..p {
+                let allowed = planned.costs.rank_limit(s, r, x);
+                prop_assert!((allowed - x * linear.stages[r].mem_b).abs() <= 1e-9 * allowed);
+                prop_assert!(planned.peak_memory()[r] <= allowed * (1.0 + 1e-9));
+            }
+            prop_assert!(planned.lower_bound() <= planned.sim.metrics.makespan * (1.0 + 1e-9));
+        }
+    }
+}
+
+/// The case a review found: zb-auto's V plan at the linear layout's bytes was checked against
+/// the V layout's M_B and refused (rank 0: 7.494 over 4 × 1.776).
+#[test]
+fn a_v_plan_on_per_rank_costs_fits_the_limit_it_was_planned_at() {
+    let rank = |f, i, w, mem_b, mem_w| RankCost {
+        f,
+        i,
+        w,
+        mem_b,
+        mem_w,
+        b: None,
+    };
+    let spec = CostSpec {
+        stages: vec![
+            rank(1.340, 1.313, 1.001, 1.906, 0.428),
+            rank(1.232, 0.336, 1.619, 1.590, 0.290),
+            rank(1.574, 0.537, 1.974, 0.792, 0.633),
+            rank(0.348, 0.662, 1.052, 1.646, 0.594),
+        ],
+        comm: 0.0,
+    };
+    let req = nobubble_schedule::PlanRequest {
+        mem_limit: MemLimit::Multiple(4.0),
+        objective: nobubble_schedule::Objective::Makespan,
+        ..nobubble_schedule::PlanRequest::new(ScheduleKind::ZbAuto, 4, 8, spec)
+    };
+    let planned = nobubble_schedule::plan(&req).unwrap();
+    assert_eq!(planned.schedule.stages, 8, "the V plan is the faster here");
+    planned.check_limit().unwrap();
+    assert!((planned.costs.rank_limit(&planned.schedule, 0, 4.0) - 4.0 * 1.906).abs() < 1e-9);
+}

@@ -167,6 +167,19 @@ fn round_digits(v: f64, digits: i32) -> f64 {
     (v * scale).round() / scale
 }
 
+/// A limit of `x` × M_B beside the peak, which is in the costs' memory unit: the amount too
+/// when every rank's M_B is the same.
+fn limit_in_units(schedule: &Schedule, costs: &CostModel, x: f64) -> String {
+    let amounts: Vec<f64> = (0..schedule.ranks)
+        .map(|r| round_digits(costs.rank_limit(schedule, r, x), 12))
+        .collect();
+    if amounts.iter().all(|a| *a == amounts[0]) {
+        format!(" (limit {} × M_B = {})", fmt_num(x), fmt_num(amounts[0]))
+    } else {
+        format!(" (limit {} × each rank's M_B)", fmt_num(x))
+    }
+}
+
 /// The per-rank table and headline metrics printed under a text timeline.
 pub fn text_summary(
     schedule: &Schedule,
@@ -220,7 +233,7 @@ pub fn text_summary(
         fmt_num(peak),
         match mem_limit {
             Some(_) if !costs.rank_share.is_empty() => " (within each rank's budget)".to_string(),
-            Some(l) => format!(" (limit {})", fmt_num(l)),
+            Some(l) => limit_in_units(schedule, costs, l),
             None => String::new(),
         },
         m.messages

@@ -219,19 +219,7 @@ pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let linear = goal.resolve(p)?;
     let mut costs = goal.resolve(2 * p)?;
-    costs.rank_share = (0..p)
-        .map(|r| {
-            let v: f64 = (0..2 * p)
-                .filter(|&s| placement[s] == r)
-                .map(|s| costs.stages[s].mem_b)
-                .sum();
-            if v > 0.0 {
-                linear.stages[r].mem_b / v
-            } else {
-                1.0
-            }
-        })
-        .collect();
+    costs.rank_share = costs.shares_of_linear(&placement, &linear);
     // No extra plan under the tightest share here: its own ladder would not line up with
     // the multiples of `x`, and monotone in `x` is the promise.
     v_auto_within(p, m, &costs, x, goal.name)

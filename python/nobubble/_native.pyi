@@ -6,10 +6,11 @@ from typing import Literal
 __version__: str
 
 Cost = tuple[float, float, float] | tuple[float, float, float, float] | Sequence[Sequence[float]]
-"""``(F, I, W)`` for every stage, or one such entry per stage in model order. With one entry
-per rank on a schedule of more stages (V, interleaved), entry ``k`` is the model's ``k``-th
-slice, split evenly into consecutive chunks: on a V, entry 1 prices chunks 2 and 3, which
-run on ranks 2 and p − 3, not rank 1 (give one entry per chunk for a slow device)."""
+"""``(F, I, W)`` for every stage, or one such entry per stage in model order; a fourth
+number is the fused backward's time B where it is not I + W (``None`` there: it is). With
+one entry per rank on a schedule of more stages (V, interleaved), entry ``k`` is the model's
+``k``-th slice, split evenly into consecutive chunks: on a V, entry 1 prices chunks 2 and 3,
+which run on ranks 2 and p − 3, not rank 1 (give one entry per chunk for a slow device)."""
 
 Mem = tuple[float, float] | Sequence[Sequence[float]]
 """``(M_B, M_W)`` for every stage, or one such entry per stage, read as ``Cost`` is."""
@@ -85,7 +86,8 @@ class Plan:
     @property
     def layer_split(self) -> list[int] | None: ...
     @property
-    def stage_costs(self) -> list[tuple[float, float, float]]: ...
+    def stage_costs(self) -> list[tuple[float, ...]]:
+        """Per stage ``(F, I, W)``, or ``(F, I, W, B)`` where B has a time of its own."""
     def to_csv(self) -> str: ...
     def to_chrome_trace(self) -> str: ...
     def to_svg(self) -> str: ...

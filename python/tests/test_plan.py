@@ -465,3 +465,19 @@ def test_ctrl_c_interrupts_a_long_plan() -> None:
     assert elapsed < 1.5, f"KeyboardInterrupt came after {elapsed:.2f} s"
     # The module plans on afterwards.
     assert nobubble.plan("1f1b", 2, 4).makespan > 0
+
+
+def test_a_fourth_cost_is_the_fused_backward() -> None:
+    """``cost=(F, I, W, B)`` charges fused backward passes B (1F1B's makespan follows it), the
+    plan reports B among its stage costs so that a re-plan can pass them back, and a fourth
+    ``None`` means B = I + W, as three numbers do."""
+    fused = nobubble.plan("1f1b", 4, 8, cost=(1.0, 1.0, 1.0, 1.2))
+    assert fused.makespan == pytest.approx(11 * 2.2)
+    assert fused.stage_costs == [(1.0, 1.0, 1.0, 1.2)] * 4
+    again = nobubble.plan("zb-auto", 4, 8, cost=fused.stage_costs)
+    assert again.makespan == nobubble.plan("zb-auto", 4, 8, cost=(1.0, 1.0, 1.0, 1.2)).makespan
+    split = nobubble.plan("1f1b", 4, 8, cost=(1.0, 1.0, 1.0, None))
+    assert split.makespan == nobubble.plan("1f1b", 4, 8, cost=(1.0, 1.0, 1.0)).makespan == 33.0
+    assert split.stage_costs == [(1.0, 1.0, 1.0)] * 4
+    with pytest.raises(TypeError, match=r"cost takes 3 or 4 numbers"):
+        nobubble.plan("1f1b", 4, 8, cost=(1.0, None, 1.0))

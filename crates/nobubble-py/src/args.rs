@@ -20,7 +20,8 @@ pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
     ScheduleError::new_err(msg.into())
 }
 
-/// A tuple or list of `n` numbers, `n` in `lens`.
+/// A tuple or list of `n` numbers, `n` in `lens`; a trailing `None` where fewer numbers
+/// would do stands for the optional one left out (`(F, I, W, None)`: no fused backward).
 pub(crate) fn numbers(
     obj: &Bound<'_, PyAny>,
     lens: std::ops::RangeInclusive<usize>,
@@ -28,7 +29,11 @@ pub(crate) fn numbers(
     if obj.is_instance_of::<PyString>() {
         return None;
     }
-    let v: Vec<f64> = obj.extract().ok()?;
+    let mut v: Vec<Option<f64>> = obj.extract().ok()?;
+    if v.len() > *lens.start() && v.last() == Some(&None) {
+        v.pop();
+    }
+    let v: Vec<f64> = v.into_iter().collect::<Option<_>>()?;
     lens.contains(&v.len()).then_some(v)
 }
 

@@ -12,7 +12,7 @@ use nobubble_schedule::{
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyString, PyTuple};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::Duration;
@@ -220,11 +220,20 @@ impl Plan {
         self.inner.split.as_ref().map(|s| s.counts.clone())
     }
 
-    /// Per stage, the (F, I, W) times the plan was made with.
+    /// Per stage, the (F, I, W) times the plan was made with, and B where a fused
+    /// backward has a time of its own: what `cost=` takes, to plan again on the same costs.
     #[getter]
-    fn stage_costs(&self) -> Vec<(f64, f64, f64)> {
+    fn stage_costs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let stages = &self.inner.costs.stages;
-        stages.iter().map(|c| (c.f, c.i, c.w)).collect()
+        stages
+            .iter()
+            .map(|c| {
+                PyTuple::new(
+                    py,
+                    [c.f, c.i, c.w].into_iter().chain(c.b).collect::<Vec<_>>(),
+                )
+            })
+            .collect()
     }
 
     /// PyTorch's compute-only schedule CSV (row r = rank r).

@@ -72,7 +72,7 @@ pub fn parse_mem_limit(text: &str) -> Result<MemLimit, String> {
 pub struct CostArgs {
     /// Pass times F,I,W of one rank's share of the model; any unit (µs in the paper). A fourth
     /// number B is the fused backward's time where it is not I+W (PyTorch's split backward
-    /// costs extra): zb-auto then also weighs plans that fuse backward passes.
+    /// costs extra): fused (B) passes cost B, and zb-auto weighs plans that fuse them.
     #[arg(
         long,
         value_name = "F,I,W[,B]",
@@ -165,7 +165,9 @@ impl PlacementArg {
     }
 }
 
-fn numbers(
+/// `text` as `n` comma-separated numbers, `n` in `lens`; the error names `flag` and shows
+/// `example`.
+pub(crate) fn numbers(
     flag: &str,
     text: &str,
     lens: std::ops::RangeInclusive<usize>,

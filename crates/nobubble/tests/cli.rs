@@ -117,6 +117,35 @@ fn plan_csv_then_check_gives_the_same_makespan() {
 
 /// `--cost F,I,W,B`: 1F1B pays B per backward ((m + p − 1)(F + B) on uniform stages), and
 /// zb-auto fuses where B is cheaper, never slower than 1F1B.
+/// Emulated passes take a fused backward's own time too: 1F1B's B passes sleep the fourth
+/// number (two of 40 ms per rank make a step of at least 80 ms; B = I + W would be 2 ms).
+#[test]
+fn an_emulated_fused_backward_sleeps_its_own_time() {
+    let args = micro_train(
+        "1",
+        &[
+            "--compute",
+            "emulated",
+            "--cost",
+            "0.5,1,1,40",
+            "-s",
+            "1f1b",
+            "-p",
+            "2",
+            "-m",
+            "2",
+        ],
+    );
+    let out = ok(&args);
+    let ms: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("step time: measured "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no step time in {out}"));
+    assert!(ms >= 80.0, "{out}");
+}
+
 #[test]
 fn a_fourth_cost_is_the_fused_backward() {
     let plan = |s: &str, cost: &str| -> Value {
@@ -524,7 +553,7 @@ fn train_checks_every_flag_before_training() {
         v.extend_from_slice(extra);
         v
     };
-    let cases: [(Vec<&str>, &[&str]); 17] = [
+    let cases: [(Vec<&str>, &[&str]); 18] = [
         (
             micro_train("1", &["-p", "4097"]),
             &["--stages 4097", "(4096)"],
@@ -536,7 +565,11 @@ fn train_checks_every_flag_before_training() {
         ),
         (
             micro_train("1", &["--compute", "emulated", "--cost", "1,1"]),
-            &["--cost takes three positive milliseconds"],
+            &["--cost takes 3 or 4 comma-separated numbers"],
+        ),
+        (
+            micro_train("1", &["--compute", "emulated", "--cost", "1,1,1,0"]),
+            &["--cost takes positive milliseconds", "got `1,1,1,0`"],
         ),
         (
             micro_train("1", &["--comm", "0.5"]),

@@ -124,21 +124,12 @@ fn emulated_costs(a: &TrainArgs) -> Result<Option<CostSpec>, String> {
         }
         return Ok(None);
     }
-    let t: Vec<f64> = a
-        .cost
-        .as_deref()
-        .unwrap_or(super::DEFAULT_EMULATED_COST)
-        .split(',')
-        .map(|x| {
-            x.trim()
-                .parse::<f64>()
-                .map_err(|_| format!("--cost: `{x}` is not a number"))
-        })
-        .collect::<Result<_, _>>()?;
-    if t.len() != 3 || t.iter().any(|v| !(v.is_finite() && *v > 0.0 && *v <= 1e6)) {
-        return Err(
-            "--cost takes three positive milliseconds F,I,W (up to 1e6), e.g. --cost 2,2,2".into(),
-        );
+    let text = a.cost.as_deref().unwrap_or(super::DEFAULT_EMULATED_COST);
+    let t = crate::costs::numbers("--cost", text, 3..=4, "2,2,2")?;
+    if t.iter().any(|v| !(v.is_finite() && *v > 0.0 && *v <= 1e6)) {
+        return Err(format!(
+            "--cost takes positive milliseconds F,I,W (up to 1e6), and B for a fused backward              that is not I + W, e.g. --cost 2,2,2 or 2,2,2,3; got `{text}`"
+        ));
     }
     let cost = RankCost {
         f: t[0],
@@ -146,7 +137,7 @@ fn emulated_costs(a: &TrainArgs) -> Result<Option<CostSpec>, String> {
         w: t[2],
         mem_b: 1.0,
         mem_w: 0.5,
-        b: None,
+        b: t.get(3).copied(),
     };
     Ok(Some(CostSpec::uniform(cost, a.comm)))
 }

@@ -114,7 +114,8 @@ pub struct TrainArgs {
     /// real: train the model; emulated: passes sleep for --cost milliseconds.
     #[arg(long, value_parser = ["real", "emulated"], default_value = "real")]
     pub compute: String,
-    /// Emulated pass times F,I,W of one rank's share, in milliseconds [default: 2,2,2].
+    /// Emulated pass times F,I,W of one rank's share, in milliseconds, and B where a fused
+    /// backward is not I + W [default: 2,2,2].
     #[arg(long, allow_hyphen_values = true)]
     pub cost: Option<String>,
     /// Emulated link latency in milliseconds.

@@ -389,6 +389,7 @@ def two_ranks() -> dict[str, Any]:
         "zb-auto-v": _snapshot(planner, "zb-auto", 2, placement="v"),
         # A fused backward at 60% of I + W: zb-auto fuses backward passes.
         "zb-auto-fused": _snapshot(planner, "zb-auto", 2, placement="linear", cost=(1, 1, 1, 1.2)),
+        "zb-auto-v-fused": _snapshot(planner, "zb-auto", 2, placement="v", cost=(1, 1, 1, 1.2)),
     }
     mem_plan, limit, unlimited = _memory_plan(2)
     free_bytes = int(2 * limit / 0.8)
@@ -401,6 +402,7 @@ def two_ranks() -> dict[str, Any]:
         {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"], "eval": True},
         {"name": "zb-auto-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v"]},
         {"name": "fused", "kind": "plan", "num_stages": 2, "plan": plans["zb-auto-fused"]},
+        {"name": "v-fused", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v-fused"]},
         {"name": "memory", "kind": "plan", "num_stages": 2, "plan": mem_plan, "track_memory": True},
         # Free memory that leaves each of the two ranks the same budget as "memory".
         {"name": "free", "kind": "free", "num_stages": 2, "free": free_bytes, "track_memory": True},
@@ -517,6 +519,17 @@ def test_a_plan_with_fused_backward_trains_like_1f1b(two_ranks: dict[str, Any]) 
     plan = two_ranks["plans"]["zb-auto-fused"]
     assert any("B" in a for row in plan.actions for a in row), plan.actions
     _assert_same_training(two_ranks["results"], "fused", "ref-1f1b")
+
+
+def test_a_v_plan_mixing_fused_and_split_backwards_trains_like_zbv(
+    two_ranks: dict[str, Any],
+) -> None:
+    """A V plan that fuses most backwards and splits a few (where a W fills idle time), as
+    zb-auto plans when B is cheaper than I + W: bit-equal to ScheduleZBVZeroBubble, which
+    splits them all."""
+    actions = [a for row in two_ranks["plans"]["zb-auto-v-fused"].actions for a in row]
+    assert any("B" in a for a in actions) and any("W" in a for a in actions), actions
+    _assert_same_training(two_ranks["results"], "v-fused", "ref-zbv")
 
 
 @pytest.mark.parametrize("name", ["zb-v", "zb-auto-v"])

@@ -172,3 +172,73 @@ fn more_memory_never_plans_worse_with_a_fused_backward() {
         }
     }
 }
+
+/// Each stage's weight gradients (its Bs and Ws, on the rank that holds it) in microbatch
+/// order: what keeps a fused plan's bits equal to 1F1B's.
+fn weight_gradients_in_order(s: &Schedule) -> bool {
+    s.orders.iter().all(|order| {
+        (0..s.stages).all(|stage| {
+            let mbs: Vec<usize> = order
+                .iter()
+                .filter(|a| a.stage == stage && matches!(a.kind, Kind::B | Kind::W))
+                .map(|a| a.microbatch)
+                .collect();
+            mbs.windows(2).all(|w| w[0] < w[1])
+        })
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, .. Default::default() })]
+
+    /// Random pipelines with a fused backward below I + W on some stages: zb-auto's plan is
+    /// valid, fits every limit, keeps each stage's weight gradients in microbatch order, is
+    /// never slower than the fixed patterns of its placement that fit (1F1B, DualPipeV), and
+    /// never worse with more memory.
+    #[test]
+    fn fused_plans_are_valid_ordered_and_monotone(
+        p in 2usize..=4,
+        mf in 1usize..=3,
+        costs in proptest::collection::vec((0.5f64..2.0, 0.5f64..2.0, 0.3f64..1.5, 0.4f64..1.1, 0.5f64..1.5), 4),
+        objective in proptest::sample::select(vec![Objective::Makespan, Objective::Span]),
+    ) {
+        let m = 2 * p * mf;
+        let stages: Vec<RankCost> = costs[..p].iter().map(|&(f, i, w, share, mem)| RankCost {
+            f, i, w, b: Some(share * (i + w)), mem_b: mem, mem_w: mem * 0.4,
+        }).collect();
+        let spec = CostSpec { comm: 0.0, stages };
+        let ranked = |s: &Schedule| {
+            let c = CostModel::for_schedule(&spec, s).unwrap();
+            let sim = simulate(s, &c).unwrap();
+            let span = sim.metrics.span.iter().cloned().fold(0.0, f64::max);
+            match objective {
+                Objective::Makespan => sim.metrics.makespan,
+                Objective::Span => span,
+            }
+        };
+        let mut last = f64::INFINITY;
+        for x in 1..=2 * p {
+            let limit = MemLimit::Multiple(x as f64);
+            let req = PlanRequest {
+                mem_limit: limit.clone(),
+                objective,
+                ..PlanRequest::new(ScheduleKind::ZbAuto, p, m, spec.clone())
+            };
+            let planned = plan(&req).unwrap();
+            planned.check_limit().unwrap();
+            proptest::prop_assert!(weight_gradients_in_order(&planned.schedule));
+            let got = ranked(&planned.schedule);
+            proptest::prop_assert!(got <= last + 1e-9, "limit {x}: {got} > {last}");
+            last = got;
+            // The fixed patterns, at the bytes zb-auto was given (the linear layout's M_B).
+            for fixed in [one_f_one_b(p, m).unwrap(), nobubble_schedule::generate::dualpipe_v(p, m).unwrap()] {
+                let c = CostModel::for_schedule(&spec, &fixed).unwrap();
+                let linear = CostModel::for_layout(&spec, p, p).unwrap();
+                let budget: Vec<f64> = (0..p).map(|r| x as f64 * linear.stages[r].mem_b).collect();
+                if nobubble_schedule::validate::check_memory_budget(&fixed, &c, &budget).is_ok() {
+                    proptest::prop_assert!(got <= ranked(&fixed) + 1e-9, "limit {x}: {got} > {} {}", fixed.name, ranked(&fixed));
+                }
+            }
+        }
+    }
+}

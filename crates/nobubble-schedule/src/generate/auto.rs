@@ -10,8 +10,8 @@ use super::greedy::{list_schedule_bound, Policy};
 use super::paper_heuristic;
 pub use super::search::apply_budget;
 use super::search::{
-    better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
-    repair_drain, score, unlimited_floor, within_budgets, LadderRuns, Score,
+    better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies, record,
+    repair_drain, score, unlimited_floor, within_budgets, LadderRuns, Levels, Score,
 };
 use super::Goal;
 use crate::cost::CostModel;
@@ -42,7 +42,7 @@ pub fn zb_auto(goal: &Goal) -> Result<Schedule, Error> {
     within_budgets(
         &costs,
         x,
-        || zb_auto_within(p, m, &costs, x, goal.name),
+        || zb_auto_within(p, m, &costs, x, goal.name, None),
         |tight| zb_auto(&goal.at(tight)),
     )
 }
@@ -53,20 +53,38 @@ pub fn zb_auto(goal: &Goal) -> Result<Schedule, Error> {
 /// pipelines plan at the limit only (see [`zb_auto`]).
 pub const LADDER_MAX_ACTIONS: usize = 20_000;
 
-/// [`zb_auto`] with the costs resolved (objective and rank shares set).
+/// [`zb_auto`]'s plan at every level of its memory ladder up to `goal.limit`, from one
+/// climb (no byte budgets: `goal.budget` is ignored). Pipelines that skip the ladder give
+/// the plan at the limit only.
+pub(crate) fn zb_auto_levels(goal: &Goal) -> Result<Levels, Error> {
+    let (p, m) = (goal.ranks, goal.microbatches);
+    let costs = goal.resolve(p)?;
+    let mut levels = Levels::new();
+    let top = zb_auto_within(p, m, &costs, goal.limit, goal.name, Some(&mut levels))?;
+    if levels.is_empty() {
+        levels.push((goal.limit, top));
+    }
+    Ok(levels)
+}
+
+/// [`zb_auto`] with the costs resolved (objective and rank shares set); each level's best
+/// recorded in `levels` when given.
 fn zb_auto_within(
     p: usize,
     m: usize,
     costs: &CostModel,
     x: f64,
     name: &str,
+    mut levels: Option<&mut Levels>,
 ) -> Result<Schedule, Error> {
     if 3 * p * m > LADDER_MAX_ACTIONS {
         return at_the_limit(p, m, costs, x, name);
     }
     let mut climb = Climb::new(p, m, costs, name)?;
     for level in ladder(x) {
-        if climb.step(level)? {
+        let stop = climb.step(level)?;
+        record(&mut levels, level, climb.best.as_ref().map(|b| &b.0), name);
+        if stop {
             break;
         }
     }

@@ -3,14 +3,22 @@
 //! Zero-bubble schedules split each backward into I and W so that W can fill idle time. That
 //! is free when `B = I + W`; in PyTorch's pipelining the split re-walks the autograd graph, and
 //! on small stages a fused B can cost much less than I + W (measured 17.2 ms against 23.7 on
-//! CPU). When a cost model says so (`b` below `i + w`), `zb-auto` also weighs plans that fuse
-//! backward passes: its own plan with every W that directly follows its I fused, the same
-//! plan with every backward fused, and on a linear placement 1F1B. None may need more memory
-//! on any rank than the limit allows (under byte budgets: than the split plan); the split
-//! plans at lower whole-number limits are weighed too, so more memory never plans worse.
+//! CPU). When a cost model says so (`b` below `i + w`), `zb-auto` weighs, per placement:
+//! - its split plan, with every W that directly follows its I fused, and with all fused;
+//! - the same search run on costs where I is the fused backward ([`fused_as_input`]), fused:
+//!   a plan ordered for B from the start; on small pipelines also with its last microbatches'
+//!   backwards split again, their Ws in the idle time of the drain ([`split_tail`]);
+//! - the placement's fixed pattern (1F1B, DualPipeV), which mixes the two;
+//!
+//! then splits single backwards of the best few where a W fills idle time
+//! ([`split_where_idle`]). None may need more memory on any rank than the limit allows (under
+//! byte budgets: than the split plan), and every stage's weight gradients stay in microbatch
+//! order (the bits of 1F1B). On small pipelines the best plan of each lower whole-number
+//! limit is carried up the ladder, so more memory never plans worse.
 
 use super::classic::one_f_one_b;
-use super::search::{better, score};
+use super::search::{better, score, Score};
+use super::v_shape::dualpipe_v;
 use super::Goal;
 use crate::action::{Action, Kind};
 use crate::cost::{CostModel, CostSpec, Objective, RankCost};
@@ -18,8 +26,8 @@ use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::simulate;
 
-/// Pipelines (passes, V layout) up to which fused plans are also built from the split plans
-/// at every lower whole-number limit.
+/// Pipelines (passes, V layout) up to which the fused plans of every lower whole-number
+/// limit are carried up the ladder, and the drain's backwards are split again.
 pub(crate) const LADDER_MAX_ACTIONS: usize = 3000;
 
 /// Whether some stage's fused backward is cheaper than its split one.
@@ -46,11 +54,14 @@ pub(crate) fn room(goal: &Goal, v_layout: bool) -> Result<Option<Vec<f64>>, Erro
     Ok(Some(per_rank.iter().map(|b| goal.limit * b).collect()))
 }
 
-/// The best under `objective` on `spec` of the split plans `bases` (the first is the plan at
-/// the limit itself) and their fused variants that fit: within `room` per rank, or without
-/// it within the first base's peak. Every base has the same placement.
+/// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at
+/// the limit itself, the others compete as they are), their fused variants, the plans
+/// `fused_first` made on [`fused_as_input`] costs, and the placement's fixed pattern, that
+/// fit: within `room` per rank, or without it within the first base's peak; the best few
+/// then with backwards split where idle. Every plan has the same placement.
 pub(crate) fn best_with_fused(
     bases: Vec<Schedule>,
+    fused_first: Vec<Schedule>,
     room: Option<&[f64]>,
     spec: &CostSpec,
     objective: Objective,
@@ -67,30 +78,250 @@ pub(crate) fn best_with_fused(
     for base in &bases {
         candidates.extend([fuse_where_adjacent(base), fuse_all(base)]);
     }
-    if split.stages == split.ranks {
-        let mut classic = one_f_one_b(split.ranks, split.microbatches)?;
-        classic.placement = split.placement.clone();
-        candidates.push(classic);
-    }
+    candidates.extend(fused_then_split(&fused_first, &costs, &allowed));
+    // The fixed patterns of the placement, which split some backwards and fuse the rest.
+    let (p, m) = (split.ranks, split.microbatches);
+    let classic = if split.stages == p {
+        one_f_one_b(p, m).map(|mut s| {
+            s.placement = split.placement.clone();
+            s
+        })
+    } else {
+        dualpipe_v(p, m)
+    };
+    candidates.extend(classic.ok().filter(|s| s.placement == split.placement));
     let name = split.name.clone();
-    let mut best = (score(&split, &costs)?, split);
-    for mut candidate in candidates {
-        let Ok(sim) = simulate(&candidate, &costs) else {
-            continue;
-        };
-        let fits = sim
-            .metrics
-            .peak_memory
-            .iter()
-            .zip(&allowed)
-            .all(|(new, room)| *new <= room + 1e-9 * room.abs().max(1.0));
-        let sc = score(&candidate, &costs)?;
-        if fits && better(sc, best.0) {
-            candidate.name = name.clone();
-            best = (sc, candidate);
+    let mut ranked = vec![(score(&split, &costs)?, split)];
+    for candidate in candidates {
+        if fits(&candidate, &costs, &allowed) {
+            if let Ok(sc) = score(&candidate, &costs) {
+                ranked.push((sc, candidate));
+            }
         }
     }
-    Ok(best.1)
+    // The incumbent first among equals: a candidate must be strictly better to replace it.
+    ranked.sort_by(|a, b| (a.0 .0.total_cmp(&b.0 .0)).then(a.0 .1.total_cmp(&b.0 .1)));
+    ranked.dedup_by(|a, b| a.1.orders == b.1.orders);
+    let mut best = ranked[0].clone();
+    // The best few, each with backwards split where that fills idle time.
+    for start in ranked.into_iter().take(SPLIT_STARTS) {
+        let found = split_where_idle(start, &costs, &allowed);
+        if better(found.0, best.0) {
+            best = found;
+        }
+    }
+    let mut best = best.1;
+    best.name = name;
+    Ok(best)
+}
+
+/// How many of the best plans [`split_where_idle`] starts from.
+const SPLIT_STARTS: usize = 2;
+
+/// Whether `s` holds no more than `allowed` on any rank.
+fn fits(s: &Schedule, costs: &CostModel, allowed: &[f64]) -> bool {
+    simulate(s, costs).is_ok_and(|sim| {
+        sim.metrics
+            .peak_memory
+            .iter()
+            .zip(allowed)
+            .all(|(new, room)| *new <= room + 1e-9 * room.abs().max(1.0))
+    })
+}
+
+/// Simulations [`split_where_idle`] may run: up to 200, fewer on large pipelines (a
+/// simulation's time grows with the passes).
+fn split_evals(s: &Schedule) -> usize {
+    let actions: usize = s.orders.iter().map(Vec::len).sum();
+    (200_000 / actions.max(1)).min(200)
+}
+
+/// Local search over the fused backwards of `s`: each B split into its I, where the B stood
+/// (the gradient leaves sooner), and its W a few passes later, where the rank would
+/// otherwise wait; a split is kept when it improves the objective within `allowed`. A W
+/// never passes a later backward of its stage, so each stage's weight gradients stay in
+/// microbatch order.
+fn split_where_idle(
+    (mut best_sc, mut best): (Score, Schedule),
+    costs: &CostModel,
+    allowed: &[f64],
+) -> (Score, Schedule) {
+    let max_evals = split_evals(&best);
+    let mut evals = 0;
+    let mut improved = true;
+    while improved && evals < max_evals {
+        improved = false;
+        for r in 0..best.ranks {
+            let mut k = 0;
+            while k < best.orders[r].len() && evals < max_evals {
+                let b = best.orders[r][k];
+                if b.kind != Kind::B {
+                    k += 1;
+                    continue;
+                }
+                // The W may go up to the next backward of the same stage.
+                let order = &best.orders[r];
+                let end = order[k + 1..]
+                    .iter()
+                    .position(|a| a.stage == b.stage && a.kind != Kind::F)
+                    .map_or(order.len(), |q| k + 1 + q);
+                let mut places = vec![k + 1, k + 2, k + 3, k + 5, k + 8, end];
+                places.retain(|&t| t <= end);
+                places.dedup();
+                for to in places {
+                    let mut candidate = best.clone();
+                    candidate.orders[r][k] = Action::new(b.stage, Kind::I, b.microbatch);
+                    candidate.orders[r].insert(to, Action::new(b.stage, Kind::W, b.microbatch));
+                    evals += 1;
+                    let Ok(sc) = score(&candidate, costs) else {
+                        continue;
+                    };
+                    if better(sc, best_sc) && fits(&candidate, costs, allowed) {
+                        (best_sc, best) = (sc, candidate);
+                        improved = true;
+                        break;
+                    }
+                }
+                k += 1;
+            }
+        }
+    }
+    (best_sc, best)
+}
+
+/// A W's share of a fused backward when planning on [`fused_as_input`] costs: small enough
+/// not to matter, positive as every time must be.
+const W_SHARE: f64 = 1e-6;
+
+/// The costs under which a split plan, once [`fuse_saving`] has fused it, runs as planned:
+/// where fusing saves, I costs (nearly all of) B and W next to nothing, so the planner's
+/// search orders F and B directly and where it put a W does not matter. The memory is
+/// unchanged, and fusing only frees it sooner.
+pub(crate) fn fused_as_input(spec: &CostSpec) -> CostSpec {
+    let stages = spec
+        .stages
+        .iter()
+        .map(|c| {
+            if c.fusing_saves() {
+                let b = c.fused_backward();
+                RankCost {
+                    i: b * (1.0 - W_SHARE),
+                    w: b * W_SHARE,
+                    b: None,
+                    ..*c
+                }
+            } else {
+                *c
+            }
+        })
+        .collect();
+    CostSpec {
+        comm: spec.comm,
+        stages,
+    }
+}
+
+/// Every backward of the stages where fusing saves (under `costs`) run as a B where its I
+/// stood, its W dropped; other stages keep theirs split.
+pub(crate) fn fuse_saving(s: &Schedule, costs: &CostModel) -> Schedule {
+    let saves = |stage: usize| costs.stages[stage].fusing_saves();
+    let orders = s
+        .orders
+        .iter()
+        .map(|order| {
+            order
+                .iter()
+                .filter(|a| !(a.kind == Kind::W && saves(a.stage)))
+                .map(|a| match a.kind {
+                    Kind::I if saves(a.stage) => Action::new(a.stage, Kind::B, a.microbatch),
+                    _ => *a,
+                })
+                .collect()
+        })
+        .collect();
+    Schedule {
+        orders,
+        ..s.clone()
+    }
+}
+
+/// From plans made on [`fused_as_input`] costs: each fused and, on pipelines of up to
+/// [`LADDER_MAX_ACTIONS`] passes, also with the backwards of its last 1 to p + 1 microbatches
+/// split again ([`split_tail`]), their Ws moved into idle time ([`fill_idle`]) within
+/// `allowed` per rank.
+fn fused_then_split(plans: &[Schedule], costs: &CostModel, allowed: &[f64]) -> Vec<Schedule> {
+    let mut out = Vec::new();
+    for plan in plans {
+        let fused = fuse_saving(plan, costs);
+        let actions: usize = plan.orders.iter().map(Vec::len).sum();
+        if actions <= LADDER_MAX_ACTIONS {
+            for k in 1..=plan.microbatches.min(plan.ranks + 1) {
+                out.extend(fill_idle(split_tail(&fused, k), costs, allowed));
+            }
+        }
+        out.push(fused);
+    }
+    out
+}
+
+/// The fused plan `s` with the backwards of its last `k` microbatches split again, as in the
+/// cooldown of a zero-bubble schedule: each I where the B stood (the gradient reaches the
+/// rank before it sooner), the Ws at the end of the rank's order in the same order, for
+/// [`fill_idle`] to move. Each stage's B and W stay in microbatch order.
+fn split_tail(s: &Schedule, k: usize) -> Schedule {
+    let first = s.microbatches.saturating_sub(k);
+    let orders = s
+        .orders
+        .iter()
+        .map(|order| {
+            let mut out = Vec::with_capacity(order.len() + k);
+            let mut tail = Vec::new();
+            for a in order {
+                if a.kind == Kind::B && a.microbatch >= first {
+                    out.push(Action::new(a.stage, Kind::I, a.microbatch));
+                    tail.push(Action::new(a.stage, Kind::W, a.microbatch));
+                } else {
+                    out.push(*a);
+                }
+            }
+            out.extend(tail);
+            out
+        })
+        .collect();
+    Schedule {
+        orders,
+        ..s.clone()
+    }
+}
+
+/// Moves each W that [`split_tail`] put at the end of its rank's order to the first point
+/// after its I where the rank idles, keeping each move that does not worsen the objective
+/// and fits `allowed` per rank. `None` when the schedule does not simulate.
+fn fill_idle(mut s: Schedule, costs: &CostModel, allowed: &[f64]) -> Option<Schedule> {
+    let mut best = score(&s, costs).ok()?;
+    for r in 0..s.ranks {
+        let Some(first_w) = s.orders[r].iter().position(|a| a.kind == Kind::W) else {
+            continue;
+        };
+        for next_w in first_w..s.orders[r].len() {
+            let sim = simulate(&s, costs).ok()?;
+            let w = s.orders[r][next_w];
+            let own_i = Action::new(w.stage, Kind::I, w.microbatch);
+            let own_i = s.orders[r].iter().position(|a| *a == own_i)?;
+            let slots = &sim.timeline[r];
+            let idle = (own_i + 1..next_w).find(|&q| slots[q].start > slots[q - 1].end + 1e-12);
+            let Some(q) = idle else { continue };
+            let mut moved = s.clone();
+            let a = moved.orders[r].remove(next_w);
+            moved.orders[r].insert(q, a);
+            if let Ok(sc) = score(&moved, costs) {
+                if !better(best, sc) && fits(&moved, costs, allowed) {
+                    (s, best) = (moved, sc);
+                }
+            }
+        }
+    }
+    Some(s)
 }
 
 /// Each I directly followed on its rank by the W of the same stage and microbatch, run as one
@@ -193,12 +424,24 @@ mod tests {
     fn a_cheaper_fused_backward_is_used_only_when_it_wins() {
         let (p, m) = (4, 8);
         let s = zb_h1(p, m).unwrap();
-        let same =
-            best_with_fused(vec![s.clone()], None, &spec(None), Objective::Makespan).unwrap();
+        let same = best_with_fused(
+            vec![s.clone()],
+            Vec::new(),
+            None,
+            &spec(None),
+            Objective::Makespan,
+        )
+        .unwrap();
         assert_eq!(same, s);
         let b = 1.2;
-        let fused =
-            best_with_fused(vec![s.clone()], None, &spec(Some(b)), Objective::Makespan).unwrap();
+        let fused = best_with_fused(
+            vec![s.clone()],
+            Vec::new(),
+            None,
+            &spec(Some(b)),
+            Objective::Makespan,
+        )
+        .unwrap();
         assert!(fused.orders.iter().flatten().any(|a| a.kind == Kind::B));
         assert_eq!(fused.name, s.name);
         let costs = CostModel::for_schedule(&spec(Some(b)), &fused).unwrap();

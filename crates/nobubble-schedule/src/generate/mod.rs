@@ -570,25 +570,69 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
     if !fuse::cheaper_somewhere(goal.costs) {
         return pick_placement(l, v, goal.costs, req.objective);
     }
-    // A fused backward cheaper than I + W: each placement's plan may fuse, and so may the
-    // plans at the lower whole-number limits (a fused plan from a tighter split plan can be
-    // the faster), so that more memory still never plans worse.
-    let lower = |plan: &dyn Fn(&Goal) -> Result<Schedule, Error>, top: Schedule| {
-        let mut bases = vec![top];
-        if goal.budget.is_empty() && 6 * p * m <= fuse::LADDER_MAX_ACTIONS {
-            let levels = search::ladder(goal.limit);
-            for level in levels.iter().rev().skip(1) {
-                bases.extend(plan(&goal.at(*level)).ok());
-            }
+    // A fused backward cheaper than I + W: each placement's plan may fuse, and so may plans
+    // made on costs where I is the fused backward (they fuse from the start). On small
+    // pipelines the best fused plan of each lower whole-number limit is carried up the
+    // ladder, so that more memory still never plans worse.
+    let as_input = fuse::fused_as_input(goal.costs);
+    let on_fused_costs = Goal {
+        costs: &as_input,
+        ..*goal
+    };
+    let fused = |top: Schedule, v: bool| -> Result<Schedule, Error> {
+        let layout = v && !at_linear_bytes;
+        let best = |level: f64, bases: Vec<Schedule>, first: Option<&Schedule>| {
+            let room = fuse::room(&goal.at(level), layout)?;
+            let first = first.into_iter().cloned().collect();
+            fuse::best_with_fused(bases, first, room.as_deref(), goal.costs, req.objective)
+        };
+        if !goal.budget.is_empty() || 6 * p * m > fuse::LADDER_MAX_ACTIONS {
+            // Byte budgets, or a large pipeline: at the limit only.
+            let first = if v {
+                plan_v(&on_fused_costs)
+            } else {
+                zb_auto(&on_fused_costs)
+            };
+            let room = fuse::room(goal, layout)?;
+            let first = first.into_iter().collect();
+            return fuse::best_with_fused(
+                vec![top],
+                first,
+                room.as_deref(),
+                goal.costs,
+                req.objective,
+            );
         }
-        bases
+        // Every whole level's plans from one climb each (split, and on fused costs).
+        let levels = |g: &Goal| {
+            if v {
+                v_shape::v_auto_levels(g, at_linear_bytes)
+            } else {
+                auto::zb_auto_levels(g)
+            }
+        };
+        let split = levels(goal)?;
+        let first = levels(&on_fused_costs).unwrap_or_default();
+        let mut carried: Option<(Schedule, &Schedule, Option<&Schedule>)> = None;
+        for level in search::ladder(goal.limit) {
+            let Some(s) = search::plan_at(&split, level) else {
+                continue;
+            };
+            let f = search::plan_at(&first, level);
+            // The same plans as the level below: its fused plan stands (more room alone
+            // never makes it worse, and every limit's plan comes out of this same climb).
+            if carried.as_ref().is_some_and(|c| c.1 == s && c.2 == f) {
+                continue;
+            }
+            let bases = std::iter::once(s.clone())
+                .chain(carried.map(|c| c.0))
+                .collect();
+            carried = Some((best(level, bases, f)?, s, f));
+        }
+        Ok(carried.map_or(top, |c| c.0))
     };
-    let fused = |plan: &dyn Fn(&Goal) -> Result<Schedule, Error>, top: Schedule, v: bool| {
-        let room = fuse::room(goal, v && !at_linear_bytes)?;
-        fuse::best_with_fused(lower(plan, top), room.as_deref(), goal.costs, req.objective)
-    };
-    let l = l.map(|s| fused(&zb_auto, s, false)).transpose()?;
-    let v = v.map(|s| fused(&plan_v, s, true)).transpose()?;
+    let l = l.map(|s| fused(s, false)).transpose()?;
+    let v = v.map(|s| fused(s, true)).transpose()?;
     pick_placement(l, v, goal.costs, req.objective)
 }
 

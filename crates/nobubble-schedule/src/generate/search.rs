@@ -335,6 +335,35 @@ impl LadderRuns {
     }
 }
 
+/// A ladder climb's best after each of its levels, in climbing order: the plan the same
+/// search would return with that level as its limit (a climb that stops early has settled:
+/// the levels above it would return its last plan). For callers that need every level's
+/// plan, in one climb rather than one per level.
+pub(crate) type Levels = Vec<(f64, Schedule)>;
+
+/// The climb's plan at `level`: its best after the highest climbed level not above it.
+pub(crate) fn plan_at(levels: &Levels, level: f64) -> Option<&Schedule> {
+    levels
+        .iter()
+        .rev()
+        .find(|(l, _)| *l <= level * (1.0 + 1e-12))
+        .map(|(_, s)| s)
+}
+
+/// Records `best` (named `name`) as the climb's plan at `level`, when the caller asked.
+pub(crate) fn record(
+    levels: &mut Option<&mut Levels>,
+    level: f64,
+    best: Option<&Schedule>,
+    name: &str,
+) {
+    if let (Some(levels), Some(best)) = (levels.as_deref_mut(), best) {
+        let mut s = best.clone();
+        s.name = name.to_string();
+        levels.push((level, s));
+    }
+}
+
 /// The smallest limit (× each rank's M_B) a schedule fits in.
 pub(crate) fn needed_limit(s: &Schedule, costs: &CostModel) -> f64 {
     let peaks = crate::validate::peak_memory(s, costs);

@@ -5,7 +5,7 @@
 
 use super::search::{
     better, capped_policies, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
-    score, unlimited_floor, LadderRuns, Score,
+    record, score, unlimited_floor, LadderRuns, Levels, Score,
 };
 use super::Goal;
 use crate::action::{Action, Kind};
@@ -206,7 +206,7 @@ pub fn v_auto(goal: &Goal) -> Result<Schedule, Error> {
     super::search::within_budgets(
         &costs,
         x,
-        || v_auto_within(p, m, &costs, x, goal.name),
+        || v_auto_within(p, m, &costs, x, goal.name, None),
         |tight| v_auto(&goal.at(tight)),
     )
 }
@@ -222,7 +222,24 @@ pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
     costs.rank_share = costs.shares_of_linear(&placement, &linear);
     // No extra plan under the tightest share here: its own ladder would not line up with
     // the multiples of `x`, and monotone in `x` is the promise.
-    v_auto_within(p, m, &costs, x, goal.name)
+    v_auto_within(p, m, &costs, x, goal.name, None)
+}
+
+/// [`v_auto`] (or, `at_linear_bytes`, [`v_auto_at_linear_bytes`]) at every level of its
+/// memory ladder up to `goal.limit`, from one climb (no byte budgets). Pipelines that skip
+/// the ladder give the plan at the limit only.
+pub(crate) fn v_auto_levels(goal: &Goal, at_linear_bytes: bool) -> Result<Levels, Error> {
+    let (p, m) = (goal.ranks, goal.microbatches);
+    let mut costs = goal.resolve(2 * p)?;
+    if at_linear_bytes {
+        costs.rank_share = costs.shares_of_linear(&v_placement(p), &goal.resolve(p)?);
+    }
+    let mut levels = Levels::new();
+    let top = v_auto_within(p, m, &costs, goal.limit, goal.name, Some(&mut levels))?;
+    if levels.is_empty() {
+        levels.push((goal.limit, top));
+    }
+    Ok(levels)
 }
 
 /// Why nothing was planned: no V schedule fits `x` × M_B.
@@ -327,6 +344,7 @@ fn v_auto_within(
     costs: &CostModel,
     x: f64,
     name: &str,
+    mut levels: Option<&mut Levels>,
 ) -> Result<Schedule, Error> {
     let placement = v_placement(p);
     let actions = 6 * p * m;
@@ -383,6 +401,7 @@ fn v_auto_within(
                 changed = true;
             }
         }
+        record(&mut levels, level, best.as_ref().map(|b| &b.0), name);
         // Stop where the rest of the ladder would change nothing (as in `zb_auto`): a fixed
         // point, or a best that meets both unlimited lower bounds.
         let settled = !changed && cached && !rejected.get() && level >= static_need;

@@ -93,7 +93,7 @@ pub(crate) fn best_with_fused(
     let name = split.name.clone();
     let mut ranked = vec![(score(&split, &costs)?, split)];
     for candidate in candidates {
-        if fits(&candidate, &costs, &allowed) {
+        if weight_gradients_in_order(&candidate) && fits(&candidate, &costs, &allowed) {
             if let Ok(sc) = score(&candidate, &costs) {
                 ranked.push((sc, candidate));
             }
@@ -117,6 +117,20 @@ pub(crate) fn best_with_fused(
 
 /// How many of the best plans [`split_where_idle`] starts from.
 const SPLIT_STARTS: usize = 2;
+
+/// Whether each stage's weight gradients (its Bs and Ws) run in microbatch order, as 1F1B's
+/// do: what keeps a fused plan's bits equal to 1F1B's.
+pub(crate) fn weight_gradients_in_order(s: &Schedule) -> bool {
+    let mut last = vec![None; s.stages];
+    s.orders.iter().flatten().all(|a| {
+        if !matches!(a.kind, Kind::B | Kind::W) {
+            return true;
+        }
+        let ok = last[a.stage].is_none_or(|l| l < a.microbatch);
+        last[a.stage] = Some(a.microbatch);
+        ok
+    })
+}
 
 /// Whether `s` holds no more than `allowed` on any rank.
 fn fits(s: &Schedule, costs: &CostModel, allowed: &[f64]) -> bool {
@@ -308,8 +322,14 @@ fn fill_idle(mut s: Schedule, costs: &CostModel, allowed: &[f64]) -> Option<Sche
             let w = s.orders[r][next_w];
             let own_i = Action::new(w.stage, Kind::I, w.microbatch);
             let own_i = s.orders[r].iter().position(|a| *a == own_i)?;
+            // Not before the stage's previous weight gradient (microbatch order).
+            let previous = s.orders[r][..next_w]
+                .iter()
+                .rposition(|a| a.stage == w.stage && a.kind == Kind::W)
+                .unwrap_or(0);
             let slots = &sim.timeline[r];
-            let idle = (own_i + 1..next_w).find(|&q| slots[q].start > slots[q - 1].end + 1e-12);
+            let from = own_i.max(previous) + 1;
+            let idle = (from..next_w).find(|&q| slots[q].start > slots[q - 1].end + 1e-12);
             let Some(q) = idle else { continue };
             let mut moved = s.clone();
             let a = moved.orders[r].remove(next_w);

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Compares two nobubble binaries' zb-auto plans where a fused backward B is cheaper than
+I + W, and both against the fixed schedules, on a grid: F = I = W = 1 and B 1.2, 1.5, 1.8;
+p 2, 4, 8; m p, 2p, 3p; limits p/2 (at least 1), p and 1.5p times M_B; the objective given.
+
+Prints every cell where a fixed schedule (1f1b, dualpipe-v, zb-v, interleaved-1f1b, zb-h1,
+gpipe, at the same limit) beats NEW, then the counts: NEW shorter / equal / longer than OLD.
+
+Usage: docs/bench/compare_fused.py OLD_BINARY NEW_BINARY [--objective makespan|span]
+"""
+
+import argparse
+import itertools
+import json
+import subprocess
+
+FIXED = ["1f1b", "dualpipe-v", "zb-v", "interleaved-1f1b", "zb-h1", "gpipe"]
+
+
+def value(binary, schedule, p, m, b, limit, objective):
+    """The plan's objective value, or None where the schedule is refused (limit, shape)."""
+    cmd = [
+        binary,
+        "plan",
+        "-s",
+        schedule,
+        "-p",
+        str(p),
+        "-m",
+        str(m),
+        "--cost",
+        f"1,1,1,{b}",
+    ]
+    cmd += ["--mem-limit", str(limit), "--objective", objective, "-f", "json"]
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if out.returncode:
+        return None
+    d = json.loads(out.stdout)
+    return d["makespan"] if objective == "makespan" else max(d["span"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("--objective", default="makespan", choices=["makespan", "span"])
+    args = parser.parse_args()
+    counts = {"shorter": 0, "equal": 0, "longer": 0}
+    beaten = 0
+    for p, mf, b, lf in itertools.product(
+        [2, 4, 8], [1, 2, 3], [1.2, 1.5, 1.8], [0.5, 1, 1.5]
+    ):
+        m, limit = p * mf, max(1, p * lf)
+        old = value(args.old, "zb-auto", p, m, b, limit, args.objective)
+        new = value(args.new, "zb-auto", p, m, b, limit, args.objective)
+        if old is None or new is None:
+            continue
+        key = (
+            "shorter" if new < old - 1e-9 else "longer" if new > old + 1e-9 else "equal"
+        )
+        counts[key] += 1
+        fixed = [
+            (v, s)
+            for s in FIXED
+            if (v := value(args.new, s, p, m, b, limit, args.objective))
+        ]
+        if fixed and min(fixed)[0] < new - 1e-9:
+            beaten += 1
+            best = min(fixed)
+            print(
+                f"p {p} m {m} B {b} limit {limit}: old {old:.2f} new {new:.2f}, {best[1]} {best[0]:.2f}"
+            )
+    print(
+        f"{sum(counts.values())} cells: new shorter in {counts['shorter']}, equal in "
+        f"{counts['equal']}, longer in {counts['longer']}; a fixed schedule shorter in {beaten}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -28,7 +28,7 @@ use crate::sim::simulate;
 
 /// Pipelines (passes, V layout) up to which the fused plans of every lower whole-number
 /// limit are carried up the ladder, and the drain's backwards are split again.
-pub(crate) const LADDER_MAX_ACTIONS: usize = 3000;
+pub(crate) const LADDER_MAX_ACTIONS: usize = 1200;
 
 /// Whether some stage's fused backward is cheaper than its split one.
 pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
@@ -267,8 +267,7 @@ fn fused_then_split(plans: &[Schedule], costs: &CostModel, allowed: &[f64]) -> V
     let mut out = Vec::new();
     for plan in plans {
         let fused = fuse_saving(plan, costs);
-        let actions: usize = plan.orders.iter().map(Vec::len).sum();
-        if actions <= LADDER_MAX_ACTIONS {
+        if 6 * plan.ranks * plan.microbatches <= LADDER_MAX_ACTIONS {
             for k in 1..=plan.microbatches.min(plan.ranks + 1) {
                 out.extend(fill_idle(split_tail(&fused, k), costs, allowed));
             }
@@ -318,10 +317,15 @@ fn fill_idle(mut s: Schedule, costs: &CostModel, allowed: &[f64]) -> Option<Sche
             continue;
         };
         for next_w in first_w..s.orders[r].len() {
-            let sim = simulate(&s, costs).ok()?;
             let w = s.orders[r][next_w];
+            if w.kind != Kind::W {
+                continue; // a pass after a split stage's own early W
+            }
             let own_i = Action::new(w.stage, Kind::I, w.microbatch);
-            let own_i = s.orders[r].iter().position(|a| *a == own_i)?;
+            let Some(own_i) = s.orders[r].iter().position(|a| *a == own_i) else {
+                continue;
+            };
+            let sim = simulate(&s, costs).ok()?;
             // Not before the stage's previous weight gradient (microbatch order).
             let previous = s.orders[r][..next_w]
                 .iter()

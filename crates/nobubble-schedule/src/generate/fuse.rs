@@ -238,16 +238,21 @@ pub(crate) fn fused_as_input(spec: &CostSpec) -> CostSpec {
 /// Every backward of the stages where fusing saves (under `costs`) run as a B where its I
 /// stood, its W dropped; other stages keep theirs split.
 pub(crate) fn fuse_saving(s: &Schedule, costs: &CostModel) -> Schedule {
-    let saves = |stage: usize| costs.stages[stage].fusing_saves();
+    fuse_stages(s, |stage| costs.stages[stage].fusing_saves())
+}
+
+/// Every backward of the stages `fuse` picks run as a B where its I stood, its W dropped.
+/// Nothing waits on a W, so no order can deadlock that did not before.
+fn fuse_stages(s: &Schedule, fuse: impl Fn(usize) -> bool) -> Schedule {
     let orders = s
         .orders
         .iter()
         .map(|order| {
             order
                 .iter()
-                .filter(|a| !(a.kind == Kind::W && saves(a.stage)))
+                .filter(|a| !(a.kind == Kind::W && fuse(a.stage)))
                 .map(|a| match a.kind {
-                    Kind::I if saves(a.stage) => Action::new(a.stage, Kind::B, a.microbatch),
+                    Kind::I if fuse(a.stage) => Action::new(a.stage, Kind::B, a.microbatch),
                     _ => *a,
                 })
                 .collect()
@@ -382,24 +387,7 @@ pub(crate) fn fuse_where_adjacent(s: &Schedule) -> Schedule {
 /// Every I run as a B where the I stood, its W dropped: each backward fused. Nothing waits
 /// on a W, so no order can deadlock that did not before.
 pub(crate) fn fuse_all(s: &Schedule) -> Schedule {
-    let orders = s
-        .orders
-        .iter()
-        .map(|order| {
-            order
-                .iter()
-                .filter(|a| a.kind != Kind::W)
-                .map(|a| match a.kind {
-                    Kind::I => Action::new(a.stage, Kind::B, a.microbatch),
-                    _ => *a,
-                })
-                .collect()
-        })
-        .collect();
-    Schedule {
-        orders,
-        ..s.clone()
-    }
+    fuse_stages(s, |_| true)
 }
 
 #[cfg(test)]

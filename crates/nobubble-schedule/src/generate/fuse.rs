@@ -93,7 +93,7 @@ pub(crate) fn best_with_fused(
     let name = split.name.clone();
     let mut ranked = vec![(score(&split, &costs)?, split)];
     for candidate in candidates {
-        if weight_gradients_in_order(&candidate) && fits(&candidate, &costs, &allowed) {
+        if weight_gradients_in_order(&candidate) && fits_room(&candidate, &costs, &allowed) {
             if let Ok(sc) = score(&candidate, &costs) {
                 ranked.push((sc, candidate));
             }
@@ -133,7 +133,7 @@ pub(crate) fn weight_gradients_in_order(s: &Schedule) -> bool {
 }
 
 /// Whether `s` holds no more than `allowed` on any rank.
-fn fits(s: &Schedule, costs: &CostModel, allowed: &[f64]) -> bool {
+fn fits_room(s: &Schedule, costs: &CostModel, allowed: &[f64]) -> bool {
     simulate(s, costs).is_ok_and(|sim| {
         sim.metrics
             .peak_memory
@@ -190,7 +190,7 @@ fn split_where_idle(
                     let Ok(sc) = score(&candidate, costs) else {
                         continue;
                     };
-                    if better(sc, best_sc) && fits(&candidate, costs, allowed) {
+                    if better(sc, best_sc) && fits_room(&candidate, costs, allowed) {
                         (best_sc, best) = (sc, candidate);
                         improved = true;
                         break;
@@ -344,7 +344,7 @@ fn fill_idle(mut s: Schedule, costs: &CostModel, allowed: &[f64]) -> Option<Sche
             let a = moved.orders[r].remove(next_w);
             moved.orders[r].insert(q, a);
             if let Ok(sc) = score(&moved, costs) {
-                if !better(best, sc) && fits(&moved, costs, allowed) {
+                if !better(best, sc) && fits_room(&moved, costs, allowed) {
                     (s, best) = (moved, sc);
                 }
             }

@@ -580,9 +580,9 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
         ..*goal
     };
     let fused = |top: Schedule, v: bool| -> Result<Schedule, Error> {
-        let layout = v && !at_linear_bytes;
+        let v_layout = v && !at_linear_bytes;
         let best = |level: f64, bases: Vec<Schedule>, first: Option<&Schedule>| {
-            let room = fuse::room(&goal.at(level), layout)?;
+            let room = fuse::room(&goal.at(level), v_layout)?;
             let first = first.into_iter().cloned().collect();
             fuse::best_with_fused(bases, first, room.as_deref(), goal.costs, req.objective)
         };
@@ -593,7 +593,7 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
             } else {
                 zb_auto(&on_fused_costs)
             };
-            let room = fuse::room(goal, layout)?;
+            let room = fuse::room(goal, v_layout)?;
             let first = first.into_iter().collect();
             return fuse::best_with_fused(
                 vec![top],

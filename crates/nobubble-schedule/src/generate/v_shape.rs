@@ -216,13 +216,21 @@ pub fn v_auto(goal: &Goal) -> Result<Schedule, Error> {
 /// rank's share is its linear M_B over its V M_B), so more memory still never plans worse.
 pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
     let (p, m, x) = (goal.ranks, goal.microbatches, goal.limit);
-    let placement = v_placement(p);
-    let linear = goal.resolve(p)?;
-    let mut costs = goal.resolve(2 * p)?;
-    costs.rank_share = costs.shares_of_linear(&placement, &linear);
+    let costs = v_costs(goal, true)?;
     // No extra plan under the tightest share here: its own ladder would not line up with
     // the multiples of `x`, and monotone in `x` is the promise.
     v_auto_within(p, m, &costs, x, goal.name, None)
+}
+
+/// The V layout's costs under `goal`; `at_linear_bytes`, with each rank's share set so that
+/// a multiple of M_B means the linear layout's bytes.
+fn v_costs(goal: &Goal, at_linear_bytes: bool) -> Result<CostModel, Error> {
+    let p = goal.ranks;
+    let mut costs = goal.resolve(2 * p)?;
+    if at_linear_bytes {
+        costs.rank_share = costs.shares_of_linear(&v_placement(p), &goal.resolve(p)?);
+    }
+    Ok(costs)
 }
 
 /// [`v_auto`] (or, `at_linear_bytes`, [`v_auto_at_linear_bytes`]) at every level of its
@@ -230,10 +238,7 @@ pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
 /// the ladder give the plan at the limit only.
 pub(crate) fn v_auto_levels(goal: &Goal, at_linear_bytes: bool) -> Result<Levels, Error> {
     let (p, m) = (goal.ranks, goal.microbatches);
-    let mut costs = goal.resolve(2 * p)?;
-    if at_linear_bytes {
-        costs.rank_share = costs.shares_of_linear(&v_placement(p), &goal.resolve(p)?);
-    }
+    let costs = v_costs(goal, at_linear_bytes)?;
     let mut levels = Levels::new();
     let top = v_auto_within(p, m, &costs, goal.limit, goal.name, Some(&mut levels))?;
     if levels.is_empty() {

@@ -10,8 +10,9 @@ use super::greedy::{list_schedule_bound, Policy};
 use super::paper_heuristic;
 pub use super::search::apply_budget;
 use super::search::{
-    better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies, record,
-    repair_drain, score, unlimited_floor, within_budgets, LadderRuns, Levels, Score,
+    better, by_score, fits, improve, ladder, level_bytes, needed_limit, on_floor, pick_best,
+    policies, record, repair_drain, score, unlimited_floor, within_budgets, Climbed, LadderRuns,
+    Levels, Score,
 };
 use super::Goal;
 use crate::cost::CostModel;
@@ -35,16 +36,7 @@ const FIT_LEVELS: f64 = 6.0;
 /// ([`super::drain`]). Pipelines over [`LADDER_MAX_ACTIONS`] passes skip the ladder and plan
 /// at the limit only (the paper's greedy and the handcrafted schedules, repaired).
 pub fn zb_auto(goal: &Goal) -> Result<Schedule, Error> {
-    let (p, m) = (goal.ranks, goal.microbatches);
-    let placement: Vec<usize> = (0..p).collect();
-    let mut costs = goal.resolve(p)?;
-    let x = apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
-    within_budgets(
-        &costs,
-        x,
-        || zb_auto_within(p, m, &costs, x, goal.name, None),
-        |tight| zb_auto(&goal.at(tight)),
-    )
+    zb_auto_climbed(goal, false).map(|c| c.plan)
 }
 
 /// Largest pipeline (passes per iteration) the memory ladder searches. Above it the ladder's
@@ -53,18 +45,29 @@ pub fn zb_auto(goal: &Goal) -> Result<Schedule, Error> {
 /// pipelines plan at the limit only (see [`zb_auto`]).
 pub const LADDER_MAX_ACTIONS: usize = 20_000;
 
-/// [`zb_auto`]'s plan at every level of its memory ladder up to `goal.limit`, from one
-/// climb (no byte budgets: `goal.budget` is ignored). Pipelines that skip the ladder give
-/// the plan at the limit only.
-pub(crate) fn zb_auto_levels(goal: &Goal) -> Result<Levels, Error> {
+/// [`zb_auto`]'s plan with its climb: each level's best too when `record` (pipelines that
+/// skip the ladder give the plan at the limit only).
+pub(crate) fn zb_auto_climbed(goal: &Goal, record: bool) -> Result<Climbed, Error> {
     let (p, m) = (goal.ranks, goal.microbatches);
-    let costs = goal.resolve(p)?;
+    let placement: Vec<usize> = (0..p).collect();
+    let mut costs = goal.resolve(p)?;
+    let x = apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
     let mut levels = Levels::new();
-    let top = zb_auto_within(p, m, &costs, goal.limit, goal.name, Some(&mut levels))?;
-    if levels.is_empty() {
-        levels.push((goal.limit, top));
+    let plan = within_budgets(
+        &costs,
+        x,
+        || zb_auto_within(p, m, &costs, x, goal.name, record.then_some(&mut levels)),
+        |tight| zb_auto(&goal.at(tight)),
+    )?;
+    if record && levels.is_empty() {
+        levels.push((x, plan.clone()));
     }
-    Ok(levels)
+    Ok(Climbed {
+        plan,
+        limit: x,
+        levels,
+        level_bytes: level_bytes(&costs, &placement, p),
+    })
 }
 
 /// [`zb_auto`] with the costs resolved (objective and rank shares set); each level's best

@@ -11,13 +11,13 @@
 //! - the placement's fixed pattern (1F1B, DualPipeV), which mixes the two;
 //!
 //! then splits single backwards of the best few where a W fills idle time
-//! ([`split_where_idle`]). None may need more memory on any rank than the limit allows (under
-//! byte budgets: than the split plan), and every stage's weight gradients stay in microbatch
-//! order (the bits of 1F1B). On small pipelines the best plan of each lower whole-number
-//! limit is carried up the ladder, so more memory never plans worse.
+//! ([`split_where_idle`]). None may need more memory on any rank than the limit (or the
+//! rank's byte budget) allows, and every stage's weight gradients stay in microbatch order
+//! (the bits of 1F1B). On small pipelines the best plan of each lower whole-number limit is
+//! carried up the ladder, so more memory never plans worse ([`fused_plan`]).
 
 use super::classic::one_f_one_b;
-use super::search::{better, score, Score};
+use super::search::{self, better, score, Climbed, Levels, Score};
 use super::v_shape::dualpipe_v;
 use super::Goal;
 use crate::action::{Action, Kind};
@@ -35,44 +35,82 @@ pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
     spec.stages.iter().any(RankCost::fusing_saves)
 }
 
-/// What each rank may hold under `goal`'s multiple of M_B: of the linear layout's M_B, or of
-/// the V layout's own (`v_layout`). `None` under byte budgets: there a fused plan may hold no
-/// more than the split plan it came from.
-pub(crate) fn room(goal: &Goal, v_layout: bool) -> Result<Option<Vec<f64>>, Error> {
-    if !goal.budget.is_empty() {
-        return Ok(None);
-    }
-    let p = goal.ranks;
-    let per_rank = if v_layout {
-        let costs = CostModel::for_layout(goal.costs, 2 * p, p)?;
-        let placement = super::v_placement(p);
-        (0..p).map(|r| costs.placed_mem_b(&placement, r)).collect()
-    } else {
-        let costs = CostModel::for_layout(goal.costs, p, p)?;
-        costs.stages.iter().map(|c| c.mem_b).collect::<Vec<_>>()
+/// One placement's best plan when some fused backward is cheaper (see the module), from its
+/// split plan `split` (with each level's best when `ladder`) and the same search on
+/// [`fused_as_input`] costs, `climb` (`record` each level or not). With `ladder`, the best
+/// fused plan of each whole level is carried up to the next, so more memory never plans
+/// worse; else the plan is made at the limit only.
+pub(crate) fn fused_plan(
+    goal: &Goal,
+    split: Climbed,
+    ladder: bool,
+    climb: impl Fn(&Goal, bool) -> Result<Climbed, Error>,
+) -> Result<Schedule, Error> {
+    let as_input = fused_as_input(goal.costs);
+    let on_fused_costs = Goal {
+        costs: &as_input,
+        ..*goal
     };
-    Ok(Some(per_rank.iter().map(|b| goal.limit * b).collect()))
+    let best = |level: f64, bases: Vec<Schedule>, first: Vec<Schedule>| {
+        best_with_fused(bases, first, &split.room(level), goal.costs, goal.objective)
+    };
+    if !ladder {
+        let first = climb(&on_fused_costs, false).ok().map(|c| c.plan);
+        return best(
+            split.limit,
+            vec![split.plan.clone()],
+            first.into_iter().collect(),
+        );
+    }
+    let first = climb(&on_fused_costs, true).ok();
+    let no_levels = Levels::new();
+    let first_levels = first.as_ref().map_or(&no_levels, |c| &c.levels);
+    let top = split.limit;
+    let mut carried: Option<(Schedule, &Schedule, Option<&Schedule>)> = None;
+    for level in search::ladder(top) {
+        let Some(s) = search::plan_at(&split.levels, level) else {
+            continue;
+        };
+        let f = search::plan_at(first_levels, level);
+        // At the limit, each climb's plan too: under budgets it may come from the tightest
+        // share's climb, not the levels'.
+        let at_top = |c: &Climbed, level_plan: Option<&Schedule>| {
+            (level >= top - 1e-9 && level_plan != Some(&c.plan)).then(|| c.plan.clone())
+        };
+        let own = at_top(&split, Some(s));
+        let own_first = first.as_ref().and_then(|c| at_top(c, f));
+        // The same plans as the level below: its fused plan stands (more room alone never
+        // makes it worse, and every limit's plan comes out of this same climb).
+        let unchanged = carried.as_ref().is_some_and(|c| c.1 == s && c.2 == f);
+        if unchanged && own.is_none() && own_first.is_none() {
+            continue;
+        }
+        let bases = std::iter::once(s.clone())
+            .chain(carried.map(|c| c.0))
+            .chain(own)
+            .collect();
+        let firsts = f.cloned().into_iter().chain(own_first).collect();
+        carried = Some((best(level, bases, firsts)?, s, f));
+    }
+    Ok(carried.map_or_else(|| split.plan.clone(), |c| c.0))
 }
 
 /// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at
 /// the limit itself, the others compete as they are), their fused variants, the plans
 /// `fused_first` made on [`fused_as_input`] costs, and the placement's fixed pattern, that
-/// fit: within `room` per rank, or without it within the first base's peak; the best few
-/// then with backwards split where idle. Every plan has the same placement.
+/// fit within `room` per rank (or the first base's peak, if larger); the best few then with
+/// backwards split where idle. Every plan has the same placement.
 pub(crate) fn best_with_fused(
     bases: Vec<Schedule>,
     fused_first: Vec<Schedule>,
-    room: Option<&[f64]>,
+    room: &[f64],
     spec: &CostSpec,
     objective: Objective,
 ) -> Result<Schedule, Error> {
     let split = bases[0].clone();
     let costs = CostModel::for_schedule(spec, &split)?.with_objective(objective);
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
-    let allowed: Vec<f64> = match room {
-        Some(room) => room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect(),
-        None => peak,
-    };
+    let allowed: Vec<f64> = room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect();
     // The first base is the incumbent; the others compete as they are and fused.
     let mut candidates: Vec<Schedule> = bases[1..].to_vec();
     for base in &bases {
@@ -116,7 +154,7 @@ pub(crate) fn best_with_fused(
 }
 
 /// How many of the best plans [`split_where_idle`] starts from.
-const SPLIT_STARTS: usize = 2;
+const SPLIT_STARTS: usize = 8;
 
 /// Whether each stage's weight gradients (its Bs and Ws) run in microbatch order, as 1F1B's
 /// do: what keeps a fused plan's bits equal to 1F1B's.
@@ -134,13 +172,12 @@ pub(crate) fn weight_gradients_in_order(s: &Schedule) -> bool {
 
 /// Whether `s` holds no more than `allowed` on any rank.
 fn fits_room(s: &Schedule, costs: &CostModel, allowed: &[f64]) -> bool {
-    simulate(s, costs).is_ok_and(|sim| {
-        sim.metrics
-            .peak_memory
-            .iter()
-            .zip(allowed)
-            .all(|(new, room)| *new <= room + 1e-9 * room.abs().max(1.0))
-    })
+    // Memory follows from each rank's order alone: no timing needed (the candidate's score
+    // finds a deadlock).
+    crate::validate::peak_memory(s, costs)
+        .iter()
+        .zip(allowed)
+        .all(|(new, room)| *new <= room + 1e-9 * room.abs().max(1.0))
 }
 
 /// Simulations [`split_where_idle`] may run: up to 200, fewer on large pipelines (a
@@ -439,7 +476,7 @@ mod tests {
         let same = best_with_fused(
             vec![s.clone()],
             Vec::new(),
-            None,
+            &[0.0; 4],
             &spec(None),
             Objective::Makespan,
         )
@@ -449,7 +486,7 @@ mod tests {
         let fused = best_with_fused(
             vec![s.clone()],
             Vec::new(),
-            None,
+            &[0.0; 4],
             &spec(Some(b)),
             Objective::Makespan,
         )

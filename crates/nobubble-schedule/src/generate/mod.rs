@@ -552,87 +552,29 @@ fn zb_auto_either_placement(req: &Request, goal: &Goal) -> Result<Schedule, Erro
     // Compared at the same bytes per rank: without budgets, the V plan gets `x` × the linear
     // layout's M_B (the V layout's M_B per rank differs when the model's segments do).
     let at_linear_bytes = goal.budget.is_empty() && req.placement.is_none();
-    let plan_v = |g: &Goal| {
-        if at_linear_bytes {
-            v_shape::v_auto_at_linear_bytes(g)
-        } else {
-            v_auto(g)
-        }
-    };
-    let linear = (req.placement != Some(Placement::V)).then(|| zb_auto(goal));
-    let v = try_v.then(|| plan_v(goal));
+    let v_climb = |g: &Goal, record: bool| v_shape::v_auto_climbed(g, at_linear_bytes, record);
+    // A fused backward cheaper than I + W: each placement's plan may fuse (see `fuse`); on
+    // small pipelines from every level of its climb.
+    let cheaper = fuse::cheaper_somewhere(goal.costs);
+    let ladder = cheaper && 6 * p * m <= fuse::LADDER_MAX_ACTIONS;
+    let linear = (req.placement != Some(Placement::V)).then(|| auto::zb_auto_climbed(goal, ladder));
+    let v = try_v.then(|| v_climb(goal, ladder));
     // Either placement may fail where the other plans (a budget one cannot meet, a costs
     // file listing one of the layouts' stages): an error only if both do.
     let (l, v) = match (linear, v) {
         (Some(Err(e)), None | Some(Err(_))) | (None, Some(Err(e))) => return Err(e),
         (l, v) => (l.and_then(Result::ok), v.and_then(Result::ok)),
     };
-    if !fuse::cheaper_somewhere(goal.costs) {
-        return pick_placement(l, v, goal.costs, req.objective);
-    }
-    // A fused backward cheaper than I + W: each placement's plan may fuse, and so may plans
-    // made on costs where I is the fused backward (they fuse from the start). On small
-    // pipelines the best fused plan of each lower whole-number limit is carried up the
-    // ladder, so that more memory still never plans worse.
-    let as_input = fuse::fused_as_input(goal.costs);
-    let on_fused_costs = Goal {
-        costs: &as_input,
-        ..*goal
+    let (l, v) = if cheaper {
+        (
+            l.map(|c| fuse::fused_plan(goal, c, ladder, auto::zb_auto_climbed))
+                .transpose()?,
+            v.map(|c| fuse::fused_plan(goal, c, ladder, v_climb))
+                .transpose()?,
+        )
+    } else {
+        (l.map(|c| c.plan), v.map(|c| c.plan))
     };
-    let fused = |top: Schedule, v: bool| -> Result<Schedule, Error> {
-        let v_layout = v && !at_linear_bytes;
-        let best = |level: f64, bases: Vec<Schedule>, first: Option<&Schedule>| {
-            let room = fuse::room(&goal.at(level), v_layout)?;
-            let first = first.into_iter().cloned().collect();
-            fuse::best_with_fused(bases, first, room.as_deref(), goal.costs, req.objective)
-        };
-        if !goal.budget.is_empty() || 6 * p * m > fuse::LADDER_MAX_ACTIONS {
-            // Byte budgets, or a large pipeline: at the limit only.
-            let first = if v {
-                plan_v(&on_fused_costs)
-            } else {
-                zb_auto(&on_fused_costs)
-            };
-            let room = fuse::room(goal, v_layout)?;
-            let first = first.into_iter().collect();
-            return fuse::best_with_fused(
-                vec![top],
-                first,
-                room.as_deref(),
-                goal.costs,
-                req.objective,
-            );
-        }
-        // Every whole level's plans from one climb each (split, and on fused costs).
-        let levels = |g: &Goal| {
-            if v {
-                v_shape::v_auto_levels(g, at_linear_bytes)
-            } else {
-                auto::zb_auto_levels(g)
-            }
-        };
-        let split = levels(goal)?;
-        let first = levels(&on_fused_costs).unwrap_or_default();
-        let mut carried: Option<(Schedule, &Schedule, Option<&Schedule>)> = None;
-        for level in search::ladder(goal.limit) {
-            let Some(s) = search::plan_at(&split, level) else {
-                continue;
-            };
-            let f = search::plan_at(&first, level);
-            // The same plans as the level below: its fused plan stands (more room alone
-            // never makes it worse, and every limit's plan comes out of this same climb).
-            if carried.as_ref().is_some_and(|c| c.1 == s && c.2 == f) {
-                continue;
-            }
-            let bases = std::iter::once(s.clone())
-                .chain(carried.map(|c| c.0))
-                .collect();
-            carried = Some((best(level, bases, f)?, s, f));
-        }
-        Ok(carried.map_or(top, |c| c.0))
-    };
-    let l = l.map(|s| fused(s, false)).transpose()?;
-    let v = v.map(|s| fused(s, true)).transpose()?;
     pick_placement(l, v, goal.costs, req.objective)
 }
 

@@ -341,6 +341,35 @@ impl LadderRuns {
 /// plan, in one climb rather than one per level.
 pub(crate) type Levels = Vec<(f64, Schedule)>;
 
+/// A placement's plan with what its climb saw, for searches that build on every level (the
+/// fused-backward search in [`super::fuse`]).
+pub(crate) struct Climbed {
+    /// The plan at the limit (under budgets the better of the shares' and the tightest
+    /// share's plan, as [`within_budgets`] picks).
+    pub plan: Schedule,
+    /// The top of the ladder: the limit, or under budgets the largest rank's multiple.
+    pub limit: f64,
+    /// Each level's best, when asked for; else empty.
+    pub levels: Levels,
+    /// What one level (1 × M_B) means on each rank, its share applied: a plan at `level`
+    /// may hold `level` × this.
+    pub level_bytes: Vec<f64>,
+}
+
+impl Climbed {
+    /// What each rank may hold at `level`.
+    pub fn room(&self, level: f64) -> Vec<f64> {
+        self.level_bytes.iter().map(|b| level * b).collect()
+    }
+}
+
+/// What one level means on each rank of `placement` under `costs` (shares applied).
+pub(crate) fn level_bytes(costs: &CostModel, placement: &[usize], ranks: usize) -> Vec<f64> {
+    (0..ranks)
+        .map(|r| costs.placed_mem_b(placement, r) * costs.share(r))
+        .collect()
+}
+
 /// The climb's plan at `level`: its best after the highest climbed level not above it.
 pub(crate) fn plan_at(levels: &Levels, level: f64) -> Option<&Schedule> {
     levels

@@ -4,8 +4,9 @@
 //! [`crate::cost`]).
 
 use super::search::{
-    better, capped_policies, fits, improve, ladder, needed_limit, on_floor, pick_best, policies,
-    record, score, unlimited_floor, LadderRuns, Levels, Score,
+    apply_budget, better, capped_policies, fits, improve, ladder, level_bytes, needed_limit,
+    on_floor, pick_best, policies, record, score, unlimited_floor, within_budgets, Climbed,
+    LadderRuns, Levels, Score,
 };
 use super::Goal;
 use crate::action::{Action, Kind};
@@ -199,27 +200,41 @@ pub fn dualpipe_v(p: usize, m: usize) -> Result<Schedule, Error> {
 /// [`super::auto::LADDER_MAX_ACTIONS`] passes plan at the limit only: one policy, no ladder,
 /// no local search.
 pub fn v_auto(goal: &Goal) -> Result<Schedule, Error> {
-    let (p, m) = (goal.ranks, goal.microbatches);
-    let placement = v_placement(p);
-    let mut costs = goal.resolve(2 * p)?;
-    let x = super::search::apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
-    super::search::within_budgets(
-        &costs,
-        x,
-        || v_auto_within(p, m, &costs, x, goal.name, None),
-        |tight| v_auto(&goal.at(tight)),
-    )
+    v_auto_climbed(goal, false, false).map(|c| c.plan)
 }
 
-/// `v_auto` at `x` × the *linear* layout's M_B per rank: the same bytes a linear plan at `x`
-/// gets, for comparing the placements. The ladder climbs multiples of the linear M_B (each
-/// rank's share is its linear M_B over its V M_B), so more memory still never plans worse.
-pub(crate) fn v_auto_at_linear_bytes(goal: &Goal) -> Result<Schedule, Error> {
-    let (p, m, x) = (goal.ranks, goal.microbatches, goal.limit);
-    let costs = v_costs(goal, true)?;
-    // No extra plan under the tightest share here: its own ladder would not line up with
-    // the multiples of `x`, and monotone in `x` is the promise.
-    v_auto_within(p, m, &costs, x, goal.name, None)
+/// [`v_auto`] with its climb (each level's best too when `record`; pipelines that skip the
+/// ladder give the plan at the limit only). `at_linear_bytes`: at `goal.limit` × the
+/// *linear* layout's M_B per rank, the same bytes a linear plan gets, for comparing the
+/// placements; the ladder climbs multiples of the linear M_B (each rank's share is its linear
+/// M_B over its V M_B), so more memory still never plans worse. Not with byte budgets.
+pub(crate) fn v_auto_climbed(
+    goal: &Goal,
+    at_linear_bytes: bool,
+    record: bool,
+) -> Result<Climbed, Error> {
+    let (p, m) = (goal.ranks, goal.microbatches);
+    let placement = v_placement(p);
+    let mut costs = v_costs(goal, at_linear_bytes)?;
+    let x = apply_budget(&mut costs, &placement, m, goal.budget, goal.limit)?;
+    let mut levels = Levels::new();
+    let mut own = || v_auto_within(p, m, &costs, x, goal.name, record.then_some(&mut levels));
+    let plan = if at_linear_bytes {
+        // No extra plan under the tightest share here: its own ladder would not line up
+        // with the multiples of `x`, and monotone in `x` is the promise.
+        own()?
+    } else {
+        within_budgets(&costs, x, own, |tight| v_auto(&goal.at(tight)))?
+    };
+    if record && levels.is_empty() {
+        levels.push((x, plan.clone()));
+    }
+    Ok(Climbed {
+        plan,
+        limit: x,
+        levels,
+        level_bytes: level_bytes(&costs, &placement, p),
+    })
 }
 
 /// The V layout's costs under `goal`; `at_linear_bytes`, with each rank's share set so that
@@ -231,20 +246,6 @@ fn v_costs(goal: &Goal, at_linear_bytes: bool) -> Result<CostModel, Error> {
         costs.rank_share = costs.shares_of_linear(&v_placement(p), &goal.resolve(p)?);
     }
     Ok(costs)
-}
-
-/// [`v_auto`] (or, `at_linear_bytes`, [`v_auto_at_linear_bytes`]) at every level of its
-/// memory ladder up to `goal.limit`, from one climb (no byte budgets). Pipelines that skip
-/// the ladder give the plan at the limit only.
-pub(crate) fn v_auto_levels(goal: &Goal, at_linear_bytes: bool) -> Result<Levels, Error> {
-    let (p, m) = (goal.ranks, goal.microbatches);
-    let costs = v_costs(goal, at_linear_bytes)?;
-    let mut levels = Levels::new();
-    let top = v_auto_within(p, m, &costs, goal.limit, goal.name, Some(&mut levels))?;
-    if levels.is_empty() {
-        levels.push((goal.limit, top));
-    }
-    Ok(levels)
 }
 
 /// Why nothing was planned: no V schedule fits `x` × M_B.

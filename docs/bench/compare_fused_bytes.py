@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Compares two nobubble binaries' zb-auto plans under byte budgets where a fused backward B
+is cheaper than I + W, on random seeded pipelines: p 2..5, m p..p+7, F, I, W and B (B below
+I + W) the same on every stage, M_B in bytes, and budgets of k x M_B bytes for k 2..2p.
+
+Prints the counts NEW shorter / equal / longer than OLD, and how often a larger budget gave
+NEW a worse plan than a smaller one (byte budgets are not monotone even for split plans).
+
+Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N]
+"""
+
+import argparse
+import json
+import random
+import subprocess
+
+
+def value(binary, p, m, cost, mem, budget, objective):
+    """The zb-auto plan's objective value, or None where it is refused."""
+    cmd = [binary, "plan", "-s", "zb-auto", "-p", str(p), "-m", str(m)]
+    cmd += ["--cost", ",".join(f"{c:.3f}" for c in cost), "--mem", f"{mem},{mem // 2}"]
+    cmd += ["--mem-limit", f"{budget}B", "--objective", objective, "-f", "json"]
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if out.returncode:
+        return None
+    d = json.loads(out.stdout)
+    return d["makespan"] if objective == "makespan" else max(d["span"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("cases", nargs="?", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    counts = {"shorter": 0, "equal": 0, "longer": 0}
+    worse_with_more = 0
+    for _ in range(args.cases):
+        p = rng.randint(2, 5)
+        m = p + rng.randint(0, 7)
+        f, i, w = (round(rng.uniform(0.5, 2.0), 3) for _ in range(3))
+        b = round((i + w) * rng.uniform(0.4, 0.95), 3)
+        mem = 1024 * rng.randint(50, 200)
+        objective = rng.choice(["makespan", "span"])
+        k = rng.randint(2, 2 * p)
+        old = value(args.old, p, m, (f, i, w, b), mem, k * mem, objective)
+        new = value(args.new, p, m, (f, i, w, b), mem, k * mem, objective)
+        if old is None or new is None:
+            continue
+        key = (
+            "shorter" if new < old - 1e-9 else "longer" if new > old + 1e-9 else "equal"
+        )
+        counts[key] += 1
+        if key == "longer":
+            print(
+                f"-p {p} -m {m} --cost {f},{i},{w},{b} --mem {mem},{mem // 2} "
+                f"--mem-limit {k * mem}B --objective {objective}: old {old} new {new}"
+            )
+        more = value(args.new, p, m, (f, i, w, b), mem, (k + 1) * mem, objective)
+        if more is not None and more > new + 1e-9:
+            worse_with_more += 1
+    print(
+        f"{sum(counts.values())} cases: new shorter in {counts['shorter']}, equal in "
+        f"{counts['equal']}, longer in {counts['longer']}; new worse with one more M_B in "
+        f"{worse_with_more}"
+    )
+
+
+if __name__ == "__main__":
+    main()

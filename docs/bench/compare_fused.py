@@ -17,26 +17,20 @@ import subprocess
 FIXED = ["1f1b", "dualpipe-v", "zb-v", "interleaved-1f1b", "zb-h1", "gpipe"]
 
 
-def value(binary, schedule, p, m, b, limit, objective):
-    """The plan's objective value, or None where the schedule is refused (limit, shape)."""
-    cmd = [
-        binary,
-        "plan",
-        "-s",
-        schedule,
-        "-p",
-        str(p),
-        "-m",
-        str(m),
-        "--cost",
-        f"1,1,1,{b}",
-    ]
-    cmd += ["--mem-limit", str(limit), "--objective", objective, "-f", "json"]
+def plan_value(binary, args, objective):
+    """`nobubble plan ARGS`'s objective value, or None where the plan is refused."""
+    cmd = [binary, "plan", *args, "--objective", objective, "-f", "json"]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode:
         return None
     d = json.loads(out.stdout)
     return d["makespan"] if objective == "makespan" else max(d["span"])
+
+
+def value(binary, schedule, p, m, b, limit, objective):
+    """The plan's objective value, or None where the schedule is refused (limit, shape)."""
+    args = ["-s", schedule, "-p", str(p), "-m", str(m), "--cost", f"1,1,1,{b}"]
+    return plan_value(binary, [*args, "--mem-limit", str(limit)], objective)
 
 
 def main():

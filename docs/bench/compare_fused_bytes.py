@@ -10,21 +10,16 @@ Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N
 """
 
 import argparse
-import json
 import random
-import subprocess
+
+from compare_fused import plan_value
 
 
 def value(binary, p, m, cost, mem, budget, objective):
     """The zb-auto plan's objective value, or None where it is refused."""
-    cmd = [binary, "plan", "-s", "zb-auto", "-p", str(p), "-m", str(m)]
-    cmd += ["--cost", ",".join(f"{c:.3f}" for c in cost), "--mem", f"{mem},{mem // 2}"]
-    cmd += ["--mem-limit", f"{budget}B", "--objective", objective, "-f", "json"]
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if out.returncode:
-        return None
-    d = json.loads(out.stdout)
-    return d["makespan"] if objective == "makespan" else max(d["span"])
+    args = ["-s", "zb-auto", "-p", str(p), "-m", str(m)]
+    args += ["--cost", ",".join(f"{c:.3f}" for c in cost), "--mem", f"{mem},{mem // 2}"]
+    return plan_value(binary, [*args, "--mem-limit", f"{budget}B"], objective)
 
 
 def main():

@@ -10,9 +10,8 @@ use super::greedy::{list_schedule_bound, Policy};
 use super::paper_heuristic;
 pub use super::search::apply_budget;
 use super::search::{
-    better, by_score, fits, improve, ladder, level_bytes, needed_limit, on_floor, pick_best,
-    policies, record, repair_drain, score, unlimited_floor, within_budgets, Climbed, LadderRuns,
-    Levels, Score,
+    better, by_score, fits, improve, ladder, needed_limit, on_floor, pick_best, policies, record,
+    repair_drain, score, unlimited_floor, within_budgets, Climbed, LadderRuns, Levels, Score,
 };
 use super::Goal;
 use crate::cost::CostModel;
@@ -59,15 +58,7 @@ pub(crate) fn zb_auto_climbed(goal: &Goal, record: bool) -> Result<Climbed, Erro
         || zb_auto_within(p, m, &costs, x, goal.name, record.then_some(&mut levels)),
         |tight| zb_auto(&goal.at(tight)),
     )?;
-    if record && levels.is_empty() {
-        levels.push((x, plan.clone()));
-    }
-    Ok(Climbed {
-        plan,
-        limit: x,
-        levels,
-        level_bytes: level_bytes(&costs, &placement, p),
-    })
+    Ok(Climbed::new(plan, x, levels, record, &costs, &placement, p))
 }
 
 /// [`zb_auto`] with the costs resolved (objective and rank shares set); each level's best

@@ -357,6 +357,28 @@ pub(crate) struct Climbed {
 }
 
 impl Climbed {
+    /// A climb's result on `placement` under `costs`; with `record`, a climb that skipped
+    /// the ladder gives its plan as the only level.
+    pub fn new(
+        plan: Schedule,
+        limit: f64,
+        mut levels: Levels,
+        record: bool,
+        costs: &CostModel,
+        placement: &[usize],
+        ranks: usize,
+    ) -> Self {
+        if record && levels.is_empty() {
+            levels.push((limit, plan.clone()));
+        }
+        Climbed {
+            plan,
+            limit,
+            levels,
+            level_bytes: level_bytes(costs, placement, ranks),
+        }
+    }
+
     /// What each rank may hold at `level`.
     pub fn room(&self, level: f64) -> Vec<f64> {
         self.level_bytes.iter().map(|b| level * b).collect()
@@ -364,7 +386,7 @@ impl Climbed {
 }
 
 /// What one level means on each rank of `placement` under `costs` (shares applied).
-pub(crate) fn level_bytes(costs: &CostModel, placement: &[usize], ranks: usize) -> Vec<f64> {
+fn level_bytes(costs: &CostModel, placement: &[usize], ranks: usize) -> Vec<f64> {
     (0..ranks)
         .map(|r| costs.placed_mem_b(placement, r) * costs.share(r))
         .collect()

@@ -4,9 +4,9 @@
 //! [`crate::cost`]).
 
 use super::search::{
-    apply_budget, better, capped_policies, fits, improve, ladder, level_bytes, needed_limit,
-    on_floor, pick_best, policies, record, score, unlimited_floor, within_budgets, Climbed,
-    LadderRuns, Levels, Score,
+    apply_budget, better, capped_policies, fits, improve, ladder, needed_limit, on_floor,
+    pick_best, policies, record, score, unlimited_floor, within_budgets, Climbed, LadderRuns,
+    Levels, Score,
 };
 use super::Goal;
 use crate::action::{Action, Kind};
@@ -226,15 +226,7 @@ pub(crate) fn v_auto_climbed(
     } else {
         within_budgets(&costs, x, own, |tight| v_auto(&goal.at(tight)))?
     };
-    if record && levels.is_empty() {
-        levels.push((x, plan.clone()));
-    }
-    Ok(Climbed {
-        plan,
-        limit: x,
-        levels,
-        level_bytes: level_bytes(&costs, &placement, p),
-    })
+    Ok(Climbed::new(plan, x, levels, record, &costs, &placement, p))
 }
 
 /// The V layout's costs under `goal`; `at_linear_bytes`, with each rank's share set so that

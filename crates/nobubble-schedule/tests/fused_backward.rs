@@ -189,7 +189,9 @@ fn more_bytes_never_plan_worse_with_a_fused_backward() {
         0.0,
     );
     let mut last = f64::INFINITY;
-    for k in 2..=6 {
+    // Up to 14 × 100608 B, all m = 7 microbatches' activations (the old code's longer spans
+    // were at 7 and 8).
+    for k in 2..=14 {
         let req = PlanRequest {
             mem_limit: MemLimit::Bytes(k as f64 * 100608.0),
             objective: Objective::Span,

@@ -35,11 +35,20 @@ pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
     spec.stages.iter().any(RankCost::fusing_saves)
 }
 
+/// A level's fused plan, with the climbs' plans it was made from (a level whose plans are
+/// the same needs no new search).
+struct Carried<'a> {
+    plan: Schedule,
+    split: &'a Schedule,
+    on_fused_costs: Option<&'a Schedule>,
+}
+
 /// One placement's best plan when some fused backward is cheaper (see the module), from its
 /// split plan `split` (with each level's best when `ladder`) and the same search on
 /// [`fused_as_input`] costs, `climb` (`record` each level or not). With `ladder`, the best
 /// fused plan of each whole level is carried up to the next, so more memory never plans
-/// worse; else the plan is made at the limit only.
+/// worse (under byte budgets the plan made at the limit alone competes too); else the plan
+/// is made at the limit only.
 pub(crate) fn fused_plan(
     goal: &Goal,
     split: Climbed,
@@ -66,7 +75,7 @@ pub(crate) fn fused_plan(
     let no_levels = Levels::new();
     let first_levels = first.as_ref().map_or(&no_levels, |c| &c.levels);
     let top = split.limit;
-    let mut carried: Option<(Schedule, &Schedule, Option<&Schedule>)> = None;
+    let mut carried: Option<Carried> = None;
     for level in search::ladder(top) {
         let Some(s) = search::plan_at(&split.levels, level) else {
             continue;
@@ -79,20 +88,42 @@ pub(crate) fn fused_plan(
         };
         let own = at_top(&split, Some(s));
         let own_first = first.as_ref().and_then(|c| at_top(c, f));
-        // The same plans as the level below: its fused plan stands (more room alone never
-        // makes it worse, and every limit's plan comes out of this same climb).
-        let unchanged = carried.as_ref().is_some_and(|c| c.1 == s && c.2 == f);
-        if unchanged && own.is_none() && own_first.is_none() {
+        // Below the top, the same plans as the level below: its fused plan stands (more
+        // room alone never makes it worse). The top is always searched with its full room.
+        let unchanged = carried
+            .as_ref()
+            .is_some_and(|c| c.split == s && c.on_fused_costs == f);
+        if unchanged && level < top - 1e-9 {
             continue;
         }
         let bases = std::iter::once(s.clone())
-            .chain(carried.map(|c| c.0))
+            .chain(carried.map(|c| c.plan))
             .chain(own)
             .collect();
         let firsts = f.cloned().into_iter().chain(own_first).collect();
-        carried = Some((best(level, bases, firsts)?, s, f));
+        carried = Some(Carried {
+            plan: best(level, bases, firsts)?,
+            split: s,
+            on_fused_costs: f,
+        });
     }
-    Ok(carried.map_or_else(|| split.plan.clone(), |c| c.0))
+    let carried = carried.map_or_else(|| split.plan.clone(), |c| c.plan);
+    if goal.budget.is_empty() {
+        return Ok(carried);
+    }
+    // Under byte budgets (not monotone anyway: the ranks' shares change with the budgets),
+    // the search at the limit alone too, as without the ladder: its few candidates start
+    // local searches that the carried plans may crowd out of the best few.
+    let first = first.map(|c| c.plan).into_iter().collect();
+    let alone = best(top, vec![split.plan.clone()], first)?;
+    let costs = CostModel::for_schedule(goal.costs, &carried)?.with_objective(goal.objective);
+    Ok(
+        if better(score(&alone, &costs)?, score(&carried, &costs)?) {
+            alone
+        } else {
+            carried
+        },
+    )
 }
 
 /// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at
@@ -110,6 +141,7 @@ pub(crate) fn best_with_fused(
     let split = bases[0].clone();
     let costs = CostModel::for_schedule(spec, &split)?.with_objective(objective);
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
+    debug_assert_eq!(room.len(), peak.len(), "room for every rank");
     let allowed: Vec<f64> = room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect();
     // The first base is the incumbent; the others compete as they are and fused.
     let mut candidates: Vec<Schedule> = bases[1..].to_vec();

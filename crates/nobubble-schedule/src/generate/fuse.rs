@@ -60,49 +60,56 @@ pub(crate) fn fused_plan(
         costs: &as_input,
         ..*goal
     };
-    let best = |level: f64, bases: Vec<Schedule>, first: Vec<Schedule>| {
-        best_with_fused(bases, first, &split.room(level), goal.costs, goal.objective)
+    let best = |level: f64, bases: Vec<Schedule>, fused_first: Vec<Schedule>| {
+        best_with_fused(
+            bases,
+            fused_first,
+            &split.room(level),
+            goal.costs,
+            goal.objective,
+        )
     };
     if !ladder {
-        let first = climb(&on_fused_costs, false).ok().map(|c| c.plan);
+        let fused_first = climb(&on_fused_costs, false).ok().map(|c| c.plan);
         return best(
             split.limit,
             vec![split.plan.clone()],
-            first.into_iter().collect(),
+            fused_first.into_iter().collect(),
         );
     }
-    let first = climb(&on_fused_costs, true).ok();
+    // The same climb on fused-as-input costs: plans ordered for B from the start.
+    let fused_climb = climb(&on_fused_costs, true).ok();
     let no_levels = Levels::new();
-    let first_levels = first.as_ref().map_or(&no_levels, |c| &c.levels);
+    let fused_levels = fused_climb.as_ref().map_or(&no_levels, |c| &c.levels);
     let top = split.limit;
     let mut carried: Option<Carried> = None;
     for level in search::ladder(top) {
         let Some(s) = search::plan_at(&split.levels, level) else {
             continue;
         };
-        let f = search::plan_at(first_levels, level);
+        let f = search::plan_at(fused_levels, level);
         // At the limit, each climb's plan too: under budgets it may come from the tightest
         // share's climb, not the levels'.
         let at_top = |c: &Climbed, level_plan: Option<&Schedule>| {
             (level >= top - 1e-9 && level_plan != Some(&c.plan)).then(|| c.plan.clone())
         };
         let own = at_top(&split, Some(s));
-        let own_first = first.as_ref().and_then(|c| at_top(c, f));
-        // Below the top, the same plans as the level below: its fused plan stands (more
-        // room alone never makes it worse). The top is always searched with its full room.
+        let own_fused = fused_climb.as_ref().and_then(|c| at_top(c, f));
+        // The same plans as the level below: its fused plan stands, so that every limit's
+        // plan is the one the limits above it carry (monotone, whatever more room would find).
         let unchanged = carried
             .as_ref()
             .is_some_and(|c| c.split == s && c.on_fused_costs == f);
-        if unchanged && level < top - 1e-9 {
+        if unchanged && own.is_none() && own_fused.is_none() {
             continue;
         }
         let bases = std::iter::once(s.clone())
             .chain(carried.map(|c| c.plan))
             .chain(own)
             .collect();
-        let firsts = f.cloned().into_iter().chain(own_first).collect();
+        let fused_first = f.cloned().into_iter().chain(own_fused).collect();
         carried = Some(Carried {
-            plan: best(level, bases, firsts)?,
+            plan: best(level, bases, fused_first)?,
             split: s,
             on_fused_costs: f,
         });
@@ -114,8 +121,8 @@ pub(crate) fn fused_plan(
     // Under byte budgets (not monotone anyway: the ranks' shares change with the budgets),
     // the search at the limit alone too, as without the ladder: its few candidates start
     // local searches that the carried plans may crowd out of the best few.
-    let first = first.map(|c| c.plan).into_iter().collect();
-    let alone = best(top, vec![split.plan.clone()], first)?;
+    let fused_first = fused_climb.map(|c| c.plan).into_iter().collect();
+    let alone = best(top, vec![split.plan.clone()], fused_first)?;
     let costs = CostModel::for_schedule(goal.costs, &carried)?.with_objective(goal.objective);
     Ok(
         if better(score(&alone, &costs)?, score(&carried, &costs)?) {
@@ -505,6 +512,7 @@ mod tests {
     fn a_cheaper_fused_backward_is_used_only_when_it_wins() {
         let (p, m) = (4, 8);
         let s = zb_h1(p, m).unwrap();
+        // Room 0 on every rank: no more than the split plan's own peak.
         let same = best_with_fused(
             vec![s.clone()],
             Vec::new(),

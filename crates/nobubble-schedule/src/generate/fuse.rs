@@ -123,14 +123,7 @@ pub(crate) fn fused_plan(
     // local searches that the carried plans may crowd out of the best few.
     let fused_first = fused_climb.map(|c| c.plan).into_iter().collect();
     let alone = best(top, vec![split.plan.clone()], fused_first)?;
-    let costs = CostModel::for_schedule(goal.costs, &carried)?.with_objective(goal.objective);
-    Ok(
-        if better(score(&alone, &costs)?, score(&carried, &costs)?) {
-            alone
-        } else {
-            carried
-        },
-    )
+    search::better_of(carried, alone, goal.costs, goal.objective)
 }
 
 /// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at

@@ -633,18 +633,8 @@ fn pick_placement(
     spec: &CostSpec,
     objective: Objective,
 ) -> Result<Schedule, Error> {
-    let ranked = |s: &Schedule| -> Result<search::Score, Error> {
-        search::score(
-            s,
-            &CostModel::for_schedule(spec, s)?.with_objective(objective),
-        )
-    };
     match (linear, v) {
-        (Some(l), Some(v)) => Ok(if search::better(ranked(&v)?, ranked(&l)?) {
-            v
-        } else {
-            l
-        }),
+        (Some(l), Some(v)) => search::better_of(l, v, spec, objective),
         (Some(s), None) | (None, Some(s)) => Ok(s),
         (None, None) => Err(Error::Input("zb-auto: no placement to plan".into())),
     }

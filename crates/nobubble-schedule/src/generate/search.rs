@@ -4,7 +4,7 @@
 //! ([`super::v_shape`]) are built from these.
 
 use super::greedy::{list_schedule_bound, Policy};
-use crate::cost::{CostModel, Objective};
+use crate::cost::{CostModel, CostSpec, Objective};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::sim::{simulate, span_and_makespan};
@@ -64,6 +64,27 @@ pub(crate) fn by_score(a: Score, b: Score) -> std::cmp::Ordering {
     } else {
         std::cmp::Ordering::Greater
     }
+}
+
+/// `challenger` if it scores strictly better than `incumbent` under `objective` on `spec`
+/// (each scored on its own layout), else `incumbent`.
+pub(crate) fn better_of(
+    incumbent: Schedule,
+    challenger: Schedule,
+    spec: &CostSpec,
+    objective: Objective,
+) -> Result<Schedule, Error> {
+    let ranked = |s: &Schedule| -> Result<Score, Error> {
+        score(
+            s,
+            &CostModel::for_schedule(spec, s)?.with_objective(objective),
+        )
+    };
+    Ok(if better(ranked(&challenger)?, ranked(&incumbent)?) {
+        challenger
+    } else {
+        incumbent
+    })
 }
 
 /// Turns absolute per-rank memory budgets (one entry: every rank) into the ladder's top
@@ -375,7 +396,9 @@ impl Climbed {
             plan,
             limit,
             levels,
-            level_bytes: level_bytes(costs, placement, ranks),
+            level_bytes: (0..ranks)
+                .map(|r| costs.placed_limit(placement, r, 1.0))
+                .collect(),
         }
     }
 
@@ -383,13 +406,6 @@ impl Climbed {
     pub fn room(&self, level: f64) -> Vec<f64> {
         self.level_bytes.iter().map(|b| level * b).collect()
     }
-}
-
-/// What one level means on each rank of `placement` under `costs` (shares applied).
-fn level_bytes(costs: &CostModel, placement: &[usize], ranks: usize) -> Vec<f64> {
-    (0..ranks)
-        .map(|r| costs.placed_mem_b(placement, r) * costs.share(r))
-        .collect()
 }
 
 /// The climb's plan at `level`: its best after the highest climbed level not above it.

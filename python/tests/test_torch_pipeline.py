@@ -352,11 +352,12 @@ def _memory_plan(world: int) -> tuple[PlanSnapshot, int, PlanSnapshot]:
     """
     chunks = gpt_chunks(CFG, world, seed=SEED)
     measured = profile(chunks, _example_microbatch(), lm_loss, warmup=0, iterations=1)
-    # Memory as measured (deterministic bytes); times fixed, so the plan does not depend
-    # on how busy the machine was while profiling.
+    # Memory as measured (deterministic bytes); times fixed, the fused backward's too (a
+    # measured B below 2 ms made the unlimited plan fuse into 1F1B, under the limit), so the
+    # plan does not depend on how fast or busy the machine was while profiling.
     prof = dataclasses.replace(
         measured,
-        stages=tuple(dataclasses.replace(s, f=1.0, i=1.0, w=1.0) for s in measured.stages),
+        stages=tuple(dataclasses.replace(s, f=1.0, i=1.0, w=1.0, b=None) for s in measured.stages),
     )
     limit = int(1.8 * max(s.mem_b for s in prof.stages))
     request = dict(num_ranks=world, num_microbatches=MICROBATCHES, costs=prof)

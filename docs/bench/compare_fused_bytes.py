@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Compares two nobubble binaries' zb-auto plans under byte budgets where a fused backward B
 is cheaper than I + W, on random seeded pipelines: p 2..5, m p..p+7, F, I, W and B (B below
-I + W) the same on every stage, M_B in bytes, and budgets of k x M_B bytes for k 2..2p.
+I + W) the same on every stage, M_B in bytes, and budgets of k x M_B bytes for k 2..2p (or,
+with --multiples, limits of k whole M_B: the ladder, where more memory must never plan worse).
 
-Prints the counts NEW shorter / equal / longer than OLD, and how often a larger budget gave
-NEW a worse plan than a smaller one (byte budgets are not monotone even for split plans).
+Prints every case where the two differ, then the counts NEW shorter / equal / longer than OLD,
+and how often a larger budget gave NEW a worse plan than a smaller one (byte budgets are not
+monotone even for split plans).
 
-Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N]
+Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N] [--multiples]
 """
 
 import argparse
@@ -15,11 +17,12 @@ import random
 from compare_fused import plan_value
 
 
-def value(binary, p, m, cost, mem, budget, objective):
-    """The zb-auto plan's objective value, or None where it is refused."""
+def value(binary, p, m, cost, mem, k, objective, multiples):
+    """The zb-auto plan's objective value at k x M_B, or None where it is refused."""
     args = ["-s", "zb-auto", "-p", str(p), "-m", str(m)]
     args += ["--cost", ",".join(f"{c:.3f}" for c in cost), "--mem", f"{mem},{mem // 2}"]
-    return plan_value(binary, [*args, "--mem-limit", f"{budget}B"], objective)
+    limit = str(k) if multiples else f"{k * mem}B"
+    return plan_value(binary, [*args, "--mem-limit", limit], objective)
 
 
 def main():
@@ -28,6 +31,9 @@ def main():
     parser.add_argument("new")
     parser.add_argument("cases", nargs="?", type=int, default=150)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--multiples", action="store_true", help="limits in whole M_B, not bytes"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     counts = {"shorter": 0, "equal": 0, "longer": 0}
@@ -40,20 +46,22 @@ def main():
         mem = 1024 * rng.randint(50, 200)
         objective = rng.choice(["makespan", "span"])
         k = rng.randint(2, 2 * p)
-        old = value(args.old, p, m, (f, i, w, b), mem, k * mem, objective)
-        new = value(args.new, p, m, (f, i, w, b), mem, k * mem, objective)
+        case = (p, m, (f, i, w, b), mem)
+        old = value(args.old, *case, k, objective, args.multiples)
+        new = value(args.new, *case, k, objective, args.multiples)
         if old is None or new is None:
             continue
         key = (
             "shorter" if new < old - 1e-9 else "longer" if new > old + 1e-9 else "equal"
         )
         counts[key] += 1
-        if key == "longer":
+        if key != "equal":
             print(
-                f"-p {p} -m {m} --cost {f},{i},{w},{b} --mem {mem},{mem // 2} "
-                f"--mem-limit {k * mem}B --objective {objective}: old {old} new {new}"
+                f"{key}: -p {p} -m {m} --cost {f},{i},{w},{b} --mem {mem},{mem // 2} "
+                f"--mem-limit {k if args.multiples else f'{k * mem}B'} --objective {objective}: "
+                f"old {old} new {new}"
             )
-        more = value(args.new, p, m, (f, i, w, b), mem, (k + 1) * mem, objective)
+        more = value(args.new, *case, k + 1, objective, args.multiples)
         if more is not None and more > new + 1e-9:
             worse_with_more += 1
     print(

@@ -10,8 +10,8 @@
 //!   backwards split again, their Ws in the idle time of the drain ([`split_tail`]);
 //! - the placement's fixed pattern (1F1B, DualPipeV), which mixes the two;
 //!
-//! then splits single backwards of the best few where a W fills idle time
-//! ([`split_where_idle`]). None may need more memory on any rank than the limit (or the
+//! then splits single backwards where a W fills idle time ([`split_where_idle`]), starting
+//! from the best few and from each source's best. None may need more memory on any rank than the limit (or the
 //! rank's byte budget) allows, and every stage's weight gradients stay in microbatch order
 //! (the bits of 1F1B). On small pipelines the best plan of each lower whole-number limit is
 //! carried up the ladder, so more memory never plans worse ([`fused_plan`]).
@@ -35,20 +35,11 @@ pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
     spec.stages.iter().any(RankCost::fusing_saves)
 }
 
-/// A level's fused plan, with the climbs' plans it was made from (a level whose plans are
-/// the same needs no new search).
-struct Carried<'a> {
-    plan: Schedule,
-    split: &'a Schedule,
-    on_fused_costs: Option<&'a Schedule>,
-}
-
 /// One placement's best plan when some fused backward is cheaper (see the module), from its
 /// split plan `split` (with each level's best when `ladder`) and the same search on
 /// [`fused_as_input`] costs, `climb` (`record` each level or not). With `ladder`, the best
 /// fused plan of each whole level is carried up to the next, so more memory never plans
-/// worse (under byte budgets the plan made at the limit alone competes too); else the plan
-/// is made at the limit only.
+/// worse; else the plan is made at the limit only.
 pub(crate) fn fused_plan(
     goal: &Goal,
     split: Climbed,
@@ -60,9 +51,10 @@ pub(crate) fn fused_plan(
         costs: &as_input,
         ..*goal
     };
-    let best = |level: f64, bases: Vec<Schedule>, fused_first: Vec<Schedule>| {
+    let best = |level: f64, bases: Vec<Schedule>, carried, fused_first: Vec<Schedule>| {
         best_with_fused(
             bases,
+            carried,
             fused_first,
             &split.room(level),
             goal.costs,
@@ -74,6 +66,7 @@ pub(crate) fn fused_plan(
         return best(
             split.limit,
             vec![split.plan.clone()],
+            None,
             fused_first.into_iter().collect(),
         );
     }
@@ -82,7 +75,7 @@ pub(crate) fn fused_plan(
     let no_levels = Levels::new();
     let fused_levels = fused_climb.as_ref().map_or(&no_levels, |c| &c.levels);
     let top = split.limit;
-    let mut carried: Option<Carried> = None;
+    let mut carried: Option<Schedule> = None;
     for level in search::ladder(top) {
         let Some(s) = search::plan_at(&split.levels, level) else {
             continue;
@@ -95,44 +88,25 @@ pub(crate) fn fused_plan(
         };
         let own = at_top(&split, Some(s));
         let own_fused = fused_climb.as_ref().and_then(|c| at_top(c, f));
-        // The same plans as the level below: its fused plan stands, so that every limit's
-        // plan is the one the limits above it carry (monotone, whatever more room would find).
-        let unchanged = carried
-            .as_ref()
-            .is_some_and(|c| c.split == s && c.on_fused_costs == f);
-        if unchanged && own.is_none() && own_fused.is_none() {
-            continue;
-        }
-        let bases = std::iter::once(s.clone())
-            .chain(carried.map(|c| c.plan))
-            .chain(own)
-            .collect();
+        // Every level is searched, even where the climbs' plans are those of the level below:
+        // more room may let more backwards split, and skipping a level here but not in a
+        // call whose limit it is would make the plans path dependent.
+        let bases = std::iter::once(s.clone()).chain(own).collect();
         let fused_first = f.cloned().into_iter().chain(own_fused).collect();
-        carried = Some(Carried {
-            plan: best(level, bases, fused_first)?,
-            split: s,
-            on_fused_costs: f,
-        });
+        carried = Some(best(level, bases, carried, fused_first)?);
     }
-    let carried = carried.map_or_else(|| split.plan.clone(), |c| c.plan);
-    if goal.budget.is_empty() {
-        return Ok(carried);
-    }
-    // Under byte budgets (not monotone anyway: the ranks' shares change with the budgets),
-    // the search at the limit alone too, as without the ladder: its few candidates start
-    // local searches that the carried plans may crowd out of the best few.
-    let fused_first = fused_climb.map(|c| c.plan).into_iter().collect();
-    let alone = best(top, vec![split.plan.clone()], fused_first)?;
-    search::better_of(carried, alone, goal.costs, goal.objective)
+    Ok(carried.unwrap_or_else(|| split.plan.clone()))
 }
 
 /// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at
-/// the limit itself, the others compete as they are), their fused variants, the plans
-/// `fused_first` made on [`fused_as_input`] costs, and the placement's fixed pattern, that
-/// fit within `room` per rank (or the first base's peak, if larger); the best few then with
-/// backwards split where idle. Every plan has the same placement.
+/// the limit itself, the others compete as they are), the plan `carried` from a lower limit,
+/// their fused variants, the plans `fused_first` made on [`fused_as_input`] costs, and the
+/// placement's fixed pattern, that fit within `room` per rank (or the first base's peak, if
+/// larger); the best few then with backwards split where idle. Every plan has the same
+/// placement.
 pub(crate) fn best_with_fused(
     bases: Vec<Schedule>,
+    carried: Option<Schedule>,
     fused_first: Vec<Schedule>,
     room: &[f64],
     spec: &CostSpec,
@@ -143,12 +117,13 @@ pub(crate) fn best_with_fused(
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
     debug_assert_eq!(room.len(), peak.len(), "room for every rank");
     let allowed: Vec<f64> = room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect();
-    // The first base is the incumbent; the others compete as they are and fused.
-    let mut candidates: Vec<Schedule> = bases[1..].to_vec();
+    let with_fused = |base: &Schedule| [fuse_where_adjacent(base), fuse_all(base)];
+    // This limit's own plans: the bases (the first is the incumbent, already ranked), fused.
+    let mut own: Vec<Schedule> = bases[1..].to_vec();
     for base in &bases {
-        candidates.extend([fuse_where_adjacent(base), fuse_all(base)]);
+        own.extend(with_fused(base));
     }
-    candidates.extend(fused_then_split(&fused_first, &costs, &allowed));
+    own.extend(fused_then_split(&fused_first, &costs, &allowed));
     // The fixed patterns of the placement, which split some backwards and fuse the rest.
     let (p, m) = (split.ranks, split.microbatches);
     let classic = if split.stages == p {
@@ -159,23 +134,51 @@ pub(crate) fn best_with_fused(
     } else {
         dualpipe_v(p, m)
     };
-    candidates.extend(classic.ok().filter(|s| s.placement == split.placement));
+    own.extend(classic.ok().filter(|s| s.placement == split.placement));
+    let from_below: Vec<Schedule> = carried
+        .iter()
+        .flat_map(|c| std::iter::once(c.clone()).chain(with_fused(c)))
+        .collect();
     let name = split.name.clone();
-    let mut ranked = vec![(score(&split, &costs)?, split)];
-    for candidate in candidates {
-        if weight_gradients_in_order(&candidate) && fits_room(&candidate, &costs, &allowed) {
-            if let Ok(sc) = score(&candidate, &costs) {
-                ranked.push((sc, candidate));
+    let mut ranked = vec![Ranked {
+        score: score(&split, &costs)?,
+        carried: false,
+        plan: split,
+    }];
+    let candidates =
+        (own.into_iter().map(|s| (false, s))).chain(from_below.into_iter().map(|s| (true, s)));
+    for (carried, plan) in candidates {
+        if weight_gradients_in_order(&plan) && fits_room(&plan, &costs, &allowed) {
+            if let Ok(score) = score(&plan, &costs) {
+                ranked.push(Ranked {
+                    score,
+                    carried,
+                    plan,
+                });
             }
         }
     }
     // The incumbent first among equals: a candidate must be strictly better to replace it.
-    ranked.sort_by(|a, b| (a.0 .0.total_cmp(&b.0 .0)).then(a.0 .1.total_cmp(&b.0 .1)));
-    ranked.dedup_by(|a, b| a.1.orders == b.1.orders);
-    let mut best = ranked[0].clone();
-    // The best few, each with backwards split where that fills idle time.
-    for start in ranked.into_iter().take(SPLIT_STARTS) {
-        let found = split_where_idle(start, &costs, &allowed);
+    ranked.sort_by(|a, b| (a.score.0.total_cmp(&b.score.0)).then(a.score.1.total_cmp(&b.score.1)));
+    // A plan both carried and this limit's own counts as its own (see the starts below).
+    ranked.dedup_by(|later, kept| {
+        let same = later.plan.orders == kept.plan.orders;
+        kept.carried &= !same || later.carried;
+        same
+    });
+    let mut best = (ranked[0].score, ranked[0].plan.clone());
+    // The local search starts from the best few overall and from the best few of this
+    // limit's own plans: the plan carried from a lower limit can score better than all of
+    // them, and its variants would otherwise take starts the limit's own plans need. So a
+    // carried plan never makes the result worse than the limit's own plans alone would.
+    let mut own_seen = 0;
+    for (nth, start) in ranked.into_iter().enumerate() {
+        let nth_own = own_seen;
+        own_seen += usize::from(!start.carried);
+        if nth >= SPLIT_STARTS && (start.carried || nth_own >= SPLIT_STARTS) {
+            continue;
+        }
+        let found = split_where_idle((start.score, start.plan), &costs, &allowed);
         if better(found.0, best.0) {
             best = found;
         }
@@ -183,6 +186,14 @@ pub(crate) fn best_with_fused(
     let mut best = best.1;
     best.name = name;
     Ok(best)
+}
+
+/// A candidate of [`best_with_fused`]: its score, whether it is the plan carried from a lower
+/// limit (or one of its fused variants), and the plan.
+struct Ranked {
+    score: Score,
+    carried: bool,
+    plan: Schedule,
 }
 
 /// How many of the best plans [`split_where_idle`] starts from.
@@ -475,6 +486,80 @@ mod tests {
         )
     }
 
+    /// The search at `level` on `spec`, with or without `carried`, as the ladder runs it.
+    fn search_at(goal: &Goal, level: f64, carried: Option<Schedule>) -> Option<Schedule> {
+        use crate::generate::auto::zb_auto_climbed;
+        let split = zb_auto_climbed(&goal.at(level), false).ok()?;
+        let as_input = fused_as_input(goal.costs);
+        let on_fused = Goal {
+            costs: &as_input,
+            ..goal.at(level)
+        };
+        let fused_first = zb_auto_climbed(&on_fused, false).ok()?.plan;
+        let room = split.room(level);
+        let (spec, objective) = (goal.costs, goal.objective);
+        best_with_fused(
+            vec![split.plan],
+            carried,
+            vec![fused_first],
+            &room,
+            spec,
+            objective,
+        )
+        .ok()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+        /// Carrying the plan of the limit below never makes a limit's plan worse than its own
+        /// plans alone give, nor worse than the carried plan: the carried plan's variants
+        /// compete but cannot take the local search's starts from the limit's own plans.
+        #[test]
+        fn a_carried_plan_never_makes_a_level_worse(
+            p in 2usize..=5,
+            extra in 0usize..8,
+            stages in proptest::collection::vec(
+                (0.5f64..2.0, 0.5f64..2.0, 0.5f64..2.0, 0.4f64..0.95, 0.5f64..1.5), 5),
+            above in 1usize..=4,
+            span in proptest::bool::ANY,
+        ) {
+            // Uneven stages, in time and memory: where carried plans crowd the starts most.
+            let stages = stages[..p]
+                .iter()
+                .map(|&(f, i, w, share, mem_b)| RankCost {
+                    f,
+                    i,
+                    w,
+                    b: Some((i + w) * share),
+                    mem_b,
+                    mem_w: mem_b / 2.0,
+                })
+                .collect();
+            let spec = CostSpec { comm: 0.0, stages };
+            let objective = if span { Objective::Span } else { Objective::Makespan };
+            let goal = Goal {
+                ranks: p,
+                microbatches: p + extra,
+                costs: &spec,
+                limit: 1.0,
+                budget: &[],
+                objective,
+                name: "zb-auto",
+            };
+            let level = (1 + above.min(p)) as f64;
+            let Some(carried) = search_at(&goal, level - 1.0, None) else { return Ok(()) };
+            let with = search_at(&goal, level, Some(carried.clone())).unwrap();
+            let without = search_at(&goal, level, None).unwrap();
+            let scored = |s: &Schedule| {
+                let costs = CostModel::for_schedule(&spec, s).unwrap().with_objective(objective);
+                score(s, &costs).unwrap()
+            };
+            let (with, without, carried) = (scored(&with), scored(&without), scored(&carried));
+            proptest::prop_assert!(!better(without, with), "{with:?} worse than {without:?} alone");
+            proptest::prop_assert!(!better(carried, with), "{with:?} worse than carried {carried:?}");
+        }
+    }
+
     #[test]
     fn fused_plans_are_valid_and_keep_every_backward() {
         let s = zb_h1(4, 8).unwrap();
@@ -508,6 +593,7 @@ mod tests {
         // Room 0 on every rank: no more than the split plan's own peak.
         let same = best_with_fused(
             vec![s.clone()],
+            None,
             Vec::new(),
             &[0.0; 4],
             &spec(None),
@@ -518,6 +604,7 @@ mod tests {
         let b = 1.2;
         let fused = best_with_fused(
             vec![s.clone()],
+            None,
             Vec::new(),
             &[0.0; 4],
             &spec(Some(b)),

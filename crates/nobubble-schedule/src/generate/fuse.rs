@@ -13,8 +13,8 @@
 //! then splits single backwards where a W fills idle time ([`split_where_idle`]), starting
 //! from the best few and from each source's best. None may need more memory on any rank than the limit (or the
 //! rank's byte budget) allows, and every stage's weight gradients stay in microbatch order
-//! (the bits of 1F1B). On small pipelines the best plan of each lower whole-number limit is
-//! carried up the ladder, so more memory never plans worse ([`fused_plan`]).
+//! (the bits of 1F1B). On small pipelines the best two plans of each lower whole-number limit
+//! are carried up the ladder, so more memory never plans worse ([`fused_plan`]).
 
 use super::classic::one_f_one_b;
 use super::search::{self, better, score, Climbed, Levels, Score};
@@ -38,8 +38,9 @@ pub(crate) fn cheaper_somewhere(spec: &CostSpec) -> bool {
 /// One placement's best plan when some fused backward is cheaper (see the module), from its
 /// split plan `split` (with each level's best when `ladder`) and the same search on
 /// [`fused_as_input`] costs, `climb` (`record` each level or not). With `ladder`, the best
-/// fused plan of each whole level is carried up to the next, so more memory never plans
-/// worse; else the plan is made at the limit only.
+/// two fused plans of each whole level are carried up to the next, so more memory never
+/// plans worse (and a runner-up that more room improves most is not lost); else the plan is
+/// made at the limit only.
 pub(crate) fn fused_plan(
     goal: &Goal,
     split: Climbed,
@@ -63,19 +64,23 @@ pub(crate) fn fused_plan(
     };
     if !ladder {
         let fused_first = climb(&on_fused_costs, false).ok().map(|c| c.plan);
-        return best(
+        let found = best(
             split.limit,
             vec![split.plan.clone()],
-            None,
+            Vec::new(),
             fused_first.into_iter().collect(),
-        );
+        )?;
+        return Ok(found
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| split.plan.clone()));
     }
     // The same climb on fused-as-input costs: plans ordered for B from the start.
     let fused_climb = climb(&on_fused_costs, true).ok();
     let no_levels = Levels::new();
     let fused_levels = fused_climb.as_ref().map_or(&no_levels, |c| &c.levels);
     let top = split.limit;
-    let mut carried: Option<Schedule> = None;
+    let mut carried: Vec<Schedule> = Vec::new();
     for level in search::ladder(top) {
         let Some(s) = search::plan_at(&split.levels, level) else {
             continue;
@@ -93,25 +98,28 @@ pub(crate) fn fused_plan(
         // call whose limit it is would make the plans path dependent.
         let bases = std::iter::once(s.clone()).chain(own).collect();
         let fused_first = f.cloned().into_iter().chain(own_fused).collect();
-        carried = Some(best(level, bases, carried, fused_first)?);
+        carried = best(level, bases, carried, fused_first)?;
     }
-    Ok(carried.unwrap_or_else(|| split.plan.clone()))
+    Ok(carried
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| split.plan.clone()))
 }
 
-/// The best under `objective` on `spec` of the plans `bases` (the first is the split plan at
-/// the limit itself, the others compete as they are), the plan `carried` from a lower limit,
-/// their fused variants, the plans `fused_first` made on [`fused_as_input`] costs, and the
-/// placement's fixed pattern, that fit within `room` per rank (or the first base's peak, if
-/// larger); the best few then with backwards split where idle. Every plan has the same
-/// placement.
+/// The best [`CARRIED`] distinct plans, best first, under `objective` on `spec` of the plans
+/// `bases` (the first is the split plan at the limit itself, the others compete as they
+/// are), the plans `carried` from a lower limit, their fused variants, the plans
+/// `fused_first` made on [`fused_as_input`] costs, and the placement's fixed pattern, that
+/// fit within `room` per rank (or the first base's peak, if larger); the best few then with
+/// backwards split where idle. Every plan has the same placement.
 pub(crate) fn best_with_fused(
     bases: Vec<Schedule>,
-    carried: Option<Schedule>,
+    carried: Vec<Schedule>,
     fused_first: Vec<Schedule>,
     room: &[f64],
     spec: &CostSpec,
     objective: Objective,
-) -> Result<Schedule, Error> {
+) -> Result<Vec<Schedule>, Error> {
     let split = bases[0].clone();
     let costs = CostModel::for_schedule(spec, &split)?.with_objective(objective);
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
@@ -135,18 +143,22 @@ pub(crate) fn best_with_fused(
         dualpipe_v(p, m)
     };
     own.extend(classic.ok().filter(|s| s.placement == split.placement));
-    let from_below: Vec<Schedule> = carried
+    let from_below: Vec<(Option<usize>, Schedule)> = carried
         .iter()
-        .flat_map(|c| std::iter::once(c.clone()).chain(with_fused(c)))
+        .enumerate()
+        .flat_map(|(k, c)| {
+            std::iter::once(c.clone())
+                .chain(with_fused(c))
+                .map(move |s| (Some(k), s))
+        })
         .collect();
     let name = split.name.clone();
     let mut ranked = vec![Ranked {
         score: score(&split, &costs)?,
-        carried: false,
+        carried: None,
         plan: split,
     }];
-    let candidates =
-        (own.into_iter().map(|s| (false, s))).chain(from_below.into_iter().map(|s| (true, s)));
+    let candidates = (own.into_iter().map(|s| (None, s))).chain(from_below);
     for (carried, plan) in candidates {
         if weight_gradients_in_order(&plan) && fits_room(&plan, &costs, &allowed) {
             if let Ok(score) = score(&plan, &costs) {
@@ -163,38 +175,59 @@ pub(crate) fn best_with_fused(
     // A plan both carried and this limit's own counts as its own (see the starts below).
     ranked.dedup_by(|later, kept| {
         let same = later.plan.orders == kept.plan.orders;
-        kept.carried &= !same || later.carried;
+        if same && later.carried.is_none() {
+            kept.carried = None;
+        }
         same
     });
-    let mut best = (ranked[0].score, ranked[0].plan.clone());
-    // The local search starts from the best few overall and from the best few of this
-    // limit's own plans: the plan carried from a lower limit can score better than all of
-    // them, and its variants would otherwise take starts the limit's own plans need. So a
-    // carried plan never makes the result worse than the limit's own plans alone would.
+    let mut found_plans = vec![(ranked[0].score, ranked[0].plan.clone())];
+    let mut carried_seen = vec![false; carried.len()];
+    // The local search starts from the best few overall, the best few of this limit's own
+    // plans and the best of each carried plan's: a plan carried from a lower limit can score
+    // better than all of the limit's own, and its variants would otherwise take starts the
+    // limit's own plans need. So carrying plans never makes the result worse than the
+    // limit's own plans alone would, nor than a carried plan.
     let mut own_seen = 0;
     for (nth, start) in ranked.into_iter().enumerate() {
         let nth_own = own_seen;
-        own_seen += usize::from(!start.carried);
-        if nth >= SPLIT_STARTS && (start.carried || nth_own >= SPLIT_STARTS) {
+        own_seen += usize::from(start.carried.is_none());
+        let first_of_carried = start
+            .carried
+            .is_some_and(|k| !std::mem::replace(&mut carried_seen[k], true));
+        let own_start = start.carried.is_none() && nth_own < SPLIT_STARTS;
+        if nth >= SPLIT_STARTS && !own_start && !first_of_carried {
             continue;
         }
-        let found = split_where_idle((start.score, start.plan), &costs, &allowed);
-        if better(found.0, best.0) {
-            best = found;
-        }
+        found_plans.push(split_where_idle(
+            (start.score, start.plan),
+            &costs,
+            &allowed,
+        ));
     }
-    let mut best = best.1;
-    best.name = name;
-    Ok(best)
+    // The best few distinct plans found, the best first (ties: the incumbent, then in the
+    // order found).
+    found_plans.sort_by(|a, b| (a.0 .0.total_cmp(&b.0 .0)).then(a.0 .1.total_cmp(&b.0 .1)));
+    found_plans.dedup_by(|a, b| a.1.orders == b.1.orders);
+    Ok(found_plans
+        .into_iter()
+        .take(CARRIED)
+        .map(|(_, mut plan)| {
+            plan.name = name.clone();
+            plan
+        })
+        .collect())
 }
 
-/// A candidate of [`best_with_fused`]: its score, whether it is the plan carried from a lower
-/// limit (or one of its fused variants), and the plan.
+/// A candidate of [`best_with_fused`]: its score, which of the plans carried from a lower
+/// limit it is or comes from (`None`: the limit's own), and the plan.
 struct Ranked {
     score: Score,
-    carried: bool,
+    carried: Option<usize>,
     plan: Schedule,
 }
+
+/// How many of a level's best plans are carried up to the next.
+const CARRIED: usize = 2;
 
 /// How many of the best plans [`split_where_idle`] starts from.
 const SPLIT_STARTS: usize = 8;
@@ -487,7 +520,7 @@ mod tests {
     }
 
     /// The search at `level` on `spec`, with or without `carried`, as the ladder runs it.
-    fn search_at(goal: &Goal, level: f64, carried: Option<Schedule>) -> Option<Schedule> {
+    fn search_at(goal: &Goal, level: f64, carried: Vec<Schedule>) -> Option<Vec<Schedule>> {
         use crate::generate::auto::zb_auto_climbed;
         let split = zb_auto_climbed(&goal.at(level), false).ok()?;
         let as_input = fused_as_input(goal.costs);
@@ -547,16 +580,20 @@ mod tests {
                 name: "zb-auto",
             };
             let level = (1 + above.min(p)) as f64;
-            let Some(carried) = search_at(&goal, level - 1.0, None) else { return Ok(()) };
-            let with = search_at(&goal, level, Some(carried.clone())).unwrap();
-            let without = search_at(&goal, level, None).unwrap();
+            let Some(carried) = search_at(&goal, level - 1.0, Vec::new()) else {
+                return Ok(());
+            };
+            let with = search_at(&goal, level, carried.clone()).unwrap().remove(0);
+            let without = search_at(&goal, level, Vec::new()).unwrap().remove(0);
             let scored = |s: &Schedule| {
                 let costs = CostModel::for_schedule(&spec, s).unwrap().with_objective(objective);
                 score(s, &costs).unwrap()
             };
-            let (with, without, carried) = (scored(&with), scored(&without), scored(&carried));
+            let (with, without) = (scored(&with), scored(&without));
             proptest::prop_assert!(!better(without, with), "{with:?} worse than {without:?} alone");
-            proptest::prop_assert!(!better(carried, with), "{with:?} worse than carried {carried:?}");
+            for carried in carried.iter().map(scored) {
+                proptest::prop_assert!(!better(carried, with), "{with:?} worse than carried {carried:?}");
+            }
         }
     }
 
@@ -593,24 +630,26 @@ mod tests {
         // Room 0 on every rank: no more than the split plan's own peak.
         let same = best_with_fused(
             vec![s.clone()],
-            None,
+            Vec::new(),
             Vec::new(),
             &[0.0; 4],
             &spec(None),
             Objective::Makespan,
         )
-        .unwrap();
+        .unwrap()
+        .remove(0);
         assert_eq!(same, s);
         let b = 1.2;
         let fused = best_with_fused(
             vec![s.clone()],
-            None,
+            Vec::new(),
             Vec::new(),
             &[0.0; 4],
             &spec(Some(b)),
             Objective::Makespan,
         )
-        .unwrap();
+        .unwrap()
+        .remove(0);
         assert!(fused.orders.iter().flatten().any(|a| a.kind == Kind::B));
         assert_eq!(fused.name, s.name);
         let costs = CostModel::for_schedule(&spec(Some(b)), &fused).unwrap();

@@ -40,6 +40,23 @@ const SVG_REPR_MAX_ACTIONS: usize = 4096;
 #[pyclass(module = "nobubble", frozen)]
 struct Plan {
     inner: Planned,
+    /// [`state::of`] as text, made on first use: `==`, `hash()` and pickling all read it, and
+    /// a large plan's state is megabytes (a plan never changes: the class is frozen).
+    state: std::sync::OnceLock<String>,
+}
+
+impl Plan {
+    fn new(inner: Planned) -> Self {
+        Plan {
+            inner,
+            state: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn state(&self) -> &str {
+        self.state
+            .get_or_init(|| state::of(&self.inner).to_string())
+    }
 }
 
 #[pymethods]
@@ -263,13 +280,13 @@ impl Plan {
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other
             .cast::<Plan>()
-            .is_ok_and(|o| state::of(&self.inner) == state::of(&o.get().inner))
+            .is_ok_and(|o| self.state() == o.get().state())
     }
 
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        state::of(&self.inner).to_string().hash(&mut h);
+        self.state().hash(&mut h);
         h.finish()
     }
 
@@ -277,7 +294,7 @@ impl Plan {
     /// costs and limits, simulated again.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
         let rebuild = py.import("nobubble._native")?.getattr("_plan_from_state")?;
-        Ok((rebuild, (state::of(&self.inner).to_string(),)))
+        Ok((rebuild, (self.state().to_string(),)))
     }
 
     fn __repr__(&self) -> String {
@@ -396,7 +413,7 @@ fn plan(
     };
     let planned = plan_interruptibly(py, req)?;
     planned.check_limit().map_err(py_error)?;
-    Ok(Plan { inner: planned })
+    Ok(Plan::new(planned))
 }
 
 /// How often a wait for the planner looks for Ctrl-C.
@@ -457,7 +474,7 @@ fn evaluate(
     let planned =
         planner::evaluate(schedule, &spec, &limit, Objective::default()).map_err(py_error)?;
     planned.check_limit().map_err(py_error)?;
-    Ok(Plan { inner: planned })
+    Ok(Plan::new(planned))
 }
 
 /// Validates a schedule in PyTorch's compute-only CSV format (what `nobubble check` does):
@@ -524,7 +541,7 @@ fn action_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
 #[pyfunction]
 fn _plan_from_state(state: &str) -> PyResult<Plan> {
     let inner = state::plan(state).map_err(value_error)?;
-    Ok(Plan { inner })
+    Ok(Plan::new(inner))
 }
 
 /// Every schedule name with its one-line summary, in `compare`'s order.

@@ -17,14 +17,22 @@ import subprocess
 FIXED = ["1f1b", "dualpipe-v", "zb-v", "interleaved-1f1b", "zb-h1", "gpipe"]
 
 
-def plan_value(binary, args, objective):
-    """`nobubble plan ARGS`'s objective value, or None where the plan is refused."""
+def plan_values(binary, args, objective):
+    """`nobubble plan ARGS`'s objective value and then the other of makespan and the longest
+    span (the planner's tie-break), or None where the plan is refused."""
     cmd = [binary, "plan", *args, "--objective", objective, "-f", "json"]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode:
         return None
     d = json.loads(out.stdout)
-    return d["makespan"] if objective == "makespan" else max(d["span"])
+    makespan, span = d["makespan"], max(d["span"])
+    return (makespan, span) if objective == "makespan" else (span, makespan)
+
+
+def plan_value(binary, args, objective):
+    """`nobubble plan ARGS`'s objective value, or None where the plan is refused."""
+    values = plan_values(binary, args, objective)
+    return values and values[0]
 
 
 def value(binary, schedule, p, m, b, limit, objective):

@@ -2,8 +2,9 @@
 """Compares two nobubble binaries' zb-auto plans on random seeded heterogeneous pipelines:
 p 2..6, m p..3p, a costs file of p or 2p stages each with its own F, I, W (0.5..2), M_B and
 M_W = M_B / 2, a fused backward B below I + W on about 80% of the stages, comm 0..0.2; a
-limit in bytes (one budget, or one per rank) of 1..1.6p times the largest stage's M_B; the
-linear, V or automatic placement; makespan or span.
+limit in bytes (one budget, or one per rank) of 1..1.6p times the largest stage's M_B (twice
+that for 2p stages: two of them share a rank); the linear, V or automatic placement; makespan
+or span. Plans are compared on the objective, then on the other of makespan and span.
 
 Prints every case where the two differ (and any refused by one only), then the counts NEW
 shorter / equal / longer than OLD.
@@ -18,7 +19,20 @@ import os
 import random
 import tempfile
 
-from compare_fused import plan_value
+from compare_fused import plan_values
+
+OTHER = {"makespan": "span", "span": "makespan"}
+
+
+def ranked(new, old):
+    """Whether `new` (objective, then the other number) is shorter, equal or longer than
+    `old`, with the planner's tolerance of 1e-9 relative."""
+    for n, o in zip(new, old):
+        if n < o - 1e-9 * abs(o):
+            return "shorter"
+        if n > o + 1e-9 * abs(o):
+            return "longer"
+    return "equal"
 
 
 def random_case(rng, path):
@@ -66,8 +80,8 @@ def main():
         for case in range(args.cases):
             path = os.path.join(folder, f"case{case}.json")
             plan_args, objective = random_case(rng, path)
-            old = plan_value(args.old, plan_args, objective)
-            new = plan_value(args.new, plan_args, objective)
+            old = plan_values(args.old, plan_args, objective)
+            new = plan_values(args.new, plan_args, objective)
             shown = " ".join(plan_args)
             if not args.keep:
                 shown = shown.replace(path, f"<case {case}>")
@@ -75,18 +89,14 @@ def main():
                 if (old is None) != (new is None):
                     print(f"refused by one only: {shown}: old {old} new {new}")
                 continue
-            key = (
-                "shorter"
-                if new < old - 1e-9
-                else "longer"
-                if new > old + 1e-9
-                else "equal"
-            )
+            key = ranked(new, old)
             counts[key] += 1
             if key != "equal":
+                k = 0 if abs(new[0] - old[0]) > 1e-9 * abs(old[0]) else 1
+                which = objective if k == 0 else "then " + OTHER[objective]
                 print(
-                    f"{key}: {shown} --objective {objective}: old {old:.4f} new "
-                    f"{new:.4f} ({(new - old) / old * 100:+.2f}%)"
+                    f"{key}: {shown} --objective {objective}: {which} old {old[k]:.4f} "
+                    f"new {new[k]:.4f} ({(new[k] - old[k]) / old[k] * 100:+.2f}%)"
                 )
     print(
         f"{sum(counts.values())} cases: new shorter in {counts['shorter']}, equal in "

@@ -11,9 +11,10 @@
 //! - the placement's fixed pattern (1F1B, DualPipeV), which mixes the two;
 //!
 //! then splits single backwards where a W fills idle time ([`split_where_idle`]), starting
-//! from the best few and from each source's best. None may need more memory on any rank than the limit (or the
-//! rank's byte budget) allows, and every stage's weight gradients stay in microbatch order
-//! (the bits of 1F1B). On small pipelines the best two plans of each lower whole-number limit
+//! from the best few plans overall, the best few of the limit's own and the best of each
+//! carried plan's. None may need more memory on any rank than the limit (or the rank's byte
+//! budget) allows, and every stage's weight gradients stay in microbatch order (the bits of
+//! 1F1B). On small pipelines the best two plans of each lower whole-number limit
 //! are carried up the ladder, so more memory never plans worse ([`fused_plan`]).
 
 use super::classic::one_f_one_b;
@@ -107,7 +108,7 @@ pub(crate) fn fused_plan(
 }
 
 /// The best [`CARRIED`] distinct plans, best first, under `objective` on `spec` of the plans
-/// `bases` (the first is the split plan at the limit itself, the others compete as they
+/// `bases` (the first is the split plan at this level, the others compete as they
 /// are), the plans `carried` from a lower limit, their fused variants, the plans
 /// `fused_first` made on [`fused_as_input`] costs, and the placement's fixed pattern, that
 /// fit within `room` per rank (or the first base's peak, if larger); the best few then with
@@ -180,42 +181,50 @@ pub(crate) fn best_with_fused(
         }
         same
     });
-    let mut found_plans = vec![(ranked[0].score, ranked[0].plan.clone())];
-    let mut carried_seen = vec![false; carried.len()];
+    let mut found = vec![(ranked[0].score, ranked[0].plan.clone())];
     // The local search starts from the best few overall, the best few of this limit's own
-    // plans and the best of each carried plan's: a plan carried from a lower limit can score
-    // better than all of the limit's own, and its variants would otherwise take starts the
-    // limit's own plans need. So carrying plans never makes the result worse than the
-    // limit's own plans alone would, nor than a carried plan.
-    let mut own_seen = 0;
+    // plans, the best few of those and the best carried plan's (the starts of a ladder that
+    // carried only its best plan), and the best of each carried plan's: a plan carried from
+    // a lower limit can score better than all of the limit's own, and its variants would
+    // otherwise take starts the limit's own plans need. So carrying plans never makes the
+    // result worse than the limit's own plans alone would, nor than a carried plan.
+    let (mut own_seen, mut main_seen) = (0, 0);
+    let mut carried_seen = vec![false; carried.len()];
     for (nth, start) in ranked.into_iter().enumerate() {
-        let nth_own = own_seen;
-        own_seen += usize::from(start.carried.is_none());
+        let own = start.carried.is_none();
+        let main = start.carried.is_none_or(|k| k == 0);
         let first_of_carried = start
             .carried
             .is_some_and(|k| !std::mem::replace(&mut carried_seen[k], true));
-        let own_start = start.carried.is_none() && nth_own < SPLIT_STARTS;
-        if nth >= SPLIT_STARTS && !own_start && !first_of_carried {
-            continue;
+        let take = nth < SPLIT_STARTS
+            || (own && own_seen < SPLIT_STARTS)
+            || (main && main_seen < SPLIT_STARTS)
+            || first_of_carried;
+        own_seen += usize::from(own);
+        main_seen += usize::from(main);
+        if take {
+            found.push(split_where_idle(
+                (start.score, start.plan),
+                &costs,
+                &allowed,
+            ));
         }
-        found_plans.push(split_where_idle(
-            (start.score, start.plan),
-            &costs,
-            &allowed,
-        ));
     }
-    // The best few distinct plans found, the best first (ties: the incumbent, then in the
-    // order found).
-    found_plans.sort_by(|a, b| (a.0 .0.total_cmp(&b.0 .0)).then(a.0 .1.total_cmp(&b.0 .1)));
-    found_plans.dedup_by(|a, b| a.1.orders == b.1.orders);
-    Ok(found_plans
-        .into_iter()
-        .take(CARRIED)
-        .map(|(_, mut plan)| {
-            plan.name = name.clone();
-            plan
-        })
-        .collect())
+    // The best few distinct plans found, picked with `better`: a plan must beat one found
+    // before it by more than rounding (the incumbent first).
+    let mut picked: Vec<Schedule> = Vec::with_capacity(CARRIED);
+    while picked.len() < CARRIED {
+        let fresh = found
+            .iter()
+            .filter(|(_, plan)| picked.iter().all(|p| p.orders != plan.orders));
+        let Some((_, plan)) = fresh.reduce(|a, b| if better(b.0, a.0) { b } else { a }) else {
+            break;
+        };
+        let mut plan = plan.clone();
+        plan.name = name.clone();
+        picked.push(plan);
+    }
+    Ok(picked)
 }
 
 /// A candidate of [`best_with_fused`]: its score, which of the plans carried from a lower

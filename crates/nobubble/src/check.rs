@@ -4,7 +4,7 @@ use crate::costs::{cli_error, CostArgs};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{planner, Error, Objective, Planned};
+use nobubble_schedule::{planner, CostModel, CostSpec, Error, MemLimit, Objective, Planned};
 use std::path::PathBuf;
 
 /// Arguments of `check`.
@@ -42,7 +42,10 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
             Error::Invalid { .. } | Error::Deadlock(_) => invalid(e),
             e => cli_error(e),
         })?;
-    planned.check_limit().map_err(invalid)?;
+    planned.check_limit().map_err(|e| {
+        let hint = linear_layout_budgets(&planned, &spec, &args.costs.limit());
+        invalid(e) + &hint.unwrap_or_default()
+    })?;
     let Planned {
         schedule,
         costs,
@@ -73,4 +76,26 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         use_colour(false),
     ));
     emit(None, &out)
+}
+
+/// For a file over a multiple of M_B on a layout of several stages per rank (a V plan): the
+/// per-rank budgets that multiple means on the one-stage-per-rank layout, which is how
+/// `plan -s zb-auto` (placement `auto`) reads it, so that the user can re-check with those.
+fn linear_layout_budgets(planned: &Planned, spec: &CostSpec, limit: &MemLimit) -> Option<String> {
+    let (MemLimit::Multiple(x), s) = (limit, &planned.schedule) else {
+        return None;
+    };
+    if s.stages == s.ranks {
+        return None;
+    }
+    let linear = CostModel::for_layout(spec, s.ranks, s.ranks).ok()?;
+    let bytes: Vec<f64> = linear.stages.iter().map(|st| x * st.mem_b).collect();
+    Some(format!(
+        "\nnote: a multiple of M_B is read on this file's own layout ({} stages on {} ranks); \
+         `plan -s zb-auto` reads it on one stage per rank, where {x} × M_B is \
+         --mem-limit {}: if zb-auto planned this file, re-check with that",
+        s.stages,
+        s.ranks,
+        MemLimit::PerRank(bytes)
+    ))
 }

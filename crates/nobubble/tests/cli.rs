@@ -280,6 +280,43 @@ fn memory_limit_exceeded_is_an_error() {
     ]);
 }
 
+/// A multiple of M_B means the one-stage-per-rank layout's bytes to `plan -s zb-auto`, and
+/// the file's own layout's to `check`: where they differ and a V plan is over the latter,
+/// `check` names the budgets `plan` used, and the file passes with them.
+#[test]
+fn check_names_the_budgets_zb_auto_read_a_multiple_as() {
+    // A review's pipeline: p 6 of uneven stages, where zb-auto's V plan at 6 × M_B holds
+    // more on rank 2 than 6 × its two chunks' M_B.
+    let costs = temp_file(
+        "uneven-v.json",
+        r#"{"comm": 0.003, "stages": [
+            {"f": 0.674, "i": 1.912, "w": 1.415, "mem_b": 144384, "mem_w": 72192},
+            {"f": 1.537, "i": 1.604, "w": 1.04, "mem_b": 132096, "mem_w": 66048, "b": 2.026},
+            {"f": 1.137, "i": 1.73, "w": 1.113, "mem_b": 169984, "mem_w": 84992},
+            {"f": 1.02, "i": 1.555, "w": 0.853, "mem_b": 202752, "mem_w": 101376},
+            {"f": 0.93, "i": 1.782, "w": 1.515, "mem_b": 169984, "mem_w": 61194, "b": 2.74},
+            {"f": 1.402, "i": 1.173, "w": 0.596, "mem_b": 160768, "mem_w": 69130, "b": 0.982}]}"#,
+    );
+    let costs = costs.to_str().unwrap();
+    let args = ["-p", "6", "-m", "13", "--costs", costs, "--mem-limit", "6"];
+    let csv = ok(&[&["plan", "-s", "zb-auto", "-f", "csv"][..], &args].concat());
+    let path = temp_file("uneven-v.csv", &csv);
+    let file = path.to_str().unwrap();
+    let e = fails(&["check", file, "--costs", costs, "--mem-limit", "6"]);
+    let budgets = e
+        .split("--mem-limit ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no budgets named: {e}"));
+    // Each rank's budget is 6 × its one-stage layout's M_B (the costs file's entries).
+    assert_eq!(
+        budgets, "866304B,792576B,1019904B,1216512B,1019904B,964608B",
+        "{e}"
+    );
+    assert!(e.contains("12 stages on 6 ranks"), "{e}");
+    ok(&["check", file, "--costs", costs, "--mem-limit", budgets]);
+}
+
 #[test]
 fn check_rejects_broken_files_with_the_validator_message() {
     let cases = [

@@ -35,6 +35,17 @@ def plan_value(binary, args, objective):
     return values and values[0]
 
 
+def random_comparison_parser(doc, cases):
+    """The arguments every random comparison takes: the two binaries, how many cases and
+    the seed."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("cases", nargs="?", type=int, default=cases)
+    parser.add_argument("--seed", type=int, default=1)
+    return parser
+
+
 def value(binary, schedule, p, m, b, limit, objective):
     """The plan's objective value, or None where the schedule is refused (limit, shape)."""
     args = ["-s", schedule, "-p", str(p), "-m", str(m), "--cost", f"1,1,1,{b}"]

@@ -11,10 +11,9 @@ monotone even for split plans).
 Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N] [--multiples]
 """
 
-import argparse
 import random
 
-from compare_fused import plan_value
+from compare_fused import plan_value, random_comparison_parser
 
 
 def value(binary, p, m, cost, mem, k, objective, multiples):
@@ -26,11 +25,7 @@ def value(binary, p, m, cost, mem, k, objective, multiples):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("old")
-    parser.add_argument("new")
-    parser.add_argument("cases", nargs="?", type=int, default=150)
-    parser.add_argument("--seed", type=int, default=1)
+    parser = random_comparison_parser(__doc__, 150)
     parser.add_argument(
         "--multiples", action="store_true", help="limits in whole M_B, not bytes"
     )

@@ -13,13 +13,12 @@ Usage: docs/bench/compare_hetero.py OLD_BINARY NEW_BINARY [CASES] [--seed N] [--
 (--keep writes each case's costs file into FOLDER, to re-run a printed case by hand)
 """
 
-import argparse
 import json
 import os
 import random
 import tempfile
 
-from compare_fused import plan_values
+from compare_fused import plan_values, random_comparison_parser
 
 OTHER = {"makespan": "span", "span": "makespan"}
 
@@ -65,11 +64,7 @@ def random_case(rng, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("old")
-    parser.add_argument("new")
-    parser.add_argument("cases", nargs="?", type=int, default=175)
-    parser.add_argument("--seed", type=int, default=1)
+    parser = random_comparison_parser(__doc__, 175)
     parser.add_argument("--keep", help="a folder to keep the costs files in")
     args = parser.parse_args()
     rng = random.Random(args.seed)

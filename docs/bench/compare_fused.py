@@ -35,6 +35,19 @@ def plan_value(binary, args, objective):
     return values and values[0]
 
 
+def ranked(new, old):
+    """Whether `new` is "shorter", "equal" or "longer" than `old` (numbers, or tuples compared
+    in order: the objective, then the tie-break), with the planner's relative tolerance of
+    1e-9; and the index of the number that decided (None when equal)."""
+    new, old = (new, old) if isinstance(new, tuple) else ((new,), (old,))
+    for k, (n, o) in enumerate(zip(new, old)):
+        if n < o - 1e-9 * abs(o):
+            return "shorter", k
+        if n > o + 1e-9 * abs(o):
+            return "longer", k
+    return "equal", None
+
+
 def random_comparison_parser(doc, cases):
     """The arguments every random comparison takes: the two binaries, how many cases and
     the seed."""
@@ -68,9 +81,7 @@ def main():
         new = value(args.new, "zb-auto", p, m, b, limit, args.objective)
         if old is None or new is None:
             continue
-        key = (
-            "shorter" if new < old - 1e-9 else "longer" if new > old + 1e-9 else "equal"
-        )
+        key, _ = ranked(new, old)
         counts[key] += 1
         fixed = [
             (v, s)

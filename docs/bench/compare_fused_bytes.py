@@ -13,7 +13,7 @@ Usage: docs/bench/compare_fused_bytes.py OLD_BINARY NEW_BINARY [CASES] [--seed N
 
 import random
 
-from compare_fused import plan_value, random_comparison_parser
+from compare_fused import plan_value, random_comparison_parser, ranked
 
 
 def value(binary, p, m, cost, mem, k, objective, multiples):
@@ -46,9 +46,7 @@ def main():
         new = value(args.new, *case, k, objective, args.multiples)
         if old is None or new is None:
             continue
-        key = (
-            "shorter" if new < old - 1e-9 else "longer" if new > old + 1e-9 else "equal"
-        )
+        key, _ = ranked(new, old)
         counts[key] += 1
         if key != "equal":
             print(

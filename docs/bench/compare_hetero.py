@@ -18,20 +18,9 @@ import os
 import random
 import tempfile
 
-from compare_fused import plan_values, random_comparison_parser
+from compare_fused import plan_values, random_comparison_parser, ranked
 
 OTHER = {"makespan": "span", "span": "makespan"}
-
-
-def ranked(new, old):
-    """Whether `new` (objective, then the other number) is shorter, equal or longer than
-    `old`, with the planner's tolerance of 1e-9 relative."""
-    for n, o in zip(new, old):
-        if n < o - 1e-9 * abs(o):
-            return "shorter"
-        if n > o + 1e-9 * abs(o):
-            return "longer"
-    return "equal"
 
 
 def random_case(rng, path):
@@ -84,10 +73,9 @@ def main():
                 if (old is None) != (new is None):
                     print(f"refused by one only: {shown}: old {old} new {new}")
                 continue
-            key = ranked(new, old)
+            key, k = ranked(new, old)
             counts[key] += 1
             if key != "equal":
-                k = 0 if abs(new[0] - old[0]) > 1e-9 * abs(old[0]) else 1
                 which = objective if k == 0 else "then " + OTHER[objective]
                 print(
                     f"{key}: {shown} --objective {objective}: {which} old {old[k]:.4f} "

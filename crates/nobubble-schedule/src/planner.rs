@@ -113,6 +113,25 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// The shares (`CostModel::rank_share`) under which a multiple of M_B on this plan's
+    /// layout means the bytes it means on one stage per rank: how `zb-auto` reads a multiple
+    /// when it chooses a V plan over the linear one (README).
+    fn linear_layout_shares(&self, spec: &CostSpec) -> Result<Vec<f64>, Error> {
+        let s = &self.schedule;
+        let linear = CostModel::for_layout(spec, s.ranks, s.ranks)?;
+        Ok(self.costs.shares_of_linear(&s.placement, &linear))
+    }
+
+    /// What `x` × M_B means on each rank when read on one stage per rank, as `zb-auto`
+    /// reads it: the budgets in memory under which to re-check a V plan it made.
+    pub fn linear_layout_budgets(&self, spec: &CostSpec, x: f64) -> Result<Vec<f64>, Error> {
+        let mut costs = self.costs.clone();
+        costs.rank_share = self.linear_layout_shares(spec)?;
+        Ok((0..self.schedule.ranks)
+            .map(|r| costs.rank_limit(&self.schedule, r, x))
+            .collect())
+    }
+
     /// Ok when the schedule fits the memory limit, else the error naming the rank and action
     /// over it.
     pub fn check_limit(&self) -> Result<(), Error> {
@@ -186,10 +205,10 @@ pub fn plan(req: &PlanRequest) -> Result<Planned, Error> {
     if at_linear_bytes {
         // zb-auto planned its V plan at the linear layout's bytes per rank (README: a
         // multiple is read on the linear layout); judge and bound it there too.
-        let linear = CostModel::for_layout(&spec, req.ranks, req.ranks)?;
-        let s = &planned.schedule;
-        planned.costs.rank_share = planned.costs.shares_of_linear(&s.placement, &linear);
-        planned.over_limit = judged.check_schedule(s, &planned.costs).err();
+        planned.costs.rank_share = planned.linear_layout_shares(&spec)?;
+        planned.over_limit = judged
+            .check_schedule(&planned.schedule, &planned.costs)
+            .err();
     }
     planned.mem_limit = req.mem_limit.clone();
     // The limit it was planned under: under budgets in memory the multiple `evaluate` found;

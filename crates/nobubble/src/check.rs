@@ -4,7 +4,7 @@ use crate::costs::{cli_error, CostArgs};
 use crate::report::{emit, render, use_colour, Format};
 use clap::Args;
 use nobubble_schedule::export::csv;
-use nobubble_schedule::{planner, CostModel, CostSpec, Error, MemLimit, Objective, Planned};
+use nobubble_schedule::{planner, CostSpec, Error, MemLimit, Objective, Planned};
 use std::path::PathBuf;
 
 /// Arguments of `check`.
@@ -88,14 +88,13 @@ fn linear_layout_budgets(planned: &Planned, spec: &CostSpec, limit: &MemLimit) -
     if s.stages == s.ranks {
         return None;
     }
-    let linear = CostModel::for_layout(spec, s.ranks, s.ranks).ok()?;
-    let bytes: Vec<f64> = linear.stages.iter().map(|st| x * st.mem_b).collect();
+    let budgets = planned.linear_layout_budgets(spec, *x).ok()?;
     Some(format!(
         "\nnote: a multiple of M_B is read on this file's own layout ({} stages on {} ranks); \
          `plan -s zb-auto` reads it on one stage per rank, where {x} × M_B is \
          --mem-limit {}: if zb-auto planned this file, re-check with that",
         s.stages,
         s.ranks,
-        MemLimit::PerRank(bytes)
+        MemLimit::PerRank(budgets)
     ))
 }

@@ -126,40 +126,19 @@ pub(crate) fn best_with_fused(
     let peak = simulate(&split, &costs)?.metrics.peak_memory;
     debug_assert_eq!(room.len(), peak.len(), "room for every rank");
     let allowed: Vec<f64> = room.iter().zip(&peak).map(|(a, b)| a.max(*b)).collect();
-    let with_fused = |base: &Schedule| [fuse_where_adjacent(base), fuse_all(base)];
-    // This limit's own plans: the bases (the first is the incumbent, already ranked), fused.
-    let mut own: Vec<Schedule> = bases[1..].to_vec();
-    for base in &bases {
-        own.extend(with_fused(base));
-    }
-    own.extend(fused_then_split(&fused_first, &costs, &allowed));
-    // The fixed patterns of the placement, which split some backwards and fuse the rest.
-    let (p, m) = (split.ranks, split.microbatches);
-    let classic = if split.stages == p {
-        one_f_one_b(p, m).map(|mut s| {
-            s.placement = split.placement.clone();
-            s
-        })
-    } else {
-        dualpipe_v(p, m)
-    };
-    own.extend(classic.ok().filter(|s| s.placement == split.placement));
-    let from_below: Vec<(Option<usize>, Schedule)> = carried
-        .iter()
-        .enumerate()
-        .flat_map(|(k, c)| {
-            std::iter::once(c.clone())
-                .chain(with_fused(c))
-                .map(move |s| (Some(k), s))
-        })
-        .collect();
+    let own = own_candidates(&bases, &fused_first, &costs, &allowed);
+    let from_below = carried.iter().enumerate().flat_map(|(k, c)| {
+        std::iter::once(c.clone())
+            .chain(with_fused(c))
+            .map(move |s| (Some(k), s))
+    });
+    let candidates = own.into_iter().map(|s| (None, s)).chain(from_below);
     let name = split.name.clone();
     let mut ranked = vec![Ranked {
         score: score(&split, &costs)?,
         carried: None,
         plan: split,
     }];
-    let candidates = (own.into_iter().map(|s| (None, s))).chain(from_below);
     for (carried, plan) in candidates {
         if weight_gradients_in_order(&plan) && fits_room(&plan, &costs, &allowed) {
             if let Ok(score) = score(&plan, &costs) {
@@ -173,7 +152,7 @@ pub(crate) fn best_with_fused(
     }
     // The incumbent first among equals: a candidate must be strictly better to replace it.
     ranked.sort_by(|a, b| (a.score.0.total_cmp(&b.score.0)).then(a.score.1.total_cmp(&b.score.1)));
-    // A plan both carried and this limit's own counts as its own (see the starts below).
+    // A plan both carried and this limit's own counts as its own (see the starts).
     ranked.dedup_by(|later, kept| {
         let same = later.plan.orders == kept.plan.orders;
         if same && later.carried.is_none() {
@@ -182,38 +161,82 @@ pub(crate) fn best_with_fused(
         same
     });
     let mut found = vec![(ranked[0].score, ranked[0].plan.clone())];
-    // The local search starts from the best few overall, the best few of this limit's own
-    // plans, the best few of those and the best carried plan's (the starts of a ladder that
-    // carried only its best plan), and the best of each carried plan's: a plan carried from
-    // a lower limit can score better than all of the limit's own, and its variants would
-    // otherwise take starts the limit's own plans need. So carrying plans never makes the
-    // result worse than the limit's own plans alone would, nor than a carried plan.
-    let (mut own_seen, mut main_seen) = (0, 0);
-    let mut carried_seen = vec![false; carried.len()];
-    for (nth, start) in ranked.into_iter().enumerate() {
-        let own = start.carried.is_none();
-        let main = start.carried.is_none_or(|k| k == 0);
-        let first_of_carried = start
-            .carried
-            .is_some_and(|k| !std::mem::replace(&mut carried_seen[k], true));
-        let take = nth < SPLIT_STARTS
-            || (own && own_seen < SPLIT_STARTS)
-            || (main && main_seen < SPLIT_STARTS)
-            || first_of_carried;
-        own_seen += usize::from(own);
-        main_seen += usize::from(main);
-        if take {
-            found.push(split_where_idle(
-                (start.score, start.plan),
-                &costs,
-                &allowed,
-            ));
-        }
+    for start in local_search_starts(ranked, carried.len()) {
+        found.push(split_where_idle(
+            (start.score, start.plan),
+            &costs,
+            &allowed,
+        ));
     }
-    // The best few distinct plans found, picked with `better`: a plan must beat one found
-    // before it by more than rounding (the incumbent first).
-    let mut picked: Vec<Schedule> = Vec::with_capacity(CARRIED);
-    while picked.len() < CARRIED {
+    Ok(best_distinct(&found, CARRIED, &name))
+}
+
+/// A plan's variants with its backwards fused: where W directly follows I, and all.
+fn with_fused(plan: &Schedule) -> [Schedule; 2] {
+    [fuse_where_adjacent(plan), fuse_all(plan)]
+}
+
+/// A limit's own candidates for [`best_with_fused`]: the `bases` after the first (the
+/// incumbent, ranked already), every base fused, the plans `fused_first` fused (and their
+/// drains split again within `allowed`), and the placement's fixed pattern, which splits
+/// some backwards and fuses the rest.
+fn own_candidates(
+    bases: &[Schedule],
+    fused_first: &[Schedule],
+    costs: &CostModel,
+    allowed: &[f64],
+) -> Vec<Schedule> {
+    let mut own: Vec<Schedule> = bases[1..].to_vec();
+    own.extend(bases.iter().flat_map(with_fused));
+    own.extend(fused_then_split(fused_first, costs, allowed));
+    let split = &bases[0];
+    let (p, m) = (split.ranks, split.microbatches);
+    let classic = if split.stages == p {
+        one_f_one_b(p, m).map(|mut s| {
+            s.placement = split.placement.clone();
+            s
+        })
+    } else {
+        dualpipe_v(p, m)
+    };
+    own.extend(classic.ok().filter(|s| s.placement == split.placement));
+    own
+}
+
+/// Which of the `ranked` candidates (best first) the local search starts from: the best
+/// [`SPLIT_STARTS`] overall, the best few of the limit's own plans, the best few of those
+/// and the best carried plan's (the starts of a ladder that carried only its best plan),
+/// and the best of each of the `carried` plans'. A plan carried from a lower limit can
+/// score better than all of the limit's own, and its variants would otherwise take starts
+/// the limit's own plans need; so carrying plans never makes the result worse than the
+/// limit's own plans alone would, nor than a carried plan.
+fn local_search_starts(ranked: Vec<Ranked>, carried: usize) -> impl Iterator<Item = Ranked> {
+    let (mut own_seen, mut main_seen) = (0, 0);
+    let mut carried_seen = vec![false; carried];
+    ranked
+        .into_iter()
+        .enumerate()
+        .filter_map(move |(nth, start)| {
+            let is_own = start.carried.is_none();
+            let is_main = start.carried.is_none_or(|k| k == 0);
+            let first_of_carried = start
+                .carried
+                .is_some_and(|k| !std::mem::replace(&mut carried_seen[k], true));
+            let take = nth < SPLIT_STARTS
+                || (is_own && own_seen < SPLIT_STARTS)
+                || (is_main && main_seen < SPLIT_STARTS)
+                || first_of_carried;
+            own_seen += usize::from(is_own);
+            main_seen += usize::from(is_main);
+            take.then_some(start)
+        })
+}
+
+/// The best `count` distinct plans of `found`, best first, named `name`, picked with
+/// `better`: a plan must beat one found before it by more than rounding.
+fn best_distinct(found: &[(Score, Schedule)], count: usize, name: &str) -> Vec<Schedule> {
+    let mut picked: Vec<Schedule> = Vec::with_capacity(count);
+    while picked.len() < count {
         let fresh = found
             .iter()
             .filter(|(_, plan)| picked.iter().all(|p| p.orders != plan.orders));
@@ -221,10 +244,10 @@ pub(crate) fn best_with_fused(
             break;
         };
         let mut plan = plan.clone();
-        plan.name = name.clone();
+        plan.name = name.to_string();
         picked.push(plan);
     }
-    Ok(picked)
+    picked
 }
 
 /// A candidate of [`best_with_fused`]: its score, which of the plans carried from a lower
@@ -238,7 +261,8 @@ struct Ranked {
 /// How many of a level's best plans are carried up to the next.
 const CARRIED: usize = 2;
 
-/// How many of the best plans [`split_where_idle`] starts from.
+/// How many of the best plans (overall, and of the limit's own) [`split_where_idle`] starts
+/// from (see [`local_search_starts`]).
 const SPLIT_STARTS: usize = 8;
 
 /// Whether each stage's weight gradients (its Bs and Ws) run in microbatch order, as 1F1B's

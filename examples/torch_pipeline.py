@@ -191,7 +191,9 @@ def main() -> None:
         if step + 1 == 2 and schedule.replanned is not None:
             new = schedule.replanned
             say(
-                f"re-planned on the measured pass times: predicted step {new.makespan:.1f} ms"
+                "re-planned on the measured pass times, the runtime's time between passes "
+                f"({new.inputs['overhead']:.3f} ms) and the link's latency beyond it "
+                f"({new.inputs['comm']:.3f} ms): predicted step {new.makespan:.1f} ms"
             )
             plan = new
 

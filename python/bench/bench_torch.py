@@ -13,6 +13,9 @@ the same chunks run under
   the planner predicts faster), run by ``PlannedSchedule``;
 - ``nobubble, planned cut``: zb-auto planned on a per-layer profile, so the planner also
   chooses how many blocks each stage holds (the embedding stays first, the head last);
+- ``nobubble, re-planned``: the first plan re-planned after two measured steps (after the
+  warm-up) on the pass times PyTorch's runtime showed, alone or with the message latency
+  and the time between passes those steps showed;
 - ``Schedule1F1B``: pairs of chunks, one stage per rank;
 - ``ScheduleInterleavedZeroBubble``: 4 stages, rank r holds stages r and r+2;
 - ``ScheduleZBVZeroBubble``: 4 stages in a V, rank r holds stages r and 3−r.
@@ -66,6 +69,11 @@ class Setup:
     optimizer: torch.optim.Optimizer
     predicted_ms: float | None
     note: str = ""
+    #: Re-plan after the warm-up's measured steps: with this latency (ms) and no time between
+    #: passes, or ``None`` for the measured latency and time between passes; not re-planned
+    #: when ``replan`` is false.
+    replan: bool = False
+    replan_comm: float | None = None
 
     @property
     def has_first(self) -> bool:
@@ -120,6 +128,18 @@ def build_setups(cfg: GPTConfig, m: int, mb: int, rank: int) -> tuple[list[Setup
     stages = nbt.build_stages(chunks, plan)
     sched = nbt.PlannedSchedule(stages, m, lm_loss, plan=plan)
     setups.append(_setup("nobubble zb-auto", sched, stages, plan.makespan, _kind(plan)))
+
+    # Re-planned on what two measured steps of PyTorch's runtime show: the pass times alone
+    # (latency 0, as the profile plans) and with the message latency and the runtime's time
+    # between passes the steps show.
+    first = plan
+    for label, comm in (("pass times", 0.0), ("measured", None)):
+        chunks = fresh()
+        stages = nbt.build_stages(chunks, first)
+        sched = nbt.PlannedSchedule(stages, m, lm_loss, plan=first, measure=True)
+        setup = _setup(f"nobubble zb-auto, re-planned: {label}", sched, stages, None)
+        setup.replan, setup.replan_comm = True, comm
+        setups.append(setup)
 
     # The same planner blind to the fused backward's cost (B priced as I + W), as before the
     # profile measured B: what fusing gains.
@@ -229,6 +249,15 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
     times: dict[str, list[float]] = {s.name: [] for s in setups}
     for s in setups:  # warm-up: metadata inference, allocator
         timed_step(s, *batches[0])
+        if s.replan:  # the warm-up step is measured too, but a re-plan leaves it out
+            timed_step(s, *batches[1])
+            timed_step(s, *batches[2])
+            measured = s.replan_comm is None  # else pass times alone: no time between passes
+            new = s.schedule.replan(comm=s.replan_comm, overhead=None if measured else 0.0)
+            s.schedule.measure = False
+            s.predicted_ms = new.makespan
+            comm, gap = new.inputs.get("comm", 0.0), new.inputs["overhead"]
+            s.note = f"{_kind(new)}, comm {comm:.3f} ms, {gap:.3f} ms between passes"
     for r in range(args.rounds):
         order = setups[r % len(setups) :] + setups[: r % len(setups)]
         for s in order:
@@ -239,6 +268,14 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
     setups[0].schedule.measure = True
     timed_step(setups[0], *batches[0])
     setups[0].schedule.measure = False
+    # The plan re-planned with the latency: its measured passes against its prediction with
+    # that latency and without it (the same plan and pass times, simulated with comm 0).
+    latency = next((s for s in setups if s.replan and s.replan_comm is None), None)
+    if latency is not None:
+        latency.schedule.measure = True
+        for k in range(3):
+            timed_step(latency, *batches[k % len(batches)])
+        latency.schedule.measure = False
     if rank != 0:
         return
     measured = setups[0].schedule.measurements[-1]
@@ -255,14 +292,32 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
     )
     print("profiled costs per chunk (median of 5 after 2 warm-up, mean of the 2 ranks):")
     print(prof.summary())
-    print(f"{'schedule':32} {'tokens/s':>9} {'step ms':>9} {'min ms':>8} {'predicted':>10}  note")
+    print(f"{'schedule':44} {'tokens/s':>9} {'step ms':>9} {'min ms':>8} {'predicted':>10}  note")
     base = statistics.median(times["Schedule1F1B"])
     for s in setups:
         med = statistics.median(times[s.name])
         pred = "n/a" if s.predicted_ms is None else f"{s.predicted_ms:.1f}"
         print(
-            f"{s.name:32} {tokens / med * 1e3:>9.0f} {med:>9.1f} {min(times[s.name]):>8.1f} "
+            f"{s.name:44} {tokens / med * 1e3:>9.0f} {med:>9.1f} {min(times[s.name]):>8.1f} "
             f"{pred:>10}  {s.note} ({base / med:.2f}× 1F1B)"
+        )
+    if latency is not None:
+        import nobubble
+
+        plan = latency.schedule.plan
+        passes = statistics.median(x.makespan_ms for x in latency.schedule.measurements[-3:])
+        gap, comm = plan.inputs["overhead"], plan.inputs["comm"]
+        bare = [tuple(t - gap for t in row) for row in plan.inputs["cost"]]
+
+        def error(cost: Any, comm: float) -> str:
+            ms = nobubble.simulate(plan.actions, cost=cost, comm=comm).makespan
+            return f"{ms:.1f} ms ({ms / passes - 1:+.1%})"
+
+        print(
+            f"{latency.name}: its passes end at {passes:.1f} ms (median of 3 measured steps); "
+            f"predicted on pass times alone {error(bare, 0.0)}, with the latency "
+            f"{comm:.3f} ms {error(bare, comm)}, with {gap:.3f} ms between passes too "
+            f"{error(plan.inputs['cost'], comm)}"
         )
     busy = ", ".join(f"{b:.0f}" for b in measured.busy_ms)
     print(

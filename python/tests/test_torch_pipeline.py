@@ -36,9 +36,12 @@ from nobubble.torch import (  # noqa: E402
     FreeMemory,
     PlannedSchedule,
     PlanSnapshot,
+    action_overhead,
     agreed_plan,
     build_stages,
     make_plan,
+    message_latency,
+    pass_times,
     plan_from_csv,
     profile,
 )
@@ -55,6 +58,10 @@ CFG = GPTConfig(vocab=256, hidden=32, heads=2, blocks=8, seq_len=16)
 MICROBATCHES = 8
 MICROBATCH_SIZE = 2
 STEPS = 3
+#: How much slower the "slow-link" scenario makes every message look (ms).
+SLOW_LINK_MS = 20.0
+#: How much slower the "slow-runtime" scenario makes the time between passes (ms).
+SLOW_RUNTIME_MS = 10.0
 SEED = 7
 LAUNCH_TIMEOUT_S = 150.0
 
@@ -220,6 +227,8 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
     if spec["kind"] == "errors":
         return _errors(rank, world, spec["plan"])
     stages, schedule = _make_schedule(rank, world, spec)
+    if spec.get("delay_ms"):
+        _delay_passes(stages, spec["delay_ms"] / 1e3, every=spec.get("delay_every", False))
     mine = [s.stage_index for s in stages]
     params = [p for s in stages for p in s.submod.parameters()]
     opt = torch.optim.AdamW(params, lr=3e-3)
@@ -267,7 +276,34 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
         out["measured"] = [(x.step_ms, x.bubble_rate, x.predicted_ms, len(x.actions)) for x in m]
         if m:
             out["trace"] = m[-1].trace()
+            # What a re-plan after the first step took as the message latency.
+            out["latency_first"] = message_latency(m[:1])
+            out["overhead_first"] = action_overhead(m[:1])
+            out["latency"] = schedule.measured_comm()
+            out["overhead"] = schedule.measured_overhead()
+            out["f0_first"] = pass_times(m[:1])[min(mine)][0]
     return out
+
+
+def _delay_passes(stages: list[Any], seconds: float, every: bool) -> None:
+    """A slower link, as the timings see it: every pass that takes another stage's output
+    (a later stage's F, an earlier stage's backward) starts ``seconds`` late; with ``every``,
+    a slower runtime: every pass does. Wrapped around the schedule's action timer, so the
+    wait falls before the timed pass, as a message's or the runtime's own work does."""
+    for stage in stages:
+        names = ([] if stage.is_first else ["forward_one_chunk"]) + (
+            [] if stage.is_last else ["backward_one_chunk"]
+        )
+        if every:
+            names = ["forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"]
+        for name in names:
+            timed = getattr(stage, name)
+
+            def late(*args: Any, _timed: Any = timed, **kwargs: Any) -> Any:
+                time.sleep(seconds)
+                return _timed(*args, **kwargs)
+
+            setattr(stage, name, late)
 
 
 def _errors(rank: int, world: int, plan: PlanSnapshot) -> dict[str, str]:
@@ -400,6 +436,23 @@ def two_ranks() -> dict[str, Any]:
         {"name": "ref-zbv", "kind": "ref-zbv", "num_stages": 4},
         {"name": "zb-auto", "kind": "plan", "num_stages": 2, "plan": plans["zb-auto"]},
         {"name": "zb-2p", "kind": "plan", "num_stages": 2, "plan": plans["zb-2p"], "measure": True},
+        {
+            "name": "slow-link",
+            "kind": "plan",
+            "num_stages": 2,
+            "plan": plans["zb-2p"],
+            "measure": True,
+            "delay_ms": SLOW_LINK_MS,
+        },
+        {
+            "name": "slow-runtime",
+            "kind": "plan",
+            "num_stages": 2,
+            "plan": plans["zb-2p"],
+            "measure": True,
+            "delay_ms": SLOW_RUNTIME_MS,
+            "delay_every": True,
+        },
         {"name": "zb-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-v"], "eval": True},
         {"name": "zb-auto-v", "kind": "plan", "num_stages": 4, "plan": plans["zb-auto-v"]},
         {"name": "fused", "kind": "plan", "num_stages": 2, "plan": plans["zb-auto-fused"]},
@@ -656,6 +709,25 @@ def test_errors_say_what_to_do(two_ranks: dict[str, Any]) -> None:
         assert errors["looped_default"] == "interleaved-zb", errors
 
 
+def test_a_slower_link_reads_as_that_much_more_latency(two_ranks: dict[str, Any]) -> None:
+    """The same plan three times: as is; with every message-taking pass held back
+    SLOW_LINK_MS (a slower link: the measured latency grows by that much, the time between
+    passes does not); and with every pass held back SLOW_RUNTIME_MS (a slower runtime: the
+    time between passes grows by that much, and so does the latency, which holds it, so the
+    link's share that a re-plan takes as comm stays). Every rank reads the same figures."""
+    figures = {}
+    for name in ("zb-2p", "slow-link", "slow-runtime"):
+        r0, r1 = (r[name] for r in two_ranks["results"])
+        assert (r0["latency"], r0["overhead"]) == (r1["latency"], r1["overhead"])
+        figures[name] = (r0["latency"], r0["overhead"])
+    (latency, overhead), (link, link_gap), (slow, slow_gap) = figures.values()
+    assert 0 < latency < 5 and 0 < overhead < 5, figures
+    assert link - latency == pytest.approx(SLOW_LINK_MS, abs=4), figures
+    assert link_gap == pytest.approx(overhead, abs=1), figures
+    assert slow_gap - overhead == pytest.approx(SLOW_RUNTIME_MS, abs=2), figures
+    assert (slow - slow_gap) == pytest.approx(latency - overhead, abs=4), figures
+
+
 def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> None:
     """PlannedSchedule(schedule="zb-auto", costs=<this rank's profile>): the ranks measured
     different times, yet hold one plan (rank 0 planned, broadcast), re-plan once on the
@@ -665,6 +737,14 @@ def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> N
     assert r0["replanned"] and r1["replanned"]
     assert r0["plan"].inputs["cost"] == r1["plan"].inputs["cost"]
     assert len(r0["measured"]) == STEPS
+    # The re-plan took the first step's time between passes onto every pass, and the rest
+    # of its message latency as comm: two ranks on one machine over gloo, so below a step.
+    inputs = r0["plan"].inputs
+    overhead, latency = r0["overhead_first"], r0["latency_first"]
+    assert inputs["overhead"] == overhead == r1["plan"].inputs["overhead"]
+    assert inputs["comm"] == max(0.0, latency - overhead) == r1["plan"].inputs["comm"]
+    assert 0 < latency < r0["measured"][0][0] and 0 < overhead, (latency, overhead)
+    assert inputs["cost"][0][0] == pytest.approx(r0["f0_first"] + overhead)
     for order in _w_orders(r0["plan"]).values():
         assert order == sorted(order)
     _assert_same_training(two_ranks["results"], "spot", "ref-1f1b")

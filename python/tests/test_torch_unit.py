@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from nobubble.torch.models import (  # noqa: E402
     gpt_layers,
     lm_loss,
 )
-from nobubble.torch.timing import ActionTiming, summarize  # noqa: E402
+from nobubble.torch.timing import ActionTiming, on_one_clock, summarize  # noqa: E402
 
 CFG = GPTConfig(vocab=256, hidden=32, heads=2, blocks=4, seq_len=16)
 
@@ -338,6 +339,108 @@ def test_summary_and_trace_format(tmp_path: Path) -> None:
         "args": {"stage": 0, "microbatch": 0, "step": 0},
     }
     assert "planned 4.00 ms" in m.summary()
+
+
+def test_message_latency_reads_the_gaps_a_waiting_receiver_shows() -> None:
+    """Two ranks, two microbatches. Where the receiver was waiting, rank 0 → 1 gaps are
+    [0.25] and rank 1 → 0 ones [0.35, 0.25] (the last into a fused B): the latency is the
+    mean of the two directions' medians, 0.275. F(1, 1) starts 2 ms after its sender because
+    rank 1 was still busy: that gap says nothing about the link, and counting it would give
+    0.7125 (missing the I → B message, 0.3). Shifting one rank's clock, as the barrier's
+    skew does, changes nothing."""
+    acts = [
+        ActionTiming(0, 0, "F", 0, 0.0, 1.0),
+        ActionTiming(0, 0, "F", 1, 1.0, 2.0),
+        ActionTiming(1, 1, "F", 0, 1.25, 2.25),  # waiting since the start: 0.25
+        ActionTiming(1, 1, "F", 1, 4.0, 5.0),  # busy until 2.25, its sender ended at 2
+        ActionTiming(1, 1, "I", 0, 5.0, 5.25),
+        ActionTiming(1, 1, "I", 1, 5.25, 6.0),
+        ActionTiming(0, 0, "I", 0, 5.6, 5.9),  # waiting since 2: 0.35
+        ActionTiming(0, 0, "B", 1, 6.25, 7.25),  # waiting since 5.9: 0.25
+        ActionTiming(1, 1, "W", 0, 6.0, 7.0),
+    ]
+    m = summarize([8.0, 8.0], acts, 2, predicted_ms=None, predicted_bubble_rate=None)
+    assert nbt.message_latency([m]) == pytest.approx(0.275)
+    assert m.message_latency() == pytest.approx(0.275)
+    assert "message latency 0.275 ms" in m.summary()
+    skewed = [
+        dataclasses.replace(a, start_ms=a.start_ms + 0.2, end_ms=a.end_ms + 0.2)
+        if a.rank == 1
+        else a
+        for a in acts
+    ]
+    again = summarize([8.0, 8.0], skewed, 2, None, None)
+    assert nbt.message_latency([again]) == pytest.approx(0.275)
+    # Two steps: the median of the per-step figures (here the same), not of all gaps.
+    assert nbt.message_latency([m, again]) == pytest.approx(0.275)
+    one_rank = [ActionTiming(0, 0, "F", 0, 0.0, 1.0), ActionTiming(0, 0, "I", 0, 1.0, 2.0)]
+    alone = summarize([2.0], one_rank, 1, None, None)
+    assert nbt.message_latency([alone]) is None
+    assert "message latency" not in alone.summary()
+
+
+def test_ranks_on_one_host_are_put_on_one_clock() -> None:
+    """Rank 1 left the barrier 2 ms after rank 0: on one host its actions move 2 ms later
+    (on rank 0's axis); on two hosts, or with origins a barrier cannot explain, they stay."""
+    row0 = [ActionTiming(0, 0, "F", 0, 0.0, 1.0)]
+    row1 = [ActionTiming(1, 1, "F", 0, 0.5, 1.5)]
+    same = on_one_clock([row0, row1], [100.000, 100.002], ["a", "a"])
+    assert same[0] == row0[0]
+    assert (same[1].start_ms, same[1].end_ms) == pytest.approx((2.5, 3.5))
+    earlier = on_one_clock([row0, row1], [100.002, 100.000], ["a", "a"])
+    assert earlier[0].start_ms == pytest.approx(2.0) and earlier[1] == row1[0]
+    assert on_one_clock([row0, row1], [100.0, 100.002], ["a", "b"]) == row0 + row1
+    assert on_one_clock([row0, row1], [100.0, 5000.0], ["a", "a"]) == row0 + row1
+
+
+def test_action_overhead_reads_the_gaps_before_passes_whose_input_is_local() -> None:
+    """A V on two ranks (rank 0: stages 0 and 3, rank 1: stages 1 and 2). The gaps before
+    passes that wait for nothing but their own rank — stage 0's F, the turn F(2) after F(1)
+    on rank 1, the last stage's I, a W — are 0.1, 0.2, 0.1, 0.3 and 0.1 ms: the overhead is
+    their median, 0.1. The gaps before passes that wait for the other rank (7, 5 and 1 ms)
+    do not count (with them: 0.25; counting any one of them, or missing the V's turn or the
+    last stage's I, gives 0.15)."""
+    acts = [
+        ActionTiming(0, 0, "F", 0, 0.1, 1.0),  # the step's first pass: no gap before it
+        ActionTiming(0, 0, "F", 1, 1.2, 2.0),  # 0.2
+        ActionTiming(1, 1, "F", 0, 6.0, 7.0),  # waited for rank 0 (first on rank 1 anyway)
+        ActionTiming(1, 2, "F", 0, 7.1, 8.0),  # 0.1: the V's turn, input on this rank
+        ActionTiming(0, 3, "F", 0, 9.0, 10.0),  # 7.0: waited for rank 1's F(2)
+        ActionTiming(0, 3, "I", 0, 10.1, 11.0),  # 0.1: the last stage's own loss
+        ActionTiming(1, 1, "F", 1, 13.0, 14.0),  # 5.0: waited for rank 0's F(0, 1)
+        ActionTiming(0, 3, "W", 0, 11.3, 12.0),  # 0.3
+        ActionTiming(1, 2, "I", 0, 15.0, 16.0),  # 1.0: waited for rank 0's I(3)
+        ActionTiming(1, 2, "W", 0, 16.1, 17.0),  # 0.1
+    ]
+    m = summarize([17.0, 17.0], acts, 2, None, None)
+    assert nbt.action_overhead([m]) == pytest.approx(0.1)
+    assert m.action_overhead() == pytest.approx(0.1)
+    assert "0.100 ms between passes" in m.summary()
+
+
+def test_replan_takes_the_measured_latency_and_drops_one_in_other_units() -> None:
+    """replan(plan, cost, comm) plans with the measured latency (the same plan as asking the
+    planner for it directly); without one, a comm given in unknown units is not kept beside
+    costs in ms."""
+    import nobubble
+    from nobubble.torch.plans import make_plan, replan
+
+    plan = make_plan("zb-h1", num_ranks=2, num_microbatches=4, comm=3.0)
+    cost = [(1.0, 2.0, 1.0)] * 2
+    assert "comm" not in replan(plan, cost).inputs
+    again = replan(plan, cost, comm=0.5)
+    assert again.inputs["comm"] == 0.5
+    direct = nobubble.plan("zb-h1", 2, 4, cost=cost, comm=0.5, placement="auto")
+    assert again.makespan == direct.makespan
+    assert again.makespan > replan(plan, cost).makespan
+    in_ms = dataclasses.replace(plan, inputs={**plan.inputs, "time_unit": "ms"})
+    assert replan(in_ms, cost).inputs["comm"] == 3.0
+    # The time between passes goes onto every pass, and is recorded.
+    slower = replan(plan, cost, comm=0.5, overhead=0.25)
+    assert slower.inputs["overhead"] == 0.25
+    assert slower.inputs["cost"] == [(1.25, 2.25, 1.25)] * 2
+    direct = nobubble.plan("zb-h1", 2, 4, cost=[(1.25, 2.25, 1.25)] * 2, comm=0.5)
+    assert slower.makespan == direct.makespan
 
 
 def test_ranks_agree_on_a_request_whatever_layout_their_stages_show() -> None:

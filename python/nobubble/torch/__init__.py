@@ -56,7 +56,9 @@ from nobubble.torch.stages import build_stages, cut_by_layer_split, split_layers
 from nobubble.torch.timing import (
     ActionTiming,
     StepMeasurement,
+    action_overhead,
     chrome_trace,
+    message_latency,
     pass_times,
     write_trace,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "Profile",
     "StageProfile",
     "StepMeasurement",
+    "action_overhead",
     "agreed_plan",
     "build_stages",
     "check_same_plan",
@@ -79,6 +82,7 @@ __all__ = [
     "cut_by_layer_split",
     "format_bytes",
     "make_plan",
+    "message_latency",
     "pass_times",
     "plan_from_csv",
     "profile",

@@ -546,10 +546,20 @@ def _check_plan_like(plan: Any) -> None:
         )
 
 
-def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> PlanSnapshot:
-    """The same planning request as ``plan``'s, with ``cost`` (per stage F, I, W) instead.
+def replan(
+    plan: PlanSnapshot,
+    cost: Sequence[tuple[float, ...]],
+    comm: float | None = None,
+    overhead: float = 0.0,
+) -> PlanSnapshot:
+    """The same planning request as ``plan``'s, with ``cost`` (per stage F, I, W[, B], ms)
+    instead, ``overhead`` (the runtime's time between passes, ms) added to every pass, and
+    ``comm`` (the link latency, ms) when given.
 
     Only for plans that record their inputs (made by :func:`make_plan`/:func:`agreed_plan`).
+    Without ``comm`` the first request's stays, unless that request was not in ms: a latency
+    in another unit beside costs in ms would be wrong, so it is dropped (none is assumed).
+    The new plan's inputs record ``overhead``, so its costs can be read back as pass times.
     """
     if not plan.inputs:
         raise ValueError(
@@ -560,8 +570,13 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
 
     kwargs = dict(plan.inputs)
     schedule = kwargs.pop("schedule")
-    kwargs.pop("time_unit", None)  # a note of ours, not a planner argument
-    kwargs["cost"] = [tuple(float(x) for x in c) for c in cost]
+    unit = kwargs.pop("time_unit", None)  # notes of ours, not planner arguments
+    kwargs.pop("overhead", None)
+    kwargs["cost"] = [tuple(float(x) + overhead for x in c) for c in cost]
+    if comm is not None:
+        kwargs["comm"] = float(comm)
+    elif unit != "ms":
+        kwargs.pop("comm", None)
     # The planner took one entry per model chunk, which may be finer than the stages (2p
     # chunks for a linear pipeline): sum the memory of consecutive chunks into each stage,
     # as the planner summed them, to go with the measured per-stage times.
@@ -581,4 +596,5 @@ def replan(plan: PlanSnapshot, cost: Sequence[tuple[float, float, float]]) -> Pl
     kwargs.pop("layer_costs", None)
     new = nobubble.plan(schedule, **kwargs)
     # Re-planned on measured pass times: ms, whatever the first plan's unit was.
-    return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule, time_unit="ms"))
+    notes = {"time_unit": "ms", "overhead": float(overhead)}
+    return PlanSnapshot.of(new, inputs=dict(kwargs, schedule=schedule, **notes))

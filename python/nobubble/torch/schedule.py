@@ -12,6 +12,7 @@ split, gradient scaling and FSDP/DDP handling are PyTorch's, unchanged.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,7 +38,10 @@ from nobubble.torch.profiling import MIN_MS, Profile, StageProfile
 from nobubble.torch.timing import (
     ActionRecorder,
     StepMeasurement,
+    action_overhead,
     fused_times,
+    message_latency,
+    on_one_clock,
     pass_times,
     summarize,
 )
@@ -60,10 +64,12 @@ class PlannedSchedule(_PipelineScheduleRuntime):
 
     ``measure=True`` times every action on every rank (``step`` then ends with a small
     all-gather) and appends a :class:`StepMeasurement` to ``self.measurements``;
-    ``replan_after=k`` re-plans once after k measured steps on the measured pass times (for
-    plans that record their inputs: made here, or by :func:`agreed_plan`); the new plan is
-    ``self.plan`` (and ``self.replanned``) from the next step on; :meth:`replan` does the same
-    whenever called. Other keywords go to
+    ``replan_after=k`` re-plans once after k measured steps on the measured pass times, time
+    between passes and message latency (for plans that record their inputs: made here, or by
+    :func:`agreed_plan`); the schedule's first step is a warm-up and counts only when no
+    other is measured (``k = 2`` plans on the second step). The new plan is ``self.plan``
+    (and ``self.replanned``) from the next step on; :meth:`replan` does the same whenever
+    called. Other keywords go to
     ``_PipelineScheduleRuntime`` (``defer_pp_recv``, ``max_active_stages``, ...).
     """
 
@@ -191,6 +197,8 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._costs = costs
         self._recorder: ActionRecorder | None = None
         self._measuring = False
+        self._steps_run = 0
+        self._warmup_measured = False  # whether measurements[0] is the schedule's first step
         self._load_plan(snapshot)
         self.measure = measure
 
@@ -258,9 +266,11 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         """
         _check_batch(args, kwargs.get("target"), self._n_microbatches)
         self._check_step_inputs(kwargs)
+        first, self._steps_run = self._steps_run == 0, self._steps_run + 1
         with _peer_failures_explained():
             if self._recorder is None or not self._measuring:
                 return super().step(*args, **kwargs)
+            self._warmup_measured |= first
             if self._collective:
                 dist.barrier(group=self._group)
             self._recorder.begin()
@@ -310,14 +320,18 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             )
 
     def _finish_measurement(self, wall_ms: float) -> None:
-        local = (wall_ms, self._recorder.actions if self._recorder else [])
+        recorder = self._recorder
+        assert recorder is not None  # step() measures only with one installed
+        local = (wall_ms, recorder.actions, recorder.t0, socket.gethostname())
         if self._collective:
             gathered: list[Any] = [None] * self.pp_group_size
             dist.all_gather_object(gathered, local, group=self._group)
         else:
             gathered = [local]
         walls = [g[0] for g in gathered]
-        actions = [a for g in gathered for a in g[1]]
+        actions = on_one_clock(
+            [g[1] for g in gathered], [g[2] for g in gathered], [g[3] for g in gathered]
+        )
         # The plan's makespan is in ms only when it was planned on measured costs; on unit
         # costs (or a plan given, in unknown units) there is no time to compare with.
         in_ms = self.plan.inputs.get("time_unit") == "ms"
@@ -336,18 +350,28 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         ):
             self._replan()
 
+    def _settled(self) -> list[StepMeasurement]:
+        """The measured steps the ``measured_*`` figures read: all of them, but the schedule's
+        first step once a later one is measured too. That step is a warm-up (PyTorch infers
+        the stages' shapes, the allocator grows) and runs slower."""
+        if not self.measurements:
+            raise ValueError("no measured steps yet: construct with measure=True and call step()")
+        if self._warmup_measured and len(self.measurements) > 1:
+            return self.measurements[1:]
+        return self.measurements
+
     def measured_profile(self) -> Profile:
-        """The measured pass times of all steps so far as a :class:`Profile`.
+        """The measured pass times as a :class:`Profile`: of every measured step but the
+        schedule's first, a warm-up, when a later one is measured too.
 
         Memory comes from the profile the plan was made with (zeros if none).
         """
-        if not self.measurements:
-            raise ValueError("no measured steps yet: construct with measure=True and call step()")
-        times = pass_times(self.measurements)
-        fused = fused_times(self.measurements)
+        steps = self._settled()
+        times = pass_times(steps)
+        fused = fused_times(steps)
         base = self._costs.regroup(self.plan.num_stages) if self._costs is not None else None
         planned = self._planned_stage_costs()
-        split = {a.stage for m in self.measurements for a in m.actions if a.kind == "I"}
+        split = {a.stage for m in steps for a in m.actions if a.kind == "I"}
         stages = []
         for s in range(self.plan.num_stages):
             f, i, w = times.get(s, (0.0, 0.0, 0.0))
@@ -372,6 +396,18 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             )
         return Profile(stages=tuple(stages), device=str(self._stages[0].device))
 
+    def measured_comm(self) -> float | None:
+        """The message latency of the steps measured so far (ms), as measured: the receiving
+        rank's time between passes included (a re-plan takes what is beyond
+        :meth:`measured_overhead` as ``comm``); ``None`` with one rank. See
+        :func:`nobubble.torch.message_latency`."""
+        return message_latency(self._settled())
+
+    def measured_overhead(self) -> float | None:
+        """The runtime's time between passes in the steps measured so far (ms), what a
+        re-plan adds to every pass. See :func:`nobubble.torch.action_overhead`."""
+        return action_overhead(self._settled())
+
     def _planned_stage_costs(self) -> list[StageProfile] | None:
         """The per-stage (F, I, W[, B]) the plan recorded as its inputs, if it did."""
         cost = (getattr(self.plan, "inputs", None) or {}).get("cost")
@@ -384,27 +420,46 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             return None
         if any(len(row) not in (3, 4) for row in rows):
             return None
+        # A re-planned plan's costs hold the time between passes too: take it off again.
+        gap = float(self.plan.inputs.get("overhead", 0.0))
+        rows = [tuple(max(MIN_MS, t - gap) for t in row) for row in rows]
         return [StageProfile(*row[:3], 0, 0, b=row[3] if len(row) == 4 else None) for row in rows]
 
-    def replan(self) -> PlanSnapshot:
-        """Re-plans now on the pass times measured so far; the new plan runs from the next
-        step. A collective: call it on every rank (rank 0 plans, every rank switches). Needs
-        ``measure=True`` and a measured step, and a plan that records its inputs."""
+    def replan(self, *, comm: float | None = None, overhead: float | None = None) -> PlanSnapshot:
+        """Re-plans now on what the steps measured so far show (see :meth:`measured_profile`,
+        :meth:`measured_comm`, :meth:`measured_overhead`); the new plan runs from the next
+        step. ``comm`` (ms) replaces the measured link latency, e.g. one known for the link;
+        ``overhead`` (ms) the runtime's time between passes (0: leave it out). A collective:
+        call it on every rank (rank 0 plans, every rank switches). Needs ``measure=True`` and a
+        measured step, and a plan that records its inputs."""
         if not self.measurements:
             raise ValueError(
                 "no measured step yet: build the schedule with measure=True and run a step "
                 "before re-planning"
             )
-        self._replan()
+        for name, value in (("comm", comm), ("overhead", overhead)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be a time in ms, zero or more; got {value!r}")
+        self._replan(comm, overhead)
         return self.plan
 
-    def _replan(self) -> None:
-        """Re-plans once on the measured times; every rank switches to rank 0's new plan."""
+    def _replan(self, comm: float | None = None, overhead: float | None = None) -> None:
+        """Re-plans once on the measured pass times plus the time between passes, and the
+        link latency (or ``comm``, ``overhead``); every rank switches to rank 0's new plan.
+
+        The measured message latency runs from a pass's end to the receiving pass's start,
+        so it holds the receiver's time between passes too; that time is added to every
+        pass here, so the link is what remains."""
+        if overhead is None:
+            overhead = self.measured_overhead() or 0.0
         cost = self.measured_profile().cost
+        if comm is None:
+            latency = self.measured_comm()
+            comm = None if latency is None else max(0.0, latency - overhead)
         payload: list[Any] = [None]
         if not self._collective or dist.get_rank(self._group) == 0:
             try:
-                payload[0] = replan(self.plan, cost)
+                payload[0] = replan(self.plan, cost, comm, overhead)
             except Exception as exc:  # every rank must leave the broadcast
                 payload[0] = exc
         if self._collective:

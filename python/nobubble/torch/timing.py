@@ -5,8 +5,9 @@ overhead and interference between ranks. Recording each F/I/W/B action's start a
 every rank lets us report the step's measured bubble next to the planner's, write a
 Chrome/Perfetto trace of what happened, and re-plan on the times actually seen.
 
-Clocks: each rank times with ``time.perf_counter`` from a barrier at the start of the step,
-so ranks on different machines share a zero to within the barrier's latency.
+Clocks: each rank times with ``time.perf_counter`` from a barrier at the start of the step.
+Ranks on one host read one monotonic clock, so there their timings are put on one axis
+exactly; ranks on different machines share a zero to within the barrier's latency.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,14 @@ class StepMeasurement:
         """Per stage, the median measured (F, I, W) in ms (a B counts as I; W then 0)."""
         return pass_times([self])
 
+    def message_latency(self) -> float | None:
+        """The message latency this step shows, ms (see :func:`message_latency`)."""
+        return message_latency([self])
+
+    def action_overhead(self) -> float | None:
+        """The runtime's time between passes in this step, ms (see :func:`action_overhead`)."""
+        return action_overhead([self])
+
     def trace(self) -> dict[str, Any]:
         """The step as a Chrome/Perfetto trace: pid = rank, tid = stage, times in µs."""
         return chrome_trace([self])
@@ -75,10 +84,14 @@ class StepMeasurement:
             if self.predicted_bubble_rate is None
             else f"{100 * self.predicted_bubble_rate:.1f}%"
         )
+        latency, overhead = self.message_latency(), self.action_overhead()
+        messages = "" if latency is None else f", message latency {latency:.3f} ms"
+        if overhead is not None:
+            messages += f", {overhead:.3f} ms between passes"
         return (
             f"step {self.step_ms:.2f} ms (passes end at {self.makespan_ms:.2f} ms; planned "
             f"{predicted}), bubble rate {100 * self.bubble_rate:.1f}% (planned {planned_bubble}), "
-            f"idle share {100 * self.bubble_fraction:.1f}%"
+            f"idle share {100 * self.bubble_fraction:.1f}%{messages}"
         )
 
 
@@ -99,6 +112,103 @@ def pass_times(steps: Sequence[StepMeasurement]) -> dict[int, tuple[float, float
             i = statistics.median(kinds["B"]) if kinds["B"] else 0.0
             w = 0.0
         out[stage] = (f, i, w)
+    return out
+
+
+def message_latency(steps: Sequence[StepMeasurement]) -> float | None:
+    """The message latency the steps show (ms): the planner's ``comm``, measured.
+
+    A pass that hands its result to another rank (F to the next stage's F, a backward to the
+    previous stage's backward) and the pass that takes it are timed on their two ranks; when
+    the receiving rank had finished everything before it by the time the sender finished, the
+    gap between them is the message's latency as the plan sees it: the send, the transfer,
+    the receive and the runtime's time around them (see :func:`action_overhead`).
+
+    Ranks on one host are timed on one clock (:func:`on_one_clock`); on different hosts each
+    rank's zero is its exit from the step's barrier, and two zeros can differ enough to make
+    gaps negative one way. Messages go both ways between neighbours (forwards one way,
+    backwards the other), and an offset adds to one direction what it takes from the other:
+    so for each pair of ranks the figure is the mean of the two directions' median gaps, and
+    the result the median over pairs. ``None`` when no message was seen (one rank).
+    """
+    gaps: dict[tuple[int, int], list[float]] = {}
+    for step in steps:
+        for sender, receiver in _waited_messages(step.actions):
+            gap = receiver.start_ms - sender.end_ms
+            gaps.setdefault((sender.rank, receiver.rank), []).append(gap)
+    estimates = []
+    for a, b in sorted({(min(pair), max(pair)) for pair in gaps}):
+        ways = [statistics.median(gaps[d]) for d in ((a, b), (b, a)) if d in gaps]
+        estimates.append(sum(ways) / len(ways))
+    return max(0.0, statistics.median(estimates)) if estimates else None
+
+
+def action_overhead(steps: Sequence[StepMeasurement]) -> float | None:
+    """The runtime's time between passes (ms): what each action costs beyond its pass.
+
+    PyTorch's runtime does bookkeeping between two compute actions (posting sends and
+    receives, waiting on finished sends, Python); the timed passes leave it out. It shows
+    as the gap before a pass whose input is already on its rank (a W, the first stage's F,
+    the last stage's backward, a V's turn on one rank): the median of those gaps, ``None``
+    when there are none. A re-plan adds it to every pass.
+    """
+    gaps: list[float] = []
+    for step in steps:
+        rank_of = {a.stage: a.rank for a in step.actions}
+        for rank_actions in _per_rank(step.actions).values():
+            for prev, a in zip(rank_actions, rank_actions[1:]):
+                if _input_is_local(a, rank_of):
+                    gaps.append(a.start_ms - prev.end_ms)
+    return max(0.0, statistics.median(gaps)) if gaps else None
+
+
+def _input_is_local(a: ActionTiming, rank_of: dict[int, int]) -> bool:
+    """Whether what ``a`` needs was made on its own rank (or is the step's input)."""
+    if a.kind == "W":
+        return True
+    source = a.stage - 1 if a.kind == "F" else a.stage + 1
+    if source in (-1, max(rank_of) + 1):
+        return True  # the step's input (first stage), the loss (last stage)
+    return rank_of.get(source) == a.rank
+
+
+def _waited_messages(
+    actions: Sequence[ActionTiming],
+) -> Iterator[tuple[ActionTiming, ActionTiming]]:
+    """The (sender, receiver) pass pairs across ranks where the receiving rank had nothing
+    left to do when the sender finished: their gap is the message's."""
+    by_key = {(a.stage, a.kind, a.microbatch): a for a in actions}
+    idle_from: dict[int, float] = {}  # per action: when its rank's previous action ended
+    for rank_actions in _per_rank(actions).values():
+        for prev, a in zip(rank_actions, rank_actions[1:]):
+            idle_from[id(a)] = prev.end_ms
+    for a in actions:
+        for kind in _RECEIVER_KINDS[a.kind]:
+            target = by_key.get((_receiver_stage(a), kind, a.microbatch))
+            if target is None or target.rank == a.rank:
+                continue
+            if idle_from.get(id(target), float("-inf")) <= a.end_ms:
+                yield a, target
+
+
+#: Which passes of the neighbouring stage take a pass's result (a backward's input gradient
+#: goes to the previous stage's I, or its B when that stage's backward is fused).
+_RECEIVER_KINDS: dict[str, tuple[str, ...]] = {
+    "F": ("F",),
+    "I": ("I", "B"),
+    "B": ("I", "B"),
+    "W": (),
+}
+
+
+def _receiver_stage(a: ActionTiming) -> int:
+    return a.stage + 1 if a.kind == "F" else a.stage - 1
+
+
+def _per_rank(actions: Sequence[ActionTiming]) -> dict[int, list[ActionTiming]]:
+    out: dict[int, list[ActionTiming]] = {}
+    for a in sorted(actions, key=lambda a: (a.rank, a.start_ms)):
+        out.setdefault(a.rank, []).append(a)
     return out
 
 
@@ -162,7 +272,7 @@ class ActionRecorder:
 
     def begin(self) -> None:
         self.actions = []
-        self.t0 = self.now()
+        self.t0 = self.now()  # the step's origin on this rank (see on_one_clock)
         self.active = True
 
     def end(self) -> float:
@@ -212,6 +322,27 @@ class ActionRecorder:
 
         timed.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(stage, method, timed)
+
+
+def on_one_clock(
+    actions: Sequence[Sequence[ActionTiming]], origins: Sequence[float], hosts: Sequence[str]
+) -> list[ActionTiming]:
+    """Every rank's actions (``actions[r]``, in ms from rank r's ``origins[r]``, a
+    ``perf_counter`` reading in seconds) on one time axis.
+
+    Each rank times from its own exit from the step's barrier. Processes on one host read
+    the same monotonic clock, so when every rank is on one host the zeros are aligned
+    exactly, the earliest exit becoming 0; otherwise (or if the origins lie further apart
+    than a barrier's exits can, so the clocks are not one) the barrier's zeros stay.
+    """
+    shift = [0.0] * len(actions)
+    if len(set(hosts)) == 1 and origins and max(origins) - min(origins) < 1.0:
+        shift = [(o - min(origins)) * 1e3 for o in origins]
+    return [
+        replace(a, start_ms=a.start_ms + d, end_ms=a.end_ms + d) if d else a
+        for row, d in zip(actions, shift)
+        for a in row
+    ]
 
 
 def summarize(

@@ -193,7 +193,7 @@ def main() -> None:
             say(
                 "re-planned on the measured pass times, the runtime's time between passes "
                 f"({new.inputs['overhead']:.3f} ms) and the link's latency beyond it "
-                f"({new.inputs['comm']:.3f} ms): predicted step {new.makespan:.1f} ms"
+                f"({new.inputs.get('comm', 0.0):.3f} ms): predicted step {new.makespan:.1f} ms"
             )
             plan = new
 

@@ -54,6 +54,7 @@ from nobubble.torch.models import (
     gpt_layers,
     lm_loss,
 )
+from nobubble.torch.profiling import MIN_MS
 
 RANKS = 2
 CHUNKS = 4
@@ -306,8 +307,8 @@ def run_variant(name: str, cfg: GPTConfig, args: argparse.Namespace, rank: int) 
 
         plan = latency.schedule.plan
         passes = statistics.median(x.makespan_ms for x in latency.schedule.measurements[-3:])
-        gap, comm = plan.inputs["overhead"], plan.inputs["comm"]
-        bare = [tuple(t - gap for t in row) for row in plan.inputs["cost"]]
+        gap, comm = plan.inputs["overhead"], plan.inputs.get("comm", 0.0)
+        bare = [tuple(max(MIN_MS, t - gap) for t in row) for row in plan.inputs["cost"]]
 
         def error(cost: Any, comm: float) -> str:
             ms = nobubble.simulate(plan.actions, cost=cost, comm=comm).makespan

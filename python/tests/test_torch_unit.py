@@ -371,7 +371,7 @@ def test_message_latency_reads_the_gaps_a_waiting_receiver_shows() -> None:
     ]
     again = summarize([8.0, 8.0], skewed, 2, None, None)
     assert nbt.message_latency([again]) == pytest.approx(0.275)
-    # Two steps: the median of the per-step figures (here the same), not of all gaps.
+    # Two steps: each direction's gaps pooled over both.
     assert nbt.message_latency([m, again]) == pytest.approx(0.275)
     one_rank = [ActionTiming(0, 0, "F", 0, 0.0, 1.0), ActionTiming(0, 0, "I", 0, 1.0, 2.0)]
     alone = summarize([2.0], one_rank, 1, None, None)
@@ -433,6 +433,11 @@ def test_replan_takes_the_measured_latency_and_drops_one_in_other_units() -> Non
     direct = nobubble.plan("zb-h1", 2, 4, cost=cost, comm=0.5, placement="auto")
     assert again.makespan == direct.makespan
     assert again.makespan > replan(plan, cost).makespan
+    for bad in (-0.5, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="a finite number"):
+            replan(plan, cost, overhead=bad)
+        with pytest.raises(ValueError, match="a finite number"):
+            replan(plan, cost, comm=bad)
     in_ms = dataclasses.replace(plan, inputs={**plan.inputs, "time_unit": "ms"})
     assert replan(in_ms, cost).inputs["comm"] == 3.0
     # The time between passes goes onto every pass, and is recorded.

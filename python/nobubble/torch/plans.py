@@ -11,6 +11,7 @@ plan. Planning is deterministic, but measured costs differ from rank to rank, so
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union, runtime_checkable
@@ -546,6 +547,13 @@ def _check_plan_like(plan: Any) -> None:
         )
 
 
+def check_ms(name: str, value: Any) -> None:
+    """A time in ms given by the caller: a finite number, zero or more."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a time in ms, a finite number ≥ 0; got {value!r}")
+
+
 def replan(
     plan: PlanSnapshot,
     cost: Sequence[tuple[float, ...]],
@@ -561,6 +569,9 @@ def replan(
     in another unit beside costs in ms would be wrong, so it is dropped (none is assumed).
     The new plan's inputs record ``overhead``, so its costs can be read back as pass times.
     """
+    check_ms("overhead", overhead)
+    if comm is not None:
+        check_ms("comm", comm)
     if not plan.inputs:
         raise ValueError(
             "this plan does not record how it was planned (it was given, not made here); "

@@ -12,7 +12,6 @@ split, gradient scaling and FSDP/DDP handling are PyTorch's, unchanged.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from nobubble.torch.plans import (
     MemLimit,
     PlanSnapshot,
     agreed_plan,
+    check_ms,
     check_same_plan,
     make_plan,
     replan,
@@ -40,6 +40,7 @@ from nobubble.torch.timing import (
     StepMeasurement,
     action_overhead,
     fused_times,
+    host_identity,
     message_latency,
     on_one_clock,
     pass_times,
@@ -197,8 +198,10 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._costs = costs
         self._recorder: ActionRecorder | None = None
         self._measuring = False
-        self._steps_run = 0
+        self._steps_run = 0  # training steps, the first a warm-up
         self._warmup_measured = False  # whether measurements[0] is the schedule's first step
+        self._in_eval = False
+        self._host = host_identity()
         self._load_plan(snapshot)
         self.measure = measure
 
@@ -266,11 +269,12 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         """
         _check_batch(args, kwargs.get("target"), self._n_microbatches)
         self._check_step_inputs(kwargs)
+        if self._in_eval:  # PyTorch's eval runs through step: not a training step
+            return super().step(*args, **kwargs)
         first, self._steps_run = self._steps_run == 0, self._steps_run + 1
         with _peer_failures_explained():
             if self._recorder is None or not self._measuring:
                 return super().step(*args, **kwargs)
-            self._warmup_measured |= first
             if self._collective:
                 dist.barrier(group=self._group)
             self._recorder.begin()
@@ -278,6 +282,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 result = super().step(*args, **kwargs)
             finally:
                 wall = self._recorder.end()
+            self._warmup_measured |= first
             self._finish_measurement(wall)
             return result
 
@@ -301,12 +306,13 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             }
         self.pipeline_order = self._forward_order
         self.pipeline_order_with_comms = self._forward_lowered
-        self._measuring = False
+        self._measuring, self._in_eval = False, True
         try:
             with _peer_failures_explained():
                 return super().eval(*args, **kwargs)
         finally:
             self.pipeline_order, self.pipeline_order_with_comms, self._measuring = training
+            self._in_eval = False
 
     def _check_step_inputs(self, kwargs: dict[str, Any]) -> None:
         """The rank with the last stage needs the targets when there is a loss: PyTorch's own
@@ -322,7 +328,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
     def _finish_measurement(self, wall_ms: float) -> None:
         recorder = self._recorder
         assert recorder is not None  # step() measures only with one installed
-        local = (wall_ms, recorder.actions, recorder.t0, socket.gethostname())
+        local = (wall_ms, recorder.actions, recorder.t0, self._host)
         if self._collective:
             gathered: list[Any] = [None] * self.pp_group_size
             dist.all_gather_object(gathered, local, group=self._group)
@@ -438,8 +444,8 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 "before re-planning"
             )
         for name, value in (("comm", comm), ("overhead", overhead)):
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be a time in ms, zero or more; got {value!r}")
+            if value is not None:
+                check_ms(name, value)
         self._replan(comm, overhead)
         return self.plan
 

@@ -13,6 +13,7 @@ exactly; ranks on different machines share a zero to within the barrier's latenc
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -129,7 +130,10 @@ def message_latency(steps: Sequence[StepMeasurement]) -> float | None:
     gaps negative one way. Messages go both ways between neighbours (forwards one way,
     backwards the other), and an offset adds to one direction what it takes from the other:
     so for each pair of ranks the figure is the mean of the two directions' median gaps, and
-    the result the median over pairs. ``None`` when no message was seen (one rank).
+    the result the median over pairs. That cancels offsets small against the gaps; a larger
+    one also changes which receivers look idle, and where only one direction was seen
+    nothing cancels, so across hosts the figure is rough. ``None`` when no message was seen
+    (one rank).
     """
     gaps: dict[tuple[int, int], list[float]] = {}
     for step in steps:
@@ -324,6 +328,17 @@ class ActionRecorder:
         setattr(stage, method, timed)
 
 
+def host_identity() -> str:
+    """Which machine (and boot) this process runs on: ranks with the same identity read one
+    monotonic clock. The host name alone can repeat across machines; Linux's boot id does
+    not."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
 def on_one_clock(
     actions: Sequence[Sequence[ActionTiming]], origins: Sequence[float], hosts: Sequence[str]
 ) -> list[ActionTiming]:
@@ -331,9 +346,10 @@ def on_one_clock(
     ``perf_counter`` reading in seconds) on one time axis.
 
     Each rank times from its own exit from the step's barrier. Processes on one host read
-    the same monotonic clock, so when every rank is on one host the zeros are aligned
-    exactly, the earliest exit becoming 0; otherwise (or if the origins lie further apart
-    than a barrier's exits can, so the clocks are not one) the barrier's zeros stay.
+    the same monotonic clock, so when every rank has one :func:`host_identity` the zeros
+    are aligned exactly, the earliest exit becoming 0; otherwise (or if the origins lie
+    further apart than a barrier's exits can, so the clocks are not one) the barrier's
+    zeros stay.
     """
     shift = [0.0] * len(actions)
     if len(set(hosts)) == 1 and origins and max(origins) - min(origins) < 1.0:

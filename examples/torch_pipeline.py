@@ -1,6 +1,7 @@
 """Train a small byte-level GPT with PyTorch's pipeline runtime under a nobubble plan.
 
     torchrun --nproc-per-node 2 examples/torch_pipeline.py [--steps 6] [--trace trace.json]
+        [--timeline-svg last-step.svg]
 
 Runs on CPU with gloo (one thread per rank). Every rank builds the whole (small) model cut
 into 2p chunks, profiles the chunks (F, I, W times and activation memory), and rank 0 plans
@@ -121,6 +122,12 @@ def main() -> None:
     parser.add_argument(
         "--trace", type=Path, default=None, help="write a Perfetto trace"
     )
+    parser.add_argument(
+        "--timeline-svg",
+        type=Path,
+        default=None,
+        help="draw the last step as measured above the plan (an SVG picture)",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -202,6 +209,9 @@ def main() -> None:
     if args.trace is not None and rank == 0:
         nbt.write_trace(args.trace, schedule.measurements[1:])
         say(f"wrote the measured timeline of steps 2..{args.steps} to {args.trace}")
+    if args.timeline_svg is not None and rank == 0:
+        args.timeline_svg.write_text(schedule.timeline_svg())
+        say(f"drew the last step against the plan in {args.timeline_svg}")
     dist.destroy_process_group()
 
 

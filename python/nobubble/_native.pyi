@@ -91,6 +91,14 @@ class Plan:
     def to_csv(self) -> str: ...
     def to_chrome_trace(self) -> str: ...
     def to_svg(self) -> str: ...
+    def measured_svg(
+        self,
+        measured: Sequence[Sequence[tuple[str, float, float]]],
+        title: str = "measured",
+        plan_title: str = "planned",
+    ) -> str:
+        """A measured timeline (per rank, ``(action, start, end)`` in the plan's time unit, as
+        ``timeline`` gives them) drawn above this plan's, on one time scale."""
     def _repr_svg_(self) -> str | None: ...
     def __eq__(self, other: object) -> bool:
         """Equal schedules, costs, limits, objective and layer split. Plans also hash,

@@ -481,3 +481,23 @@ def test_a_fourth_cost_is_the_fused_backward() -> None:
     assert split.stage_costs == [(1.0, 1.0, 1.0)] * 4
     with pytest.raises(TypeError, match=r"cost takes 3 or 4 numbers"):
         nobubble.plan("1f1b", 4, 8, cost=(1.0, None, 1.0))
+
+
+def test_measured_svg_draws_a_measured_timeline_above_the_plan() -> None:
+    """Every measured action and every planned one gets a titled box; the header compares
+    the measured span with the plan's makespan; bad rows are refused with what to give."""
+    plan = nobubble.plan("1f1b", 2, 2, cost=(1.0, 1.0, 1.0))
+    measured = [[(a, start * 1.5, end * 1.5) for a, start, end in row] for row in plan.timeline]
+    span = max(end for row in measured for _, _, end in row)
+    svg = plan.measured_svg(measured, title="a run", plan_title="the plan")
+    assert svg.startswith("<svg") and svg.count("<title>") == 2 * 8
+    assert f"measured span {span:.2f} · plan's makespan {plan.makespan:.2f} (+50.0%)" in svg
+    assert "a run" in svg and "the plan" in svg
+    with pytest.raises(ValueError, match="measured has 1 ranks and the plan 2"):
+        plan.measured_svg(measured[:1])
+    with pytest.raises(ValueError, match="cannot read action `X1`"):
+        plan.measured_svg([[("X1", 0.0, 1.0)], []])
+    with pytest.raises(ValueError, match="start ≤ end"):
+        plan.measured_svg([[("0F0", 2.0, 1.0)], []])
+    with pytest.raises(TypeError, match="one list per rank"):
+        plan.measured_svg("0F0")

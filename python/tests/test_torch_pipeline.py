@@ -286,6 +286,8 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
             out["latency"] = schedule.measured_comm()
             out["overhead"] = schedule.measured_overhead()
             out["settled"] = len(schedule._settled())
+            out["svg"] = schedule.timeline_svg()
+            out["last_makespan"] = m[-1].makespan_ms
             out["f0_first"] = pass_times(m[:1])[min(mine)][0]
     return out
 
@@ -688,6 +690,11 @@ def test_measurement_and_trace(two_ranks: dict[str, Any]) -> None:
     for step_ms, bubble, _predicted, n_actions in r0["measured"]:
         assert step_ms > 0 and 0.0 <= bubble < 1.0
         assert n_actions == 2 * 3 * MICROBATCHES  # F, I, W per microbatch on 2 stages
+    # The last step drawn above the plan simulated on the measured figures: every action
+    # twice (one box each, titled), the measured span in the header.
+    svg = r0["svg"]
+    assert svg.startswith("<svg") and svg.count("<title>") == 2 * 2 * 3 * MICROBATCHES
+    assert f"measured span {r0['last_makespan']:.2f}" in svg
     events = [e for e in r0["trace"]["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in events} == {0, 1}
     assert {e["cat"] for e in events} == {"F", "I", "W"}

@@ -5,9 +5,10 @@
 //! CLI's plan, bit for bit.
 
 use nobubble_schedule::export::{chrome, csv, svg};
+use nobubble_schedule::sim::Slot;
 use nobubble_schedule::split::LayerCosts;
 use nobubble_schedule::{
-    planner, Objective, Placement, PlanCosts, PlanRequest, Planned, ScheduleKind,
+    planner, Action, Objective, Placement, PlanCosts, PlanRequest, Planned, ScheduleKind,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -266,6 +267,54 @@ impl Plan {
     /// The simulated timeline as an SVG picture.
     fn to_svg(&self) -> String {
         svg::render(&self.inner.schedule, &self.inner.sim)
+    }
+
+    /// A measured timeline drawn above this plan's simulated one, on one time scale, so a
+    /// reader sees where a run departed from the plan: per rank, `(action, start, end)` as
+    /// `timeline` gives them (PyTorch's notation, the plan's time unit). `title` names what
+    /// was measured, `plan_title` what the plan's panel shows.
+    #[pyo3(signature = (measured, title = "measured", plan_title = "planned"))]
+    fn measured_svg(
+        &self,
+        measured: &Bound<'_, PyAny>,
+        title: &str,
+        plan_title: &str,
+    ) -> PyResult<String> {
+        let what = "measured_svg takes one list per rank of (action, start, end), e.g.                     [[(\"0F0\", 0.0, 1.5), …], …], as Plan.timeline gives them";
+        let rows: Vec<Vec<(String, f64, f64)>> =
+            measured.extract().map_err(|_| PyTypeError::new_err(what))?;
+        let ranks = self.inner.schedule.ranks;
+        if rows.len() != ranks {
+            return Err(value_error(format!(
+                "measured has {} ranks and the plan {ranks}: give one list per rank, empty \
+                 for a rank that ran nothing",
+                rows.len()
+            )));
+        }
+        let slot = |(text, start, end): &(String, f64, f64)| -> PyResult<Slot> {
+            let action: Action = text.parse().map_err(|e| value_error(format!("{e}")))?;
+            if !(start.is_finite() && end.is_finite() && start <= end) {
+                return Err(value_error(format!(
+                    "{text} runs from {start} to {end}: times must be finite, start ≤ end"
+                )));
+            }
+            Ok(Slot {
+                action,
+                start: *start,
+                end: *end,
+                waited_for: None,
+            })
+        };
+        let measured = (rows.iter())
+            .map(|row| row.iter().map(slot).collect::<PyResult<Vec<Slot>>>())
+            .collect::<PyResult<Vec<_>>>()?;
+        let (schedule, sim) = (&self.inner.schedule, &self.inner.sim);
+        Ok(svg::render_measured(
+            schedule,
+            &measured,
+            sim,
+            [title, plan_title],
+        ))
     }
 
     /// The picture a notebook (Jupyter, VS Code) shows for a plan left as a cell's value:

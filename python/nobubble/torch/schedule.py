@@ -414,6 +414,42 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         re-plan adds to every pass. See :func:`nobubble.torch.action_overhead`."""
         return action_overhead(self._settled())
 
+    def timeline_svg(self, step: int = -1) -> str:
+        """A measured step (the last by default) drawn above the plan as the simulator runs
+        it on what the measured steps show (pass times plus the time between passes, and the
+        link latency), on one time scale: an SVG picture of where the run departed from the
+        plan (open it in a browser; a notebook shows it with ``IPython.display.SVG``)."""
+        import nobubble
+
+        if not self.measurements:
+            raise ValueError("no measured steps yet: construct with measure=True and call step()")
+        try:
+            number = range(len(self.measurements))[step] + 1
+        except IndexError:
+            raise ValueError(
+                f"step={step}: {len(self.measurements)} steps were measured (0 is the first, "
+                "-1 the last)"
+            ) from None
+        measured = self.measurements[number - 1]
+        overhead = self.measured_overhead() or 0.0
+        latency = self.measured_comm()
+        comm = 0.0 if latency is None else max(0.0, latency - overhead)
+        cost = [tuple(t + overhead for t in row) for row in self.measured_profile().cost]
+        simulated = nobubble.simulate(
+            self.plan.actions, cost=cost, comm=comm, name=self.plan.schedule
+        )
+        rows: list[list[tuple[str, float, float]]] = [[] for _ in range(self.pp_group_size)]
+        for a in measured.actions:  # in rank, start order
+            rows[a.rank].append((f"{a.stage}{a.kind}{a.microbatch}", a.start_ms, a.end_ms))
+        return simulated.measured_svg(
+            rows,
+            title=f"measured: step {number} of those measured (ms)",
+            plan_title=(
+                f"planned: the simulator on the measured pass times + {overhead:.3f} ms between "
+                f"passes, latency {comm:.3f} ms"
+            ),
+        )
+
     def _planned_stage_costs(self) -> list[StageProfile] | None:
         """The per-stage (F, I, W[, B]) the plan recorded as its inputs, if it did."""
         cost = (getattr(self.plan, "inputs", None) or {}).get("cost")

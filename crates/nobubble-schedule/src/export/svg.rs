@@ -268,12 +268,13 @@ fn draw_axis(svg: &mut String, axis_y: f64, scale: f64, span: f64, unit: &str) {
 
 /// A measured timeline (`measured`, e.g. one training step, in ms) drawn above the
 /// simulator's plan for the same schedule (`plan`, same unit), on one time scale, so a reader
-/// sees where the run departed from the plan. `title` names what was measured.
+/// sees where the run departed from the plan. `titles` name the two panels: what was
+/// measured, and what the plan was simulated on.
 pub fn render_measured(
     schedule: &Schedule,
     measured: &[Vec<Slot>],
     plan: &Simulation,
-    title: &str,
+    titles: [&str; 2],
 ) -> String {
     let measured_span = measured.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
     let span = measured_span.max(plan.metrics.makespan);
@@ -293,9 +294,9 @@ pub fn render_measured(
     legend(&mut svg, schedule, 52.0);
     let plan_critical: HashSet<Action> = plan.critical_path.iter().copied().collect();
     let panels = [
-        (title, measured, measured_span, HashSet::new()),
+        (titles[0], measured, measured_span, HashSet::new()),
         (
-            "planned: the simulator on the measured median pass times",
+            titles[1],
             &plan.timeline[..],
             plan.metrics.makespan,
             plan_critical,

@@ -196,11 +196,12 @@ fn measured_timeline(r: &TrainReport) -> Result<String, String> {
         })
         .collect();
     let title = format!("measured: step {} of this run", last.step + 1);
+    let planned = "planned: the simulator on the measured median pass times";
     Ok(svg::render_measured(
         &r.plan.schedule,
         &measured,
         &r.simulated,
-        &title,
+        [&title, planned],
     ))
 }
 

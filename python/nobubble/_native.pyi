@@ -97,8 +97,9 @@ class Plan:
         title: str = "measured",
         plan_title: str = "planned",
     ) -> str:
-        """A measured timeline (per rank, ``(action, start, end)`` in the plan's time unit, as
-        ``timeline`` gives them) drawn above this plan's, on one time scale."""
+        """A measured timeline (per rank, ``(action, start, end)`` in ms, as ``timeline`` gives
+        them; each one of that rank's actions in this plan) drawn above this plan's, on one
+        time scale (the axis reads ms: plan on costs in ms)."""
     def _repr_svg_(self) -> str | None: ...
     def __eq__(self, other: object) -> bool:
         """Equal schedules, costs, limits, objective and layer split. Plans also hash,

@@ -497,7 +497,13 @@ def test_measured_svg_draws_a_measured_timeline_above_the_plan() -> None:
         plan.measured_svg(measured[:1])
     with pytest.raises(ValueError, match="cannot read action `X1`"):
         plan.measured_svg([[("X1", 0.0, 1.0)], []])
-    with pytest.raises(ValueError, match="start ≤ end"):
-        plan.measured_svg([[("0F0", 2.0, 1.0)], []])
+    for start, end in ((2.0, 1.0), (-5.0, -1.0)):
+        with pytest.raises(ValueError, match="0 ≤ start ≤ end"):
+            plan.measured_svg([[("0F0", start, end)], []])
+    # Actions the plan does not give that rank: another rank's stage, a stage past the
+    # plan's (no panic), a microbatch past its count, an action twice.
+    for row in ([("1F0", 0, 1)], [("5F0", 0, 1)], [("0F7", 0, 1)], [("0F0", 0, 1)] * 2):
+        with pytest.raises(ValueError, match="not one of that rank's actions"):
+            plan.measured_svg([row, []])
     with pytest.raises(TypeError, match="one list per rank"):
         plan.measured_svg("0F0")

@@ -287,6 +287,7 @@ def _run_scenario(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]
             out["overhead"] = schedule.measured_overhead()
             out["settled"] = len(schedule._settled())
             out["svg"] = schedule.timeline_svg()
+            out["svg_first"] = schedule.timeline_svg(0)
             out["last_makespan"] = m[-1].makespan_ms
             out["f0_first"] = pass_times(m[:1])[min(mine)][0]
     return out
@@ -769,6 +770,8 @@ def test_planning_on_the_spot_agrees_and_replans(two_ranks: dict[str, Any]) -> N
     assert inputs["comm"] == max(0.0, latency - overhead) == r1["plan"].inputs["comm"]
     assert 0 < latency < r0["measured"][0][0] and 0 < overhead, (latency, overhead)
     assert inputs["cost"][0][0] == pytest.approx(r0["f0_first"] + overhead)
+    # The first step ran the first plan: drawn against that plan (a box per action, twice).
+    assert r0["svg_first"].count("<title>") == 2 * r0["measured"][0][3]
     for order in _w_orders(r0["plan"]).values():
         assert order == sorted(order)
     _assert_same_training(two_ranks["results"], "spot", "ref-1f1b")

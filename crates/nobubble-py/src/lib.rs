@@ -271,7 +271,8 @@ impl Plan {
 
     /// A measured timeline drawn above this plan's simulated one, on one time scale, so a
     /// reader sees where a run departed from the plan: per rank, `(action, start, end)` as
-    /// `timeline` gives them (PyTorch's notation, the plan's time unit). `title` names what
+    /// `timeline` gives them (PyTorch's notation; ms, as the axis says, so the plan's costs
+    /// must be in ms too), each one of that rank's actions in this plan. `title` names what
     /// was measured, `plan_title` what the plan's panel shows.
     #[pyo3(signature = (measured, title = "measured", plan_title = "planned"))]
     fn measured_svg(
@@ -280,34 +281,7 @@ impl Plan {
         title: &str,
         plan_title: &str,
     ) -> PyResult<String> {
-        let what = "measured_svg takes one list per rank of (action, start, end), e.g.                     [[(\"0F0\", 0.0, 1.5), …], …], as Plan.timeline gives them";
-        let rows: Vec<Vec<(String, f64, f64)>> =
-            measured.extract().map_err(|_| PyTypeError::new_err(what))?;
-        let ranks = self.inner.schedule.ranks;
-        if rows.len() != ranks {
-            return Err(value_error(format!(
-                "measured has {} ranks and the plan {ranks}: give one list per rank, empty \
-                 for a rank that ran nothing",
-                rows.len()
-            )));
-        }
-        let slot = |(text, start, end): &(String, f64, f64)| -> PyResult<Slot> {
-            let action: Action = text.parse().map_err(|e| value_error(format!("{e}")))?;
-            if !(start.is_finite() && end.is_finite() && start <= end) {
-                return Err(value_error(format!(
-                    "{text} runs from {start} to {end}: times must be finite, start ≤ end"
-                )));
-            }
-            Ok(Slot {
-                action,
-                start: *start,
-                end: *end,
-                waited_for: None,
-            })
-        };
-        let measured = (rows.iter())
-            .map(|row| row.iter().map(slot).collect::<PyResult<Vec<Slot>>>())
-            .collect::<PyResult<Vec<_>>>()?;
+        let measured = measured_rows(&self.inner.schedule, measured)?;
         let (schedule, sim) = (&self.inner.schedule, &self.inner.sim);
         Ok(svg::render_measured(
             schedule,
@@ -564,6 +538,58 @@ fn simulate(
     }
     let text: Vec<String> = actions.iter().map(|row| row.join(",")).collect();
     evaluate(&text.join("\n"), name, cost, comm, mem, mem_limit)
+}
+
+/// `Plan.measured_svg`'s rows as slots: one list per rank of `(action, start, end)`, each
+/// action one of that rank's in the plan and run once, times finite with 0 ≤ start ≤ end.
+fn measured_rows(
+    schedule: &nobubble_schedule::schedule::Schedule,
+    measured: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Vec<Slot>>> {
+    let what = "measured_svg takes one list per rank of (action, start, end), e.g. \
+                [[(\"0F0\", 0.0, 1.5), …], …], as Plan.timeline gives them";
+    if measured.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(what));
+    }
+    let rows: Vec<Vec<(String, f64, f64)>> =
+        measured.extract().map_err(|_| PyTypeError::new_err(what))?;
+    if rows.len() != schedule.ranks {
+        return Err(value_error(format!(
+            "measured has {} ranks and the plan {}: give one list per rank, empty for a rank \
+             that ran nothing",
+            rows.len(),
+            schedule.ranks
+        )));
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for (rank, row) in rows.iter().enumerate() {
+        let mut left: std::collections::HashSet<Action> =
+            schedule.orders[rank].iter().copied().collect();
+        let mut slots = Vec::with_capacity(row.len());
+        for (text, start, end) in row {
+            let action: Action = text.parse().map_err(|e| value_error(format!("{e}")))?;
+            if !left.remove(&action) {
+                return Err(value_error(format!(
+                    "{text} on rank {rank} is not one of that rank's actions in this plan, or \
+                     is given twice: draw a run against the plan it ran"
+                )));
+            }
+            if !(start.is_finite() && end.is_finite() && 0.0 <= *start && start <= end) {
+                return Err(value_error(format!(
+                    "{text} runs from {start} to {end}: times must be finite, 0 ≤ start ≤ end"
+                )));
+            }
+            let (start, end) = (*start, *end);
+            slots.push(Slot {
+                action,
+                start,
+                end,
+                waited_for: None,
+            });
+        }
+        out.push(slots);
+    }
+    Ok(out)
 }
 
 /// `simulate`'s per-rank action lists: a list of lists of strings, no rank empty.

@@ -193,6 +193,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._collective = collective
         self.plan: PlanSnapshot = snapshot
         self.measurements: list[StepMeasurement] = []
+        self._measured_under: list[PlanSnapshot] = []  # the plan each measured step ran
         self.replanned: PlanSnapshot | None = None
         self._replan_after = replan_after
         self._costs = costs
@@ -349,6 +350,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
             self.plan.bubble_rate,
         )
         self.measurements.append(measurement)
+        self._measured_under.append(self.plan)
         if (
             self._replan_after is not None
             and self.replanned is None
@@ -415,10 +417,12 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         return action_overhead(self._settled())
 
     def timeline_svg(self, step: int = -1) -> str:
-        """A measured step (the last by default) drawn above the plan as the simulator runs
-        it on what the measured steps show (pass times plus the time between passes, and the
-        link latency), on one time scale: an SVG picture of where the run departed from the
-        plan (open it in a browser; a notebook shows it with ``IPython.display.SVG``)."""
+        """A measured step (the last by default) drawn above the plan it ran, as the simulator
+        runs that plan on what the measured steps show (the median pass times of every
+        measured step but the warm-up, plus the time between passes, and the link latency),
+        on one time scale: an SVG picture of where the run departed from the plan (open it
+        in a browser; a notebook shows it with ``IPython.display.SVG``). The plan's panel is
+        thus re-simulated, not the prediction the plan was made with."""
         import nobubble
 
         if not self.measurements:
@@ -435,9 +439,8 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         latency = self.measured_comm()
         comm = 0.0 if latency is None else max(0.0, latency - overhead)
         cost = [tuple(t + overhead for t in row) for row in self.measured_profile().cost]
-        simulated = nobubble.simulate(
-            self.plan.actions, cost=cost, comm=comm, name=self.plan.schedule
-        )
+        plan = self._measured_under[number - 1]
+        simulated = nobubble.simulate(plan.actions, cost=cost, comm=comm, name=plan.schedule)
         rows: list[list[tuple[str, float, float]]] = [[] for _ in range(self.pp_group_size)]
         for a in measured.actions:  # in rank, start order
             rows[a.rank].append((f"{a.stage}{a.kind}{a.microbatch}", a.start_ms, a.end_ms))

@@ -379,15 +379,20 @@ fn a_killed_rank_process_ends_the_job() {
     // Wait until training runs, then kill -9 rank 1's process: a child of our mpirun whose
     // environment says rank 1.
     let victim = loop {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "training never started"
-        );
         let started = std::fs::read_to_string(&log).map_or(0, |s| s.lines().count());
         if started > 2 {
             if let Some(pid) = child_with_rank(child.id(), 1) {
                 break pid;
             }
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            // Stop what this test started (it would train on), and say what it printed.
+            let out = stop(child);
+            panic!(
+                "training never started, or rank 1's process was not found: {started} log \
+                 lines after 60 s; the job's stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -409,6 +414,19 @@ fn a_killed_rank_process_ends_the_job() {
     assert!(!out.status.success());
     assert!(stderr.contains("rank 1"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ends a job this test started: SIGTERM to its `mpirun`, which stops its ranks, and after
+/// 10 s SIGKILL; returns what it printed.
+fn stop(mut child: std::process::Child) -> std::process::Output {
+    // SAFETY: sends SIGTERM to the mpirun this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while child.try_wait().ok().flatten().is_none() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
 }
 
 /// The child of `parent` (pid) that is MPI rank `rank`.

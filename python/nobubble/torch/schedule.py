@@ -199,7 +199,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._costs = costs
         self._recorder: ActionRecorder | None = None
         self._measuring = False
-        self._steps_run = 0  # training steps, the first a warm-up
+        self._stepped = False  # whether a training step has run (the first is a warm-up)
         self._warmup_measured = False  # whether measurements[0] is the schedule's first step
         self._in_eval = False
         self._host = host_identity()
@@ -272,7 +272,7 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         self._check_step_inputs(kwargs)
         if self._in_eval:  # PyTorch's eval runs through step: not a training step
             return super().step(*args, **kwargs)
-        first, self._steps_run = self._steps_run == 0, self._steps_run + 1
+        first, self._stepped = not self._stepped, True
         with _peer_failures_explained():
             if self._recorder is None or not self._measuring:
                 return super().step(*args, **kwargs)
@@ -435,9 +435,8 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 "-1 the last)"
             ) from None
         measured = self.measurements[number - 1]
-        overhead = self.measured_overhead() or 0.0
-        latency = self.measured_comm()
-        comm = 0.0 if latency is None else max(0.0, latency - overhead)
+        link, overhead = self._link_and_overhead()
+        comm = link or 0.0
         cost = [tuple(t + overhead for t in row) for row in self.measured_profile().cost]
         plan = self._measured_under[number - 1]
         simulated = nobubble.simulate(plan.actions, cost=cost, comm=comm, name=plan.schedule)
@@ -452,6 +451,20 @@ class PlannedSchedule(_PipelineScheduleRuntime):
                 f"passes, latency {comm:.3f} ms"
             ),
         )
+
+    def _link_and_overhead(
+        self, comm: float | None = None, overhead: float | None = None
+    ) -> tuple[float | None, float]:
+        """The link latency and the time between passes a plan is simulated with: those given,
+        else the measured ones. The measured message latency runs from a pass's end to the
+        receiving pass's start, so it holds the receiver's time between passes too; that time
+        goes onto every pass, so the link is what remains (``None``: no message seen)."""
+        if overhead is None:
+            overhead = self.measured_overhead() or 0.0
+        if comm is None:
+            latency = self.measured_comm()
+            comm = None if latency is None else max(0.0, latency - overhead)
+        return comm, overhead
 
     def _planned_stage_costs(self) -> list[StageProfile] | None:
         """The per-stage (F, I, W[, B]) the plan recorded as its inputs, if it did."""
@@ -492,15 +505,9 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         """Re-plans once on the measured pass times plus the time between passes, and the
         link latency (or ``comm``, ``overhead``); every rank switches to rank 0's new plan.
 
-        The measured message latency runs from a pass's end to the receiving pass's start,
-        so it holds the receiver's time between passes too; that time is added to every
-        pass here, so the link is what remains."""
-        if overhead is None:
-            overhead = self.measured_overhead() or 0.0
+        See :meth:`_link_and_overhead` for how the two are read."""
+        comm, overhead = self._link_and_overhead(comm, overhead)
         cost = self.measured_profile().cost
-        if comm is None:
-            latency = self.measured_comm()
-            comm = None if latency is None else max(0.0, latency - overhead)
         payload: list[Any] = [None]
         if not self._collective or dist.get_rank(self._group) == 0:
             try:

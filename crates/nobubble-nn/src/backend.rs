@@ -88,6 +88,23 @@ pub trait Backend: Send + Sync {
     /// per-head slices free.
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool);
 
+    /// [`Backend::matmul`] for products too small for a packing GEMM to pay (the attention
+    /// core's per-head blocks), with `b`'s and `dst`'s rows contiguous. Each element is
+    /// summed in order of the inner index, so a row or column block of a product has the
+    /// same bits as the whole product's.
+    fn small_matmul(
+        &self,
+        dst: MatMut<'_>,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        scale: f32,
+        accumulate: bool,
+    );
+
+    /// `src` copied into `dst` row-major, transposed (`[src.cols, src.rows]`) if asked: an
+    /// operand of [`Backend::small_matmul`] laid out for it.
+    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool);
+
     /// Adds `v` to every row of the row-major rows `x` (`v.len()` columns): a bias add.
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]);
 

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::kernels;
 use crate::sgemm::sgemm;
 use crate::simd::Simd;
+use crate::small_gemm;
 use crate::tensor::{MatMut, MatRef, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -295,6 +296,21 @@ impl Backend for CpuBackend {
                 scale,
             );
         }
+    }
+
+    fn small_matmul(
+        &self,
+        dst: MatMut<'_>,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        scale: f32,
+        accumulate: bool,
+    ) {
+        small_gemm::small_matmul(self.simd, dst, a, b, scale, accumulate);
+    }
+
+    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+        small_gemm::pack(self.simd, src, dst, transpose);
     }
 
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {

@@ -30,6 +30,7 @@ pub mod profiler;
 pub mod reference;
 mod sgemm;
 pub mod simd;
+mod small_gemm;
 pub mod tensor;
 #[cfg(test)]
 mod testutil;

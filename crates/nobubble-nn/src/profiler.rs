@@ -91,6 +91,23 @@ impl Backend for TimingBackend<'_> {
         self.time(kind, || self.inner.matmul(dst, a, b, scale, accumulate))
     }
 
+    fn small_matmul(
+        &self,
+        dst: MatMut<'_>,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        scale: f32,
+        accumulate: bool,
+    ) {
+        self.time("matmul (attention)", || {
+            self.inner.small_matmul(dst, a, b, scale, accumulate)
+        })
+    }
+
+    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+        self.time("pack", || self.inner.pack(src, dst, transpose))
+    }
+
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {
         self.time("bias", || self.inner.add_row_vector(x, v))
     }

@@ -18,7 +18,7 @@ use crate::tensor::{MatMut, MatRef, Tensor};
 /// Row-block size of the causal attention products: blocks strictly above the
 /// diagonal are skipped (they are masked out anyway), which removes
 /// (1 − (k+1)/(2k)) of the score and context work for k = ⌈s/32⌉ blocks.
-const CAUSAL_BLOCK: usize = 32;
+const CAUSAL_BLOCK: usize = 16;
 
 /// Row blocks `[r0, r1)` of a sequence of length `s`.
 fn causal_blocks(s: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -230,20 +230,17 @@ impl CausalSelfAttention {
         let mut scores = vec![0.0f32; n];
         for head in 0..a {
             let kv_head = head / (a / kv);
-            let q = MatRef::new(row, head * d, 1, d, d as isize, 1);
+            // The scores as a column, keys · qᵀ: the window's score products, each summed
+            // in the same order.
+            let q_t = MatRef::new(row, head * d, d, 1, 1, 1);
             let keys = MatRef::new(&cache.keys, kv_head * d, n, d, (kv * d) as isize, 1);
-            be.matmul(
-                MatMut::new(&mut scores, 0, 1, n, n as isize, 1),
-                q,
-                keys.t(),
-                scale,
-                false,
-            );
+            let column = MatMut::new(&mut scores, 0, n, 1, 1, 1);
+            be.small_matmul(column, keys, q_t, scale, false);
             be.softmax_row(&mut scores);
             let p = MatRef::new(&scores, 0, 1, n, n as isize, 1);
             let values = MatRef::new(&cache.values, kv_head * d, n, d, (kv * d) as isize, 1);
             let out = MatMut::new(ctx.data_mut(), head * d, 1, d, (a * d) as isize, 1);
-            be.matmul(out, p, values, 1.0, false);
+            be.small_matmul(out, p, values, 1.0, false);
         }
         self.proj.apply_unbiased(be, &ctx)
     }
@@ -292,22 +289,29 @@ impl CausalSelfAttention {
         let (h, s, a) = (self.hidden(), self.seq_len, self.heads);
         let d = h / a;
         let scale = 1.0 / (d as f32).sqrt();
+        // A head's Q, Kᵀ and V, packed for the small products.
+        let mut packed = Tensor::for_overwrite(&[3, s * d]);
+        let (queries, rest) = packed.data_mut().split_at_mut(s * d);
+        let (keys_t, values) = rest.split_at_mut(s * d);
         for head in 0..a {
             let block = &mut probs[head * s * s..][..s * s];
+            be.pack(self.head_rows(qkv, 0, head, 0, 0, s), queries, false);
+            be.pack(self.head_rows(qkv, 0, head, 1, 0, s), keys_t, true);
+            be.pack(self.head_rows(qkv, 0, head, 2, 0, s), values, false);
             // Scores only where the mask lets them through: row block [r0, r1)
             // needs columns [0, r1).
             for (r0, r1) in causal_blocks(s) {
-                let q_rows = self.head_rows(qkv, 0, head, 0, r0, r1);
-                let k_rows = self.head_rows(qkv, 0, head, 1, 0, r1);
+                let q_rows = MatRef::new(queries, r0 * d, r1 - r0, d, d as isize, 1);
+                let k_t = MatRef::new(keys_t, 0, d, r1, s as isize, 1);
                 let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                be.matmul(dst, q_rows, k_rows.t(), scale, false);
+                be.small_matmul(dst, q_rows, k_t, scale, false);
             }
             be.causal_softmax(block, s);
             for (r0, r1) in causal_blocks(s) {
                 let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                let v_rows = self.head_rows(qkv, 0, head, 2, 0, r1);
+                let v_rows = MatRef::new(values, 0, r1, d, d as isize, 1);
                 let out = MatMut::new(ctx, r0 * h + head * d, r1 - r0, d, h as isize, 1);
-                be.matmul(out, p, v_rows, 1.0, false);
+                be.small_matmul(out, p, v_rows, 1.0, false);
             }
         }
     }
@@ -352,46 +356,55 @@ impl CausalSelfAttention {
         let scale = 1.0 / (d as f32).sqrt();
         let mut dscores_buf = Tensor::for_overwrite(&[s, s]);
         let dscores = dscores_buf.data_mut();
+        // A head's dO, Vᵀ, K and Q, packed for the small products.
+        let mut packed = Tensor::for_overwrite(&[4, s * d]);
+        let (douts, rest) = packed.data_mut().split_at_mut(s * d);
+        let (values_t, rest) = rest.split_at_mut(s * d);
+        let (keys, queries) = rest.split_at_mut(s * d);
+        let w = self.qkv_width();
         for head in 0..a {
             let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
-            let dout = |r0: usize, r1: usize| {
-                MatRef::new(
-                    dctx.data(),
-                    (seq * s + r0) * h + head * d,
-                    r1 - r0,
-                    d,
-                    h as isize,
-                    1,
-                )
-            };
-            let w = self.qkv_width();
+            let dout_rows = MatRef::new(dctx.data(), seq * s * h + head * d, s, d, h as isize, 1);
+            be.pack(dout_rows, douts, false);
+            be.pack(
+                self.head_rows(qkv.data(), seq, head, 2, 0, s),
+                values_t,
+                true,
+            );
+            be.pack(self.head_rows(qkv.data(), seq, head, 1, 0, s), keys, false);
+            be.pack(
+                self.head_rows(qkv.data(), seq, head, 0, 0, s),
+                queries,
+                false,
+            );
+            fn rows(data: &[f32], d: usize, r0: usize, r1: usize) -> MatRef<'_> {
+                MatRef::new(data, r0 * d, r1 - r0, d, d as isize, 1)
+            }
             let rs = w as isize;
             let dst = |which: usize, r0: usize| r0 * w + self.column(head, which);
             // The first query head of a group writes its K/V head's gradient, the others add.
             let shared = !head.is_multiple_of(self.heads / self.kv_heads);
             // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
             for (r0, r1) in causal_blocks(s) {
-                let v_rows = self.head_rows(qkv.data(), seq, head, 2, 0, r1);
+                let v_t = MatRef::new(values_t, 0, d, r1, s as isize, 1);
                 let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                be.matmul(out, dout(r0, r1), v_rows.t(), 1.0, false);
+                be.small_matmul(out, rows(douts, d, r0, r1), v_t, 1.0, false);
             }
             be.causal_softmax_backward(pdata, dscores, s);
             for (r0, r1) in causal_blocks(s) {
                 // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
                 let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                let k_rows = self.head_rows(qkv.data(), seq, head, 1, 0, r1);
                 let out = MatMut::new(dqkv, dst(0, r0), r1 - r0, d, rs, 1);
-                be.matmul(out, ds, k_rows, scale, false);
+                be.small_matmul(out, ds, rows(keys, d, 0, r1), scale, false);
                 // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
                 let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                 let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                 // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
                 let out = MatMut::new(dqkv, dst(2, r0), r1 - r0, d, rs, 1);
-                be.matmul(out, p_cols.t(), dout(r0, s), 1.0, shared);
+                be.small_matmul(out, p_cols.t(), rows(douts, d, r0, s), 1.0, shared);
                 // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
-                let q_rows = self.head_rows(qkv.data(), seq, head, 0, r0, s);
                 let out = MatMut::new(dqkv, dst(1, r0), r1 - r0, d, rs, 1);
-                be.matmul(out, ds_cols.t(), q_rows, scale, shared);
+                be.small_matmul(out, ds_cols.t(), rows(queries, d, r0, s), scale, shared);
             }
         }
     }

@@ -205,7 +205,7 @@ fn attention_matches_naive_and_finite_differences() {
 
 #[test]
 fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
-    // s = 70 spans three 32-row blocks (the last one partial), so the skipped
+    // s = 70 spans five 16-row blocks (the last one partial), so the skipped
     // upper-triangle blocks and the block edges are exercised.
     let (s, n) = (70, 140);
     let mut l = CausalSelfAttention::new("attn", &config(s), 1);

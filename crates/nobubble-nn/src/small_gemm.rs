@@ -1,0 +1,419 @@
+//! Matrix products too small for `gemm`'s packing to pay: the attention core's per-head
+//! blocks (a 32-row block of queries against up to `s` keys, `d` = 64 deep). `gemm` runs
+//! them at about half its speed on large products, because each call packs its operands and
+//! dispatches for a few microseconds of arithmetic; this kernel reads the operands in place.
+//!
+//! Every output element is `acc = Σ_k a[i,k]·b[k,j]` summed in order of `k` with fused
+//! multiply-adds from 0, then `scale·acc`, then added to `dst` when accumulating. That is
+//! the same per element whatever the tile it falls in, and the same at every SIMD level
+//! (`mul_add` is exactly rounded everywhere), so any split of a product into row or column
+//! blocks — a decoded token's single row, a causal block, threads — gives the same bits.
+
+use crate::simd::Simd;
+use crate::tensor::{MatMut, MatRef};
+
+/// Columns of a tile: two AVX2 vectors, one AVX-512 vector.
+const NR: usize = 16;
+/// Rows of a tile: 4 × 2 AVX2 accumulators plus the loads fit in 16 registers.
+const MR: usize = 4;
+
+/// `dst = (accumulate ? dst : 0) + scale · a·b`, with `b`'s and `dst`'s rows contiguous
+/// (unit column stride); `a` may have any strides (a transposed view reads in place).
+pub(crate) fn small_matmul(
+    simd: Simd,
+    dst: MatMut<'_>,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    scale: f32,
+    accumulate: bool,
+) {
+    assert_eq!(a.cols, b.rows, "matmul inner dimensions differ");
+    assert_eq!(
+        (dst.rows, dst.cols),
+        (a.rows, b.cols),
+        "matmul output shape"
+    );
+    assert!(
+        b.col_stride == 1 && dst.col_stride == 1,
+        "small_matmul reads b's rows and writes dst's rows contiguously"
+    );
+    let p = Product {
+        m: dst.rows,
+        n: dst.cols,
+        k: a.cols,
+        dst_rs: dst.row_stride as usize,
+        a_rs: a.row_stride as usize,
+        a_cs: a.col_stride as usize,
+        b_rs: b.row_stride as usize,
+        scale,
+        accumulate,
+    };
+    if p.m == 0 || p.n == 0 {
+        return;
+    }
+    let dst = &mut dst.data[dst.offset..];
+    // An empty operand's view may start at its slice's end.
+    let a = a.data.get(a.offset..).unwrap_or_default();
+    let b = b.data.get(b.offset..).unwrap_or_default();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd != Simd::Portable {
+            p.check_bounds(dst.len(), a.len(), b.len());
+            // SAFETY: AVX2 and FMA are part of both the AVX2 and the AVX-512 level, which are
+            // only constructed after checking that the CPU supports them; every index the
+            // kernel forms lies inside the slices (checked just above).
+            return unsafe { x86::product(dst, a, b, &p) };
+        }
+    }
+    let _ = simd;
+    product(dst, a, b, &p)
+}
+
+/// `dst = srcᵀ`, row-major `[src.cols, src.rows]`, and `src` copied row by row when `transpose`
+/// is false (`[src.rows, src.cols]`): an operand laid out so that [`small_matmul`] reads
+/// its rows contiguously, and in few cache sets (a head's rows inside the fused QKV rows lie
+/// 3·h apart, a stride that maps them onto a handful of the L1 cache's sets).
+pub(crate) fn pack(simd: Simd, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+    let (rows, cols) = (src.rows, src.cols);
+    assert!(dst.len() >= rows * cols, "pack: destination too short");
+    let (rs, cs) = (src.row_stride as usize, src.col_stride as usize);
+    let at = |r: usize, c: usize| src.data[src.offset + r * rs + c * cs];
+    if !transpose {
+        for (r, out) in dst.chunks_exact_mut(cols.max(1)).take(rows).enumerate() {
+            if cs == 1 {
+                out.copy_from_slice(&src.data[src.offset + r * rs..][..cols]);
+            } else {
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = at(r, c);
+                }
+            }
+        }
+        return;
+    }
+    let (full_r, full_c) = (rows - rows % 8, cols - cols % 8);
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::Portable && cs == 1 && full_r > 0 && full_c > 0 {
+        assert!(src.offset + (full_r - 1) * rs + full_c <= src.data.len());
+        for r0 in (0..full_r).step_by(8) {
+            for c0 in (0..full_c).step_by(8) {
+                // SAFETY: AVX2 is part of both non-portable levels (checked when they are
+                // constructed); the block's source rows r0..r0+8, columns c0..c0+8 are inside
+                // the view (asserted above), its destination rows c0..c0+8, columns
+                // r0..r0+8 inside `dst` (rows·cols long).
+                unsafe {
+                    let from = src.data.as_ptr().add(src.offset + r0 * rs + c0);
+                    x86::transpose8(from, rs, dst.as_mut_ptr().add(c0 * rows + r0), rows);
+                }
+            }
+        }
+        for r in 0..rows {
+            let start = if r < full_r { full_c } else { 0 };
+            for c in start..cols {
+                dst[c * rows + r] = at(r, c);
+            }
+        }
+        return;
+    }
+    let _ = (simd, full_r, full_c);
+    for r in 0..rows {
+        for c in 0..cols {
+            dst[c * rows + r] = at(r, c);
+        }
+    }
+}
+
+/// One product's shape and strides (elements), its operands starting at index 0.
+#[derive(Clone, Copy, Debug)]
+struct Product {
+    m: usize,
+    n: usize,
+    k: usize,
+    dst_rs: usize,
+    a_rs: usize,
+    a_cs: usize,
+    b_rs: usize,
+    scale: f32,
+    accumulate: bool,
+}
+
+impl Product {
+    /// Panics unless the last element of `dst`, `a` and `b` the product addresses lies inside
+    /// slices of these lengths (the views were checked at construction; this is the kernel's
+    /// own guard before it reads through pointers).
+    fn check_bounds(&self, dst: usize, a: usize, b: usize) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert!(
+            (m - 1) * self.dst_rs + n <= dst,
+            "small_matmul: dst too short"
+        );
+        if k > 0 {
+            assert!(
+                (m - 1) * self.a_rs + (k - 1) * self.a_cs < a,
+                "small_matmul: a too short"
+            );
+            assert!((k - 1) * self.b_rs + n <= b, "small_matmul: b too short");
+        }
+    }
+}
+
+/// The AVX2 tile (also run at the AVX-512 level: two 8-lane vectors per row keep the
+/// registers' count the same and the bits are per element anyway).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{tile, Product, MR, NR};
+    use std::arch::x86_64::*;
+
+    /// [`super::product`] with the full tiles in AVX2 registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA, and [`Product::check_bounds`] must hold for the
+    /// slices.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
+        let full_rows = p.m - p.m % MR;
+        let full_cols = p.n - p.n % NR;
+        // Column panels outer: one panel of `b` (k × 16) stays in L1 across the row tiles.
+        for j0 in (0..full_cols).step_by(NR) {
+            for i0 in (0..full_rows).step_by(MR) {
+                // SAFETY: rows i0..i0+MR ≤ m and columns j0..j0+NR ≤ n, inside the checked
+                // bounds.
+                unsafe { full_tile(dst, a, b, p, i0, j0) };
+            }
+        }
+        for i0 in (0..full_rows).step_by(MR) {
+            for j0 in full_cols..p.n {
+                tile::<MR, 1>(dst, a, b, p, i0, j0);
+            }
+        }
+        for i0 in full_rows..p.m {
+            for j0 in (0..full_cols).step_by(NR) {
+                tile::<1, NR>(dst, a, b, p, i0, j0);
+            }
+            for j0 in full_cols..p.n {
+                tile::<1, 1>(dst, a, b, p, i0, j0);
+            }
+        }
+    }
+
+    /// The 8 × 8 block at `src` (rows `src_rs` apart) transposed to `dst` (rows `dst_rs`
+    /// apart), in registers.
+    ///
+    /// # Safety
+    /// AVX2 must be supported; both blocks must lie inside their allocations.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn transpose8(src: *const f32, src_rs: usize, dst: *mut f32, dst_rs: usize) {
+        // SAFETY (whole body): the caller guarantees both blocks are in bounds.
+        unsafe {
+            let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * src_rs)));
+            // Pairs of rows interleaved, then pairs of pairs, then the two 128-bit halves.
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let out = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (i, v) in out.into_iter().enumerate() {
+                _mm256_storeu_ps(dst.add(i * dst_rs), v);
+            }
+        }
+    }
+
+    /// Rows `i0..i0+4`, columns `j0..j0+16`: per step of `k`, two loads of `b`'s row,
+    /// four broadcasts of `a`, eight fused multiply-adds.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn full_tile(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product, i0: usize, j0: usize) {
+        // SAFETY (whole body): the caller guarantees the tile and `k` lie inside the
+        // product, whose addressed elements lie inside the slices.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            let ap = a.as_ptr().add(i0 * p.a_rs);
+            let bp = b.as_ptr().add(j0);
+            for kk in 0..p.k {
+                let row = bp.add(kk * p.b_rs);
+                let (b0, b1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)));
+                let col = ap.add(kk * p.a_cs);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_ss(&*col.add(r * p.a_rs));
+                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                }
+            }
+            let scale = _mm256_set1_ps(p.scale);
+            for (r, acc) in acc.iter().enumerate() {
+                let out = dst.as_mut_ptr().add((i0 + r) * p.dst_rs + j0);
+                for (half, &sum) in acc.iter().enumerate() {
+                    let o = out.add(8 * half);
+                    let mut v = _mm256_mul_ps(scale, sum);
+                    if p.accumulate {
+                        v = _mm256_add_ps(_mm256_loadu_ps(o), v);
+                    }
+                    _mm256_storeu_ps(o, v);
+                }
+            }
+        }
+    }
+}
+
+/// The product in tiles of `MR × NR`, then the column tail in 1-wide tiles, then the row
+/// tail one row at a time.
+#[inline(always)]
+fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
+    let full_rows = p.m - p.m % MR;
+    let full_cols = p.n - p.n % NR;
+    for i0 in (0..full_rows).step_by(MR) {
+        for j0 in (0..full_cols).step_by(NR) {
+            tile::<MR, NR>(dst, a, b, p, i0, j0);
+        }
+        for j0 in full_cols..p.n {
+            tile::<MR, 1>(dst, a, b, p, i0, j0);
+        }
+    }
+    for i0 in full_rows..p.m {
+        for j0 in (0..full_cols).step_by(NR) {
+            tile::<1, NR>(dst, a, b, p, i0, j0);
+        }
+        for j0 in full_cols..p.n {
+            tile::<1, 1>(dst, a, b, p, i0, j0);
+        }
+    }
+}
+
+/// Rows `i0..i0+R`, columns `j0..j0+C` of the product, accumulated in registers.
+#[inline(always)]
+fn tile<const R: usize, const C: usize>(
+    dst: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    p: &Product,
+    i0: usize,
+    j0: usize,
+) {
+    let mut acc = [[0.0f32; C]; R];
+    for kk in 0..p.k {
+        let brow: &[f32; C] = b[kk * p.b_rs + j0..][..C].try_into().expect("C columns");
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = a[(i0 + r) * p.a_rs + kk * p.a_cs];
+            for (s, &y) in acc.iter_mut().zip(brow) {
+                *s = x.mul_add(y, *s);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let out: &mut [f32; C] = (&mut dst[(i0 + r) * p.dst_rs + j0..][..C])
+            .try_into()
+            .expect("C columns");
+        for (o, &s) in out.iter_mut().zip(acc) {
+            let v = p.scale * s;
+            *o = if p.accumulate { *o + v } else { v };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain triple loop in f64: an independent reference.
+    fn naive(a: &MatRef<'_>, b: &MatRef<'_>, i: usize, j: usize) -> f64 {
+        (0..a.cols)
+            .map(|k| {
+                let x = a.data[a.offset + i * a.row_stride as usize + k * a.col_stride as usize];
+                let y = b.data[b.offset + k * b.row_stride as usize + j];
+                x as f64 * y as f64
+            })
+            .sum()
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (x % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Shapes with row and column tails, a transposed `a`, scaling and accumulation,
+    /// against f64 sums; and every SIMD level and every row split give the same bits.
+    #[test]
+    fn products_match_f64_sums_and_every_split_gives_the_same_bits() {
+        for (m, n, k) in [(1, 1, 1), (5, 17, 3), (32, 96, 64), (7, 33, 70), (4, 16, 0)] {
+            let av = values(m * k + 3, 1);
+            let bv = values(k * (n + 5) + 2, 2);
+            for transposed in [false, true] {
+                let a = if transposed {
+                    MatRef::new(&av, 3, m, k, 1, m as isize)
+                } else {
+                    MatRef::new(&av, 3, m, k, k as isize, 1)
+                };
+                let b = MatRef::new(&bv, 2, k, n, (n + 5) as isize, 1);
+                for accumulate in [false, true] {
+                    let start = values(m * n, 3);
+                    let run = |simd: Simd, rows: usize| {
+                        let mut out = start.clone();
+                        for r0 in (0..m).step_by(rows) {
+                            let r1 = (r0 + rows).min(m);
+                            let ar = MatRef::new(
+                                a.data,
+                                a.offset + r0 * a.row_stride as usize,
+                                r1 - r0,
+                                k,
+                                a.row_stride,
+                                a.col_stride,
+                            );
+                            let d = MatMut::new(&mut out, r0 * n, r1 - r0, n, n as isize, 1);
+                            small_matmul(simd, d, ar, b, 0.5, accumulate);
+                        }
+                        out
+                    };
+                    let want = run(Simd::Portable, m);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let base = if accumulate {
+                                start[i * n + j] as f64
+                            } else {
+                                0.0
+                            };
+                            let exact = base + 0.5 * naive(&a, &b, i, j);
+                            let got = want[i * n + j] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * (1.0 + k as f64),
+                                "{got} {exact}"
+                            );
+                        }
+                    }
+                    for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+                        for rows in [1, 3, m.max(1)] {
+                            let got = run(simd, rows);
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(same, "{simd}, blocks of {rows} rows: other bits");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

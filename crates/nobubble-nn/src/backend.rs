@@ -175,19 +175,20 @@ pub trait Backend: Send + Sync {
     /// also adds the bias of the linear layer that produced `src`.
     fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]);
 
-    /// In-place causal softmax of an `n×n` row-major score block: row `i` keeps
-    /// columns `0..=i`, later columns become exactly 0.
-    fn causal_softmax(&self, scores: &mut [f32], n: usize);
+    /// In-place causal softmax of rows `first..` of an `n×n` row-major score block (`scores`
+    /// holds whole rows of `n`): row `i` keeps columns `0..=i`, later columns become exactly 0.
+    /// Rows are independent, so a block of rows gives the bits of the whole.
+    fn causal_softmax(&self, scores: &mut [f32], n: usize, first: usize);
 
     /// In-place softmax of one row: the arithmetic of each row of
     /// [`Backend::causal_softmax`] over its unmasked columns (incremental decoding's last
     /// row).
     fn softmax_row(&self, row: &mut [f32]);
 
-    /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
-    /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
+    /// In-place backward of [`Backend::causal_softmax`] on rows `first..` of an `n×n` block:
+    /// for `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
     /// above the diagonal are ignored on input (they may hold anything) and set to 0.
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize);
 
     /// Mean softmax cross-entropy over rows and the probabilities the backward needs.
     /// The loss sum is accumulated in f64, in row order.

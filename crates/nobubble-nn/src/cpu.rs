@@ -495,12 +495,12 @@ impl Backend for CpuBackend {
         });
     }
 
-    fn causal_softmax(&self, scores: &mut [f32], n: usize) {
-        kernels::causal_softmax(self.simd, scores, n);
+    fn causal_softmax(&self, scores: &mut [f32], n: usize, first: usize) {
+        kernels::causal_softmax(self.simd, scores, n, first);
     }
 
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
-        kernels::causal_softmax_backward(self.simd, p, dp, n);
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize) {
+        kernels::causal_softmax_backward(self.simd, p, dp, n, first);
     }
 
     fn softmax_row(&self, row: &mut [f32]) {

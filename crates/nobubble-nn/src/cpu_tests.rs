@@ -84,7 +84,7 @@ fn every_simd_level_multiplies_correctly_and_threads_do_not_change_bits() {
 fn causal_softmax_masks_and_normalizes() {
     let be = CpuBackend::single_thread();
     let mut s = vec![1.0, 2.0, 3.0, 0.5, -1.0, 7.0, 0.0, 0.0, 0.0];
-    be.causal_softmax(&mut s, 3);
+    be.causal_softmax(&mut s, 3, 0);
     assert_eq!(&s[..3], &[1.0, 0.0, 0.0]);
     assert_eq!(s[5], 0.0);
     let e = (0.5f32).exp() / ((0.5f32).exp() + (-1.0f32).exp());

@@ -156,8 +156,8 @@ wide! {
     fn gelu_forward(u: &[f32], bias: &[f32], y: &mut [f32]);
     fn gelu_backward(u: &[f32], bias: &[f32], dy: &mut [f32]);
     fn add_with_bias(dst: &mut [f32], src: &[f32], bias: &[f32]);
-    fn causal_softmax(scores: &mut [f32], n: usize);
-    fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
+    fn causal_softmax(scores: &mut [f32], n: usize, first: usize);
+    fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize, first: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
@@ -331,9 +331,10 @@ mod portable {
     }
 
     #[inline(always)]
-    pub fn causal_softmax(scores: &mut [f32], n: usize) {
-        assert_eq!(scores.len(), n * n);
-        for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+    pub fn causal_softmax(scores: &mut [f32], n: usize, first: usize) {
+        assert!(scores.len().is_multiple_of(n.max(1)) && first + scores.len() / n.max(1) <= n);
+        for (r, row) in scores.chunks_exact_mut(n).enumerate() {
+            let i = first + r;
             let max = lane_max(&row[..=i]);
             // The exponentials in whole groups of LANES, past the diagonal up to the group's
             // end: a vector's work instead of up to 15 scalar ones (a row's tail, on every
@@ -359,9 +360,11 @@ mod portable {
     }
 
     #[inline(always)]
-    pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize) {
-        assert!(p.len() == n * n && dp.len() == n * n);
-        for (i, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
+    pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize, first: usize) {
+        let rows = dp.len() / n.max(1);
+        assert!(p.len() == dp.len() && dp.len() == rows * n && first + rows <= n);
+        for (r, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
+            let i = first + r;
             let (valid, masked) = dr.split_at_mut(i + 1);
             let pv = &pr[..=i];
             let dot = lane_dot(pv, valid);
@@ -600,6 +603,35 @@ mod tests {
         assert!(big[0] <= 0.0 && big[0] > -1e-30);
     }
 
+    /// The attention core runs the softmax and its backward on blocks of rows: each block,
+    /// told its first row, gives the bits of the whole matrix's rows.
+    #[test]
+    fn blocks_of_rows_give_the_whole_softmax_bits() {
+        let n = 37;
+        let scores: Vec<f32> = (0..n * n)
+            .map(|i| ((i as f32) * 0.41).cos() * 4.0)
+            .collect();
+        let grads: Vec<f32> = (0..n * n).map(|i| ((i as f32) * 0.29).sin()).collect();
+        for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+            let mut whole = scores.clone();
+            causal_softmax(simd, &mut whole, n, 0);
+            let mut whole_grad = grads.clone();
+            causal_softmax_backward(simd, &whole, &mut whole_grad, n, 0);
+            let (mut blocks, mut block_grads) = (scores.clone(), grads.clone());
+            for (r0, r1) in [(0, 5), (5, 16), (16, 37)] {
+                causal_softmax(simd, &mut blocks[r0 * n..r1 * n], n, r0);
+                let p = &blocks[r0 * n..r1 * n];
+                causal_softmax_backward(simd, p, &mut block_grads[r0 * n..r1 * n], n, r0);
+            }
+            assert_eq!(blocks, whole, "{simd}");
+            assert_eq!(block_grads, whole_grad, "{simd}");
+            assert!(
+                whole[n + 1] > 0.0 && whole[n + 2] == 0.0,
+                "row 1 keeps columns 0..=1"
+            );
+        }
+    }
+
     #[test]
     fn whatever_lies_past_the_diagonal_never_reaches_the_softmax() {
         // The kernel computes exponentials past the diagonal up to the end of a lane group;
@@ -617,10 +649,10 @@ mod tests {
         };
         for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
             let mut want = masked(0.0);
-            causal_softmax(simd, &mut want, n);
+            causal_softmax(simd, &mut want, n, 0);
             for fill in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -0.0] {
                 let mut got = masked(fill);
-                causal_softmax(simd, &mut got, n);
+                causal_softmax(simd, &mut got, n, 0);
                 assert_eq!(got, want, "{simd}, {fill} past the diagonal");
             }
         }
@@ -732,13 +764,13 @@ mod tests {
             }
             let mut sa: Vec<f32> = u[..n * n].to_vec();
             let mut sb = sa.clone();
-            causal_softmax(simd, &mut sa, n);
-            portable::causal_softmax(&mut sb, n);
+            causal_softmax(simd, &mut sa, n, 0);
+            portable::causal_softmax(&mut sb, n, 0);
             assert_eq!(sa, sb, "{simd}");
             let mut pa = sa.clone();
             let mut pb = sa.clone();
-            causal_softmax_backward(simd, &sb, &mut pa, n);
-            portable::causal_softmax_backward(&sb, &mut pb, n);
+            causal_softmax_backward(simd, &sb, &mut pa, n, 0);
+            portable::causal_softmax_backward(&sb, &mut pb, n, 0);
             assert_eq!(pa, pb, "{simd}");
             let (mut y1, mut x1, mut r1) =
                 (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);

@@ -194,12 +194,14 @@ impl Backend for TimingBackend<'_> {
         self.time("add", || self.inner.add_with_bias(dst, src, bias))
     }
 
-    fn causal_softmax(&self, scores: &mut [f32], n: usize) {
-        self.time("softmax", || self.inner.causal_softmax(scores, n))
+    fn causal_softmax(&self, scores: &mut [f32], n: usize, first: usize) {
+        self.time("softmax", || self.inner.causal_softmax(scores, n, first))
     }
 
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
-        self.time("softmax", || self.inner.causal_softmax_backward(p, dp, n))
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize) {
+        self.time("softmax", || {
+            self.inner.causal_softmax_backward(p, dp, n, first)
+        })
     }
 
     fn softmax_row(&self, row: &mut [f32]) {

@@ -298,16 +298,15 @@ impl CausalSelfAttention {
             be.pack(self.head_rows(qkv, 0, head, 0, 0, s), queries, false);
             be.pack(self.head_rows(qkv, 0, head, 1, 0, s), keys_t, true);
             be.pack(self.head_rows(qkv, 0, head, 2, 0, s), values, false);
-            // Scores only where the mask lets them through: row block [r0, r1)
-            // needs columns [0, r1).
+            // Block by block of rows, while the block is in L1: scores only where the mask
+            // lets them through (row block [r0, r1) needs columns [0, r1)), their softmax,
+            // and the context rows.
             for (r0, r1) in causal_blocks(s) {
                 let q_rows = MatRef::new(queries, r0 * d, r1 - r0, d, d as isize, 1);
                 let k_t = MatRef::new(keys_t, 0, d, r1, s as isize, 1);
                 let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
                 be.small_matmul(dst, q_rows, k_t, scale, false);
-            }
-            be.causal_softmax(block, s);
-            for (r0, r1) in causal_blocks(s) {
+                be.causal_softmax(&mut block[r0 * s..r1 * s], s, r0);
                 let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
                 let v_rows = MatRef::new(values, 0, r1, d, d as isize, 1);
                 let out = MatMut::new(ctx, r0 * h + head * d, r1 - r0, d, h as isize, 1);
@@ -390,7 +389,7 @@ impl CausalSelfAttention {
                 let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
                 be.small_matmul(out, rows(douts, d, r0, r1), v_t, 1.0, false);
             }
-            be.causal_softmax_backward(pdata, dscores, s);
+            be.causal_softmax_backward(pdata, dscores, s, 0);
             for (r0, r1) in causal_blocks(s) {
                 // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
                 let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);

@@ -89,9 +89,9 @@ pub trait Backend: Send + Sync {
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool);
 
     /// [`Backend::matmul`] for products too small for a packing GEMM to pay (the attention
-    /// core's per-head blocks), with `b`'s and `dst`'s rows contiguous. Each element is
-    /// summed in order of the inner index, so a row or column block of a product has the
-    /// same bits as the whole product's.
+    /// core's per-head blocks), with `b`'s and `dst`'s rows contiguous. `CpuBackend` sums
+    /// each element in order of the inner index, so a row or column block of a product has
+    /// the same bits as the whole product's; a backend without such a kernel runs `matmul`.
     fn small_matmul(
         &self,
         dst: MatMut<'_>,
@@ -99,11 +99,27 @@ pub trait Backend: Send + Sync {
         b: MatRef<'_>,
         scale: f32,
         accumulate: bool,
-    );
+    ) {
+        self.matmul(dst, a, b, scale, accumulate)
+    }
 
     /// `src` copied into `dst` row-major, transposed (`[src.cols, src.rows]`) if asked: an
     /// operand of [`Backend::small_matmul`] laid out for it.
-    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool);
+    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+        let (rows, cols) = (src.rows(), src.cols());
+        assert!(dst.len() >= rows * cols, "pack: destination too short");
+        let (rs, cs) = (src.row_stride as usize, src.col_stride as usize);
+        for r in 0..rows {
+            for c in 0..cols {
+                let v = src.data[src.offset + r * rs + c * cs];
+                dst[if transpose {
+                    c * rows + r
+                } else {
+                    r * cols + c
+                }] = v;
+            }
+        }
+    }
 
     /// Adds `v` to every row of the row-major rows `x` (`v.len()` columns): a bias add.
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]);
@@ -185,7 +201,8 @@ pub trait Backend: Send + Sync {
     /// row).
     fn softmax_row(&self, row: &mut [f32]);
 
-    /// In-place backward of [`Backend::causal_softmax`] on rows `first..` of an `n×n` block:
+    /// In-place backward of [`Backend::causal_softmax`] on rows `first..` of an `n×n` block
+    /// (the attention core passes the whole block; `first` keeps the two kernels alike):
     /// for `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
     /// above the diagonal are ignored on input (they may hold anything) and set to 0.
     fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize);

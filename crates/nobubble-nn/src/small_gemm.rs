@@ -1,7 +1,11 @@
 //! Matrix products too small for `gemm`'s packing to pay: the attention core's per-head
-//! blocks (a 32-row block of queries against up to `s` keys, `d` = 64 deep). `gemm` runs
-//! them at about half its speed on large products, because each call packs its operands and
-//! dispatches for a few microseconds of arithmetic; this kernel reads the operands in place.
+//! blocks (a 16-row block of queries against up to `s` keys, `d` = 64 deep at h 256). `gemm`
+//! runs them at about half its speed on large products, because each call packs its
+//! operands and dispatches for a few microseconds of arithmetic; this kernel runs register
+//! tiles over operands the caller packed once per head ([`pack`]).
+//!
+//! At the portable level on x86-64 each `mul_add` is a libm call (no FMA instruction in the
+//! baseline target): correct, slow, and only run when forced (`NOBUBBLE_SIMD=portable`).
 //!
 //! Every output element is `acc = Σ_k a[i,k]·b[k,j]` summed in order of `k` with fused
 //! multiply-adds from 0, then `scale·acc`, then added to `dst` when accumulating. That is
@@ -56,14 +60,12 @@ pub(crate) fn small_matmul(
     let a = a.data.get(a.offset..).unwrap_or_default();
     let b = b.data.get(b.offset..).unwrap_or_default();
     #[cfg(target_arch = "x86_64")]
-    {
-        if simd != Simd::Portable {
-            p.check_bounds(dst.len(), a.len(), b.len());
-            // SAFETY: AVX2 and FMA are part of both the AVX2 and the AVX-512 level, which are
-            // only constructed after checking that the CPU supports them; every index the
-            // kernel forms lies inside the slices (checked just above).
-            return unsafe { x86::product(dst, a, b, &p) };
-        }
+    if simd != Simd::Portable && simd.is_supported() && p.k > 0 {
+        p.check_bounds(dst.len(), a.len(), b.len());
+        // SAFETY: both non-portable levels include AVX2 and FMA, and this one is supported
+        // by this CPU (checked); with k > 0 every pointer the kernel forms lies inside the
+        // slices (checked just above).
+        return unsafe { x86::product(dst, a, b, &p) };
     }
     let _ = simd;
     product(dst, a, b, &p)
@@ -76,10 +78,13 @@ pub(crate) fn small_matmul(
 pub(crate) fn pack(simd: Simd, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
     let (rows, cols) = (src.rows, src.cols);
     assert!(dst.len() >= rows * cols, "pack: destination too short");
+    if rows == 0 || cols == 0 {
+        return;
+    }
     let (rs, cs) = (src.row_stride as usize, src.col_stride as usize);
     let at = |r: usize, c: usize| src.data[src.offset + r * rs + c * cs];
     if !transpose {
-        for (r, out) in dst.chunks_exact_mut(cols.max(1)).take(rows).enumerate() {
+        for (r, out) in dst.chunks_exact_mut(cols).take(rows).enumerate() {
             if cs == 1 {
                 out.copy_from_slice(&src.data[src.offset + r * rs..][..cols]);
             } else {
@@ -92,12 +97,12 @@ pub(crate) fn pack(simd: Simd, src: MatRef<'_>, dst: &mut [f32], transpose: bool
     }
     let (full_r, full_c) = (rows - rows % 8, cols - cols % 8);
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Portable && cs == 1 && full_r > 0 && full_c > 0 {
+    if simd != Simd::Portable && simd.is_supported() && cs == 1 && full_r > 0 && full_c > 0 {
         assert!(src.offset + (full_r - 1) * rs + full_c <= src.data.len());
         for r0 in (0..full_r).step_by(8) {
             for c0 in (0..full_c).step_by(8) {
-                // SAFETY: AVX2 is part of both non-portable levels (checked when they are
-                // constructed); the block's source rows r0..r0+8, columns c0..c0+8 are inside
+                // SAFETY: AVX2 is part of both non-portable levels, and this one is supported
+                // (checked above); the block's source rows r0..r0+8, columns c0..c0+8 are inside
                 // the view (asserted above), its destination rows c0..c0+8, columns
                 // r0..r0+8 inside `dst` (rows·cols long).
                 unsafe {
@@ -252,16 +257,16 @@ mod x86 {
                 let row = bp.add(kk * p.b_rs);
                 let (b0, b1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)));
                 let col = ap.add(kk * p.a_cs);
-                for (r, acc) in acc.iter_mut().enumerate() {
+                for (r, row_acc) in acc.iter_mut().enumerate() {
                     let x = _mm256_broadcast_ss(&*col.add(r * p.a_rs));
-                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                    row_acc[0] = _mm256_fmadd_ps(x, b0, row_acc[0]);
+                    row_acc[1] = _mm256_fmadd_ps(x, b1, row_acc[1]);
                 }
             }
             let scale = _mm256_set1_ps(p.scale);
-            for (r, acc) in acc.iter().enumerate() {
+            for (r, row_acc) in acc.iter().enumerate() {
                 let out = dst.as_mut_ptr().add((i0 + r) * p.dst_rs + j0);
-                for (half, &sum) in acc.iter().enumerate() {
+                for (half, &sum) in row_acc.iter().enumerate() {
                     let o = out.add(8 * half);
                     let mut v = _mm256_mul_ps(scale, sum);
                     if p.accumulate {
@@ -311,18 +316,18 @@ fn tile<const R: usize, const C: usize>(
     let mut acc = [[0.0f32; C]; R];
     for kk in 0..p.k {
         let brow: &[f32; C] = b[kk * p.b_rs + j0..][..C].try_into().expect("C columns");
-        for (r, acc) in acc.iter_mut().enumerate() {
+        for (r, row_acc) in acc.iter_mut().enumerate() {
             let x = a[(i0 + r) * p.a_rs + kk * p.a_cs];
-            for (s, &y) in acc.iter_mut().zip(brow) {
+            for (s, &y) in row_acc.iter_mut().zip(brow) {
                 *s = x.mul_add(y, *s);
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
+    for (r, row_acc) in acc.iter().enumerate() {
         let out: &mut [f32; C] = (&mut dst[(i0 + r) * p.dst_rs + j0..][..C])
             .try_into()
             .expect("C columns");
-        for (o, &s) in out.iter_mut().zip(acc) {
+        for (o, &s) in out.iter_mut().zip(row_acc) {
             let v = p.scale * s;
             *o = if p.accumulate { *o + v } else { v };
         }
@@ -357,7 +362,15 @@ mod tests {
     /// against f64 sums; and every SIMD level and every row split give the same bits.
     #[test]
     fn products_match_f64_sums_and_every_split_gives_the_same_bits() {
-        for (m, n, k) in [(1, 1, 1), (5, 17, 3), (32, 96, 64), (7, 33, 70), (4, 16, 0)] {
+        let scale = 0.3;
+        for (m, n, k) in [
+            (1, 1, 1),
+            (5, 17, 3),
+            (32, 96, 64),
+            (7, 33, 70),
+            (4, 16, 0),
+            (8, 32, 0),
+        ] {
             let av = values(m * k + 3, 1);
             let bv = values(k * (n + 5) + 2, 2);
             for transposed in [false, true] {
@@ -369,7 +382,8 @@ mod tests {
                 let b = MatRef::new(&bv, 2, k, n, (n + 5) as isize, 1);
                 for accumulate in [false, true] {
                     let start = values(m * n, 3);
-                    let run = |simd: Simd, rows: usize| {
+                    // In blocks of `rows` rows and `cols` columns.
+                    let run = |simd: Simd, rows: usize, cols: usize| {
                         let mut out = start.clone();
                         for r0 in (0..m).step_by(rows) {
                             let r1 = (r0 + rows).min(m);
@@ -381,12 +395,24 @@ mod tests {
                                 a.row_stride,
                                 a.col_stride,
                             );
-                            let d = MatMut::new(&mut out, r0 * n, r1 - r0, n, n as isize, 1);
-                            small_matmul(simd, d, ar, b, 0.5, accumulate);
+                            for c0 in (0..n).step_by(cols) {
+                                let c1 = (c0 + cols).min(n);
+                                let bc =
+                                    MatRef::new(b.data, b.offset + c0, k, c1 - c0, b.row_stride, 1);
+                                let d = MatMut::new(
+                                    &mut out,
+                                    r0 * n + c0,
+                                    r1 - r0,
+                                    c1 - c0,
+                                    n as isize,
+                                    1,
+                                );
+                                small_matmul(simd, d, ar, bc, scale, accumulate);
+                            }
                         }
                         out
                     };
-                    let want = run(Simd::Portable, m);
+                    let want = run(Simd::Portable, m, n);
                     for i in 0..m {
                         for j in 0..n {
                             let base = if accumulate {
@@ -394,7 +420,7 @@ mod tests {
                             } else {
                                 0.0
                             };
-                            let exact = base + 0.5 * naive(&a, &b, i, j);
+                            let exact = base + scale as f64 * naive(&a, &b, i, j);
                             let got = want[i * n + j] as f64;
                             assert!(
                                 (got - exact).abs() <= 1e-5 * (1.0 + k as f64),
@@ -403,14 +429,38 @@ mod tests {
                         }
                     }
                     for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
-                        for rows in [1, 3, m.max(1)] {
-                            let got = run(simd, rows);
+                        for (rows, cols) in [(1, n), (3, n), (m, n), (m, 1), (4, 16), (m, 20)] {
+                            let got = run(simd, rows, cols);
                             let same = got
                                 .iter()
                                 .zip(&want)
                                 .all(|(x, y)| x.to_bits() == y.to_bits());
-                            assert!(same, "{simd}, blocks of {rows} rows: other bits");
+                            assert!(same, "{simd}, blocks of {rows} × {cols}: other bits");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A packed copy and a packed transpose hold the view's elements where `small_matmul`
+    /// reads them, for shapes with and without whole 8 × 8 blocks, at every level.
+    #[test]
+    fn pack_copies_and_transposes_any_view() {
+        for (rows, cols) in [(70, 4), (13, 19), (16, 64), (1, 9), (0, 5), (5, 0)] {
+            let (offset, stride) = (7, cols + 3);
+            let data = values(offset + rows * stride + 1, 4);
+            let src = MatRef::new(&data, offset, rows, cols, stride as isize, 1);
+            let at = |r: usize, c: usize| data[offset + r * stride + c];
+            for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+                let mut copy = vec![f32::NAN; rows * cols];
+                pack(simd, src, &mut copy, false);
+                let mut t = vec![f32::NAN; rows * cols];
+                pack(simd, src, &mut t, true);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        assert_eq!(copy[r * cols + c], at(r, c), "{simd} {rows}×{cols} copy");
+                        assert_eq!(t[c * rows + r], at(r, c), "{simd} {rows}×{cols} transpose");
                     }
                 }
             }

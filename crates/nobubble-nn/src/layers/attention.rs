@@ -17,7 +17,7 @@ use crate::tensor::{MatMut, MatRef, Tensor};
 
 /// Row-block size of the causal attention products: blocks strictly above the
 /// diagonal are skipped (they are masked out anyway), which removes
-/// (1 − (k+1)/(2k)) of the score and context work for k = ⌈s/32⌉ blocks.
+/// (1 − (k+1)/(2k)) of the score and context work for k = ⌈s/16⌉ blocks.
 const CAUSAL_BLOCK: usize = 16;
 
 /// Row blocks `[r0, r1)` of a sequence of length `s`.
@@ -296,8 +296,11 @@ impl CausalSelfAttention {
         for head in 0..a {
             let block = &mut probs[head * s * s..][..s * s];
             be.pack(self.head_rows(qkv, 0, head, 0, 0, s), queries, false);
-            be.pack(self.head_rows(qkv, 0, head, 1, 0, s), keys_t, true);
-            be.pack(self.head_rows(qkv, 0, head, 2, 0, s), values, false);
+            // Query heads sharing a K/V head share its packed K and V.
+            if self.first_of_group(head) {
+                be.pack(self.head_rows(qkv, 0, head, 1, 0, s), keys_t, true);
+                be.pack(self.head_rows(qkv, 0, head, 2, 0, s), values, false);
+            }
             // Block by block of rows, while the block is in L1: scores only where the mask
             // lets them through (row block [r0, r1) needs columns [0, r1)), their softmax,
             // and the context rows.
@@ -366,47 +369,60 @@ impl CausalSelfAttention {
             let dout_rows = MatRef::new(dctx.data(), seq * s * h + head * d, s, d, h as isize, 1);
             be.pack(dout_rows, douts, false);
             be.pack(
-                self.head_rows(qkv.data(), seq, head, 2, 0, s),
-                values_t,
-                true,
-            );
-            be.pack(self.head_rows(qkv.data(), seq, head, 1, 0, s), keys, false);
-            be.pack(
                 self.head_rows(qkv.data(), seq, head, 0, 0, s),
                 queries,
                 false,
             );
-            fn rows(data: &[f32], d: usize, r0: usize, r1: usize) -> MatRef<'_> {
-                MatRef::new(data, r0 * d, r1 - r0, d, d as isize, 1)
+            // The first query head of a group packs the K/V head's K and Vᵀ and writes its
+            // gradient; the others reuse the packing and add.
+            let first = self.first_of_group(head);
+            if first {
+                be.pack(
+                    self.head_rows(qkv.data(), seq, head, 2, 0, s),
+                    values_t,
+                    true,
+                );
+                be.pack(self.head_rows(qkv.data(), seq, head, 1, 0, s), keys, false);
             }
             let rs = w as isize;
             let dst = |which: usize, r0: usize| r0 * w + self.column(head, which);
-            // The first query head of a group writes its K/V head's gradient, the others add.
-            let shared = !head.is_multiple_of(self.heads / self.kv_heads);
             // dP = dO·Vᵀ on the causal part, then dS = P ⊙ (dP − rowsum(P ⊙ dP)).
             for (r0, r1) in causal_blocks(s) {
                 let v_t = MatRef::new(values_t, 0, d, r1, s as isize, 1);
-                let out = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                be.small_matmul(out, rows(douts, d, r0, r1), v_t, 1.0, false);
+                let dp = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
+                be.small_matmul(dp, packed_rows(douts, d, r0, r1), v_t, 1.0, false);
             }
             be.causal_softmax_backward(pdata, dscores, s, 0);
             for (r0, r1) in causal_blocks(s) {
                 // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
                 let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
-                let out = MatMut::new(dqkv, dst(0, r0), r1 - r0, d, rs, 1);
-                be.small_matmul(out, ds, rows(keys, d, 0, r1), scale, false);
+                let k_rows = packed_rows(keys, d, 0, r1);
+                let dq = MatMut::new(dqkv, dst(0, r0), r1 - r0, d, rs, 1);
+                be.small_matmul(dq, ds, k_rows, scale, false);
                 // Column block [r0, r1) of P and dS is non-zero only in rows r0..s.
                 let p_cols = MatRef::new(pdata, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                 let ds_cols = MatRef::new(dscores, r0 * s + r0, s - r0, r1 - r0, s as isize, 1);
                 // dV[r0..r1] = P[r0..s, r0..r1]ᵀ · dO[r0..s]
-                let out = MatMut::new(dqkv, dst(2, r0), r1 - r0, d, rs, 1);
-                be.small_matmul(out, p_cols.t(), rows(douts, d, r0, s), 1.0, shared);
+                let dout_rows = packed_rows(douts, d, r0, s);
+                let dv = MatMut::new(dqkv, dst(2, r0), r1 - r0, d, rs, 1);
+                be.small_matmul(dv, p_cols.t(), dout_rows, 1.0, !first);
                 // dK[r0..r1] = scale · dS[r0..s, r0..r1]ᵀ · Q[r0..s]
-                let out = MatMut::new(dqkv, dst(1, r0), r1 - r0, d, rs, 1);
-                be.small_matmul(out, ds_cols.t(), rows(queries, d, r0, s), scale, shared);
+                let q_rows = packed_rows(queries, d, r0, s);
+                let dk = MatMut::new(dqkv, dst(1, r0), r1 - r0, d, rs, 1);
+                be.small_matmul(dk, ds_cols.t(), q_rows, scale, !first);
             }
         }
     }
+
+    /// Whether query head `head` is the first of the heads sharing its K/V head.
+    fn first_of_group(&self, head: usize) -> bool {
+        head.is_multiple_of(self.heads / self.kv_heads)
+    }
+}
+
+/// Rows `r0..r1` of a head's operand packed `[s, d]`.
+fn packed_rows(data: &[f32], d: usize, r0: usize, r1: usize) -> MatRef<'_> {
+    MatRef::new(data, r0 * d, r1 - r0, d, d as isize, 1)
 }
 
 impl SplitLayer for CausalSelfAttention {

@@ -155,6 +155,22 @@ fn swiglu_mlp_matches_naive_and_finite_differences() {
     });
 }
 
+/// Grouped-query attention with d = 16 (whole register tiles in the small products): the
+/// second query head of each group reuses its K/V head's packing and adds its gradient.
+#[test]
+fn llama_attention_in_whole_register_tiles_matches_naive_and_finite_differences() {
+    let cfg = GptConfig {
+        hidden: 64,
+        ..llama(4, 2, 70)
+    };
+    let mut l = CausalSelfAttention::new("attn", &cfg, 1);
+    randomize(l.params_mut(), 33);
+    let n = 2 * cfg.seq_len;
+    check_layer(&mut l, random_tensor(&[n, 64], 1.0, 34), &|p, x, dy| {
+        naive_llama_attn(p, x, dy, &cfg)
+    });
+}
+
 #[test]
 fn llama_attention_matches_naive_and_finite_differences() {
     // 4 query heads on 2 K/V heads, one K/V head for all 4, and one each; s = 70 spans

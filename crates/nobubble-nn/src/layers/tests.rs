@@ -216,6 +216,25 @@ fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
 }
 
 #[test]
+fn attention_in_whole_register_tiles_matches_naive_and_finite_differences() {
+    // d = 32: the small products run whole 4 × 16 tiles and the packing whole 8 × 8
+    // transposes; s = 70 adds the row and column tails.
+    let (h, s, n) = (64, 70, 140);
+    let cfg = GptConfig {
+        layers: 2,
+        hidden: h,
+        heads: 2,
+        seq_len: s,
+        ..GptConfig::micro()
+    };
+    let mut l = CausalSelfAttention::new("attn", &cfg, 1);
+    randomize(l.params_mut(), 31);
+    check_layer(&mut l, random_tensor(&[n, h], 1.0, 32), &|p, x, dy| {
+        naive_attn(p, x, dy, n, 2, s)
+    });
+}
+
+#[test]
 fn mlp_matches_naive_and_finite_differences() {
     let mut l = Mlp::new("mlp", H, 4 * H, Activation::Gelu, 2, 1);
     randomize(l.params_mut(), 7);

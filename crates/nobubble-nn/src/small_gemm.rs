@@ -165,7 +165,7 @@ impl Product {
 /// registers' count the same and the bits are per element anyway).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{tile, Product, MR, NR};
+    use super::{tiled, Product, MR};
     use std::arch::x86_64::*;
 
     /// [`super::product`] with the full tiles in AVX2 registers.
@@ -175,29 +175,11 @@ mod x86 {
     /// slices.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
-        let full_rows = p.m - p.m % MR;
-        let full_cols = p.n - p.n % NR;
-        // Column panels outer: one panel of `b` (k × 16) stays in L1 across the row tiles.
-        for j0 in (0..full_cols).step_by(NR) {
-            for i0 in (0..full_rows).step_by(MR) {
-                // SAFETY: rows i0..i0+MR ≤ m and columns j0..j0+NR ≤ n, inside the checked
-                // bounds.
-                unsafe { full_tile(dst, a, b, p, i0, j0) };
-            }
-        }
-        for i0 in (0..full_rows).step_by(MR) {
-            for j0 in full_cols..p.n {
-                tile::<MR, 1>(dst, a, b, p, i0, j0);
-            }
-        }
-        for i0 in full_rows..p.m {
-            for j0 in (0..full_cols).step_by(NR) {
-                tile::<1, NR>(dst, a, b, p, i0, j0);
-            }
-            for j0 in full_cols..p.n {
-                tile::<1, 1>(dst, a, b, p, i0, j0);
-            }
-        }
+        tiled(dst, a, b, p, |dst, i0, j0| {
+            // SAFETY: `tiled` passes whole tiles only (rows i0..i0+MR ≤ m, columns
+            // j0..j0+NR ≤ n), inside the bounds the caller checked; AVX2 as the caller's.
+            unsafe { full_tile(dst, a, b, p, i0, j0) }
+        });
     }
 
     /// The 8 × 8 block at `src` (rows `src_rs` apart) transposed to `dst` (rows `dst_rs`
@@ -279,16 +261,33 @@ mod x86 {
     }
 }
 
-/// The product in tiles of `MR × NR`, then the column tail in 1-wide tiles, then the row
-/// tail one row at a time.
+/// The product in tiles of `MR × NR` at the portable level.
 #[inline(always)]
 fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
+    tiled(dst, a, b, p, |dst, i0, j0| {
+        tile::<MR, NR>(dst, a, b, p, i0, j0)
+    });
+}
+
+/// The whole `MR × NR` tiles by `whole_tile(dst, i0, j0)`, column panels outer (one panel
+/// of `b`, k × 16, stays in L1 across the row tiles); then the column tail in 1-wide tiles
+/// and the row tail one row at a time.
+#[inline(always)]
+fn tiled(
+    dst: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    p: &Product,
+    mut whole_tile: impl FnMut(&mut [f32], usize, usize),
+) {
     let full_rows = p.m - p.m % MR;
     let full_cols = p.n - p.n % NR;
-    for i0 in (0..full_rows).step_by(MR) {
-        for j0 in (0..full_cols).step_by(NR) {
-            tile::<MR, NR>(dst, a, b, p, i0, j0);
+    for j0 in (0..full_cols).step_by(NR) {
+        for i0 in (0..full_rows).step_by(MR) {
+            whole_tile(dst, i0, j0);
         }
+    }
+    for i0 in (0..full_rows).step_by(MR) {
         for j0 in full_cols..p.n {
             tile::<MR, 1>(dst, a, b, p, i0, j0);
         }

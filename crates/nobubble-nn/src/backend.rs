@@ -184,8 +184,11 @@ pub trait Backend: Send + Sync {
     /// kernel, which loads every element anyway, instead of a pass of its own.
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor;
 
-    /// Turns `dy` into `du = dy ⊙ gelu'(u + bias)` in place.
-    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor);
+    /// Turns `dy` into `du = dy ⊙ gelu'(u + bias)` in place; with a non-empty `bias_grad`
+    /// (`bias.len()` long) also adds `du`'s column sums to it, with the bits of
+    /// [`Backend::accumulate_column_sums`], while each block of rows is in cache: the bias
+    /// gradient of the linear that produced `u`, without a pass of its own.
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]);
 
     /// `dst[r, j] += src[r, j] + bias[j]` (`bias` empty: `dst += src`): a residual add that
     /// also adds the bias of the linear layer that produced `src`.

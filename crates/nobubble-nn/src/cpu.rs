@@ -481,10 +481,25 @@ impl Backend for CpuBackend {
         y
     }
 
-    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor) {
+    /// With a bias gradient: per block of [`SUM_ROWS`] rows, the kernel and then that
+    /// block's column sums, as [`Backend::accumulate_column_sums`] sums them.
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]) {
         assert_eq!(u.shape(), dy.shape());
-        self.by_row_groups(u, bias, dy.data_mut(), |u, dy| {
-            kernels::gelu_backward(self.simd, u, bias, dy)
+        if bias_grad.is_empty() {
+            return self.by_row_groups(u, bias, dy.data_mut(), |u, dy| {
+                kernels::gelu_backward(self.simd, u, bias, dy)
+            });
+        }
+        let (rows, cols) = (dy.rows(), dy.cols());
+        assert!(
+            bias.len() == cols && bias_grad.len() == cols,
+            "one bias per column"
+        );
+        let blocks = dy.data_mut().chunks_mut(SUM_ROWS * cols.max(1)).collect();
+        self.row_block_sums(rows, cols, bias_grad, blocks, |rows, du, part| {
+            let u = &u.data()[rows.start * cols..rows.end * cols];
+            kernels::gelu_backward(self.simd, u, bias, du);
+            kernels::column_sums(self.simd, part, du);
         });
     }
 

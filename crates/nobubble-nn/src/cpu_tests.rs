@@ -100,3 +100,33 @@ fn cross_entropy_of_uniform_logits_is_ln_vocab() {
     assert!((loss - (256f32).ln()).abs() < 1e-5);
     assert!((probs.data()[0] - 1.0 / 256.0).abs() < 1e-7);
 }
+
+/// The GELU backward that also sums the bias gradient gives the bits of the kernel followed
+/// by `accumulate_column_sums`, on one thread and two, with rows that do not fill the last
+/// block of 64 and a bias gradient that already holds a value.
+#[test]
+fn gelu_backward_sums_the_bias_gradient_as_the_column_sums_do() {
+    // Enough elements (over 64 Ki) that two threads split the blocks.
+    let (rows, cols) = (300, 256);
+    let values = |seed: f32| -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i as f32 + seed) * 0.173).sin() * 3.0)
+            .collect()
+    };
+    let u = Tensor::from_vec(&[rows, cols], values(1.0)).unwrap();
+    let dy = Tensor::from_vec(&[rows, cols], values(2.0)).unwrap();
+    let bias: Vec<f32> = (0..cols).map(|j| j as f32 * 0.01 - 0.2).collect();
+    let start: Vec<f32> = (0..cols).map(|j| j as f32 * 0.5).collect();
+    for be in [CpuBackend::single_thread(), CpuBackend::with_threads(2)] {
+        let mut want = dy.clone();
+        be.gelu_backward(&u, &bias, &mut want, &mut []);
+        let mut want_sums = start.clone();
+        be.accumulate_column_sums(&mut want_sums, &want);
+        let mut got = dy.clone();
+        let mut got_sums = start.clone();
+        be.gelu_backward(&u, &bias, &mut got, &mut got_sums);
+        assert_eq!(got.data(), want.data(), "{be:?}");
+        assert_eq!(got_sums, want_sums, "{be:?}");
+        assert_ne!(got_sums, start, "the sums were added");
+    }
+}

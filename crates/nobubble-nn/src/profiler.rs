@@ -186,8 +186,9 @@ impl Backend for TimingBackend<'_> {
         self.time("gelu", || self.inner.gelu_forward(u, bias))
     }
 
-    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor) {
-        self.time("gelu", || self.inner.gelu_backward(u, bias, dy))
+    /// Timed as `gelu`, with the bias gradient it sums on the way.
+    fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]) {
+        self.time("gelu", || self.inner.gelu_backward(u, bias, dy, bias_grad))
     }
 
     fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {

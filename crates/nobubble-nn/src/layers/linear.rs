@@ -169,18 +169,16 @@ impl Linear {
         Ok(y)
     }
 
-    /// Output feature count.
-    pub fn out_features(&self) -> usize {
-        self.weight.value.shape()[usize::from(!self.transposed)]
-    }
-}
-
-impl SplitLayer for Linear {
-    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        self.forward_with(be, mb, x, Self::apply)
-    }
-
-    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+    /// I, with the bias gradient already summed by the caller (`dbias`: the column sums of
+    /// `dy`, as [`Backend::accumulate_column_sums`] sums them; empty without a bias), or
+    /// summed here (`None`).
+    pub(crate) fn backward_input_given(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        dy: Tensor,
+        dbias: Option<Vec<f32>>,
+    ) -> Result<Tensor> {
         self.state.check_input_grad(mb)?;
         if dy.cols() != self.out_features() {
             return Err(NnError::BadInput(format!(
@@ -200,14 +198,40 @@ impl SplitLayer for Linear {
         }
         let x = self.state.take_forward(mb)?;
         let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
-        let mut dbias = vec![0.0; self.bias.as_ref().map_or(0, |_| dy.cols())];
-        if !dbias.is_empty() {
-            be.accumulate_column_sums(&mut dbias, &dy);
+        let dbias = dbias.unwrap_or_else(|| {
+            let mut dbias = vec![0.0; self.bias.as_ref().map_or(0, |_| dy.cols())];
+            if !dbias.is_empty() {
+                be.accumulate_column_sums(&mut dbias, &dy);
+            }
+            dbias
+        });
+        if dbias.len() != self.bias.as_ref().map_or(0, |_| dy.cols()) {
+            return Err(NnError::BadInput(format!(
+                "layer `{}`: a bias gradient of {} values for {} biases",
+                self.state.layer(),
+                dbias.len(),
+                self.bias.as_ref().map_or(0, |_| dy.cols())
+            )));
         }
         be.matmul(dx.mat_mut(), dy.mat(), self.w().t(), 1.0, false);
         self.state
             .queue_weight_grad(mb, WeightGradInputs { x, dy, dbias });
         Ok(dx)
+    }
+
+    /// Output feature count.
+    pub fn out_features(&self) -> usize {
+        self.weight.value.shape()[usize::from(!self.transposed)]
+    }
+}
+
+impl SplitLayer for Linear {
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
+        self.forward_with(be, mb, x, Self::apply)
+    }
+
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+        self.backward_input_given(be, mb, dy, None)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

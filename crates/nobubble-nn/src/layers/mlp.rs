@@ -124,13 +124,17 @@ impl SplitLayer for Mlp {
             Activation::Gelu => {
                 // The live bias is the one F added, as the live weights are the ones F
                 // multiplied by: parameters change only between steps.
-                be.gelu_backward(&u, self.fc1.bias_values(), &mut dg);
-                dg
+                // fc1's bias gradient is summed inside the kernel (empty: no bias).
+                let bias = self.fc1.bias_values();
+                let mut dbias = vec![0.0; bias.len()];
+                be.gelu_backward(&u, bias, &mut dg, &mut dbias);
+                (dg, Some(dbias))
             }
-            Activation::SwiGlu => be.swiglu_backward(&u, &dg),
+            Activation::SwiGlu => (be.swiglu_backward(&u, &dg), None),
         };
         drop(u);
-        self.fc1.backward_input(be, mb, du)
+        let (du, dbias) = du;
+        self.fc1.backward_input_given(be, mb, du, dbias)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

@@ -106,19 +106,7 @@ pub trait Backend: Send + Sync {
     /// `src` copied into `dst` row-major, transposed (`[src.cols, src.rows]`) if asked: an
     /// operand of [`Backend::small_matmul`] laid out for it.
     fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
-        let (rows, cols) = (src.rows(), src.cols());
-        assert!(dst.len() >= rows * cols, "pack: destination too short");
-        let (rs, cs) = (src.row_stride as usize, src.col_stride as usize);
-        for r in 0..rows {
-            for c in 0..cols {
-                let v = src.data[src.offset + r * rs + c * cs];
-                dst[if transpose {
-                    c * rows + r
-                } else {
-                    r * cols + c
-                }] = v;
-            }
-        }
+        crate::small_gemm::pack(crate::simd::Simd::Portable, src, dst, transpose)
     }
 
     /// Adds `v` to every row of the row-major rows `x` (`v.len()` columns): a bias add.
@@ -204,11 +192,10 @@ pub trait Backend: Send + Sync {
     /// row).
     fn softmax_row(&self, row: &mut [f32]);
 
-    /// In-place backward of [`Backend::causal_softmax`] on rows `first..` of an `n×n` block
-    /// (the attention core passes the whole block; `first` keeps the two kernels alike):
-    /// for `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
+    /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
+    /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
     /// above the diagonal are ignored on input (they may hold anything) and set to 0.
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize);
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
 
     /// Mean softmax cross-entropy over rows and the probabilities the backward needs.
     /// The loss sum is accumulated in f64, in row order.

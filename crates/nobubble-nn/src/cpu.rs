@@ -514,8 +514,8 @@ impl Backend for CpuBackend {
         kernels::causal_softmax(self.simd, scores, n, first);
     }
 
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize) {
-        kernels::causal_softmax_backward(self.simd, p, dp, n, first);
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
+        kernels::causal_softmax_backward(self.simd, p, dp, n);
     }
 
     fn softmax_row(&self, row: &mut [f32]) {

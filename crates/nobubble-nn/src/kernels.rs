@@ -157,7 +157,7 @@ wide! {
     fn gelu_backward(u: &[f32], bias: &[f32], dy: &mut [f32]);
     fn add_with_bias(dst: &mut [f32], src: &[f32], bias: &[f32]);
     fn causal_softmax(scores: &mut [f32], n: usize, first: usize);
-    fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize, first: usize);
+    fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
@@ -360,11 +360,9 @@ mod portable {
     }
 
     #[inline(always)]
-    pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize, first: usize) {
-        let rows = dp.len() / n.max(1);
-        assert!(p.len() == dp.len() && dp.len() == rows * n && first + rows <= n);
-        for (r, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
-            let i = first + r;
+    pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize) {
+        assert!(p.len() == n * n && dp.len() == n * n);
+        for (i, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
             let (valid, masked) = dr.split_at_mut(i + 1);
             let pv = &pr[..=i];
             let dot = lane_dot(pv, valid);
@@ -603,28 +601,22 @@ mod tests {
         assert!(big[0] <= 0.0 && big[0] > -1e-30);
     }
 
-    /// The attention core runs the softmax and its backward on blocks of rows: each block,
-    /// told its first row, gives the bits of the whole matrix's rows.
+    /// The attention core runs the softmax on blocks of rows: each block, told its first
+    /// row, gives the bits of the whole matrix's rows.
     #[test]
     fn blocks_of_rows_give_the_whole_softmax_bits() {
         let n = 37;
         let scores: Vec<f32> = (0..n * n)
             .map(|i| ((i as f32) * 0.41).cos() * 4.0)
             .collect();
-        let grads: Vec<f32> = (0..n * n).map(|i| ((i as f32) * 0.29).sin()).collect();
         for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
             let mut whole = scores.clone();
             causal_softmax(simd, &mut whole, n, 0);
-            let mut whole_grad = grads.clone();
-            causal_softmax_backward(simd, &whole, &mut whole_grad, n, 0);
-            let (mut blocks, mut block_grads) = (scores.clone(), grads.clone());
+            let mut blocks = scores.clone();
             for (r0, r1) in [(0, 5), (5, 16), (16, 37)] {
                 causal_softmax(simd, &mut blocks[r0 * n..r1 * n], n, r0);
-                let p = &blocks[r0 * n..r1 * n];
-                causal_softmax_backward(simd, p, &mut block_grads[r0 * n..r1 * n], n, r0);
             }
             assert_eq!(blocks, whole, "{simd}");
-            assert_eq!(block_grads, whole_grad, "{simd}");
             assert!(
                 whole[n + 1] > 0.0 && whole[n + 2] == 0.0,
                 "row 1 keeps columns 0..=1"
@@ -769,8 +761,8 @@ mod tests {
             assert_eq!(sa, sb, "{simd}");
             let mut pa = sa.clone();
             let mut pb = sa.clone();
-            causal_softmax_backward(simd, &sb, &mut pa, n, 0);
-            portable::causal_softmax_backward(&sb, &mut pb, n, 0);
+            causal_softmax_backward(simd, &sb, &mut pa, n);
+            portable::causal_softmax_backward(&sb, &mut pb, n);
             assert_eq!(pa, pb, "{simd}");
             let (mut y1, mut x1, mut r1) =
                 (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);

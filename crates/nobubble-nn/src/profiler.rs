@@ -199,10 +199,8 @@ impl Backend for TimingBackend<'_> {
         self.time("softmax", || self.inner.causal_softmax(scores, n, first))
     }
 
-    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize, first: usize) {
-        self.time("softmax", || {
-            self.inner.causal_softmax_backward(p, dp, n, first)
-        })
+    fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize) {
+        self.time("softmax", || self.inner.causal_softmax_backward(p, dp, n))
     }
 
     fn softmax_row(&self, row: &mut [f32]) {

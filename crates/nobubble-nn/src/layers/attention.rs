@@ -134,19 +134,12 @@ impl CausalSelfAttention {
         }
     }
 
-    /// Rows `r0..r1` of Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`.
-    fn head_rows<'a>(
-        &self,
-        qkv: &'a [f32],
-        seq: usize,
-        head: usize,
-        which: usize,
-        r0: usize,
-        r1: usize,
-    ) -> MatRef<'a> {
+    /// Q, K or V (`which` = 0, 1, 2) of head `head` in sequence `seq`: `[s, d]`, rows 3·h
+    /// apart.
+    fn head_rows<'a>(&self, qkv: &'a [f32], seq: usize, head: usize, which: usize) -> MatRef<'a> {
         let (w, s) = (self.qkv_width(), self.seq_len);
-        let offset = (seq * s + r0) * w + self.column(head, which);
-        MatRef::new(qkv, offset, r1 - r0, self.head_dim(), w as isize, 1)
+        let offset = seq * s * w + self.column(head, which);
+        MatRef::new(qkv, offset, s, self.head_dim(), w as isize, 1)
     }
 
     /// Rotates Q and K of every row by its position (`inverse`: back, for gradients).
@@ -295,23 +288,23 @@ impl CausalSelfAttention {
         let (keys_t, values) = rest.split_at_mut(s * d);
         for head in 0..a {
             let block = &mut probs[head * s * s..][..s * s];
-            be.pack(self.head_rows(qkv, 0, head, 0, 0, s), queries, false);
+            be.pack(self.head_rows(qkv, 0, head, 0), queries, false);
             // Query heads sharing a K/V head share its packed K and V.
             if self.first_of_group(head) {
-                be.pack(self.head_rows(qkv, 0, head, 1, 0, s), keys_t, true);
-                be.pack(self.head_rows(qkv, 0, head, 2, 0, s), values, false);
+                be.pack(self.head_rows(qkv, 0, head, 1), keys_t, true);
+                be.pack(self.head_rows(qkv, 0, head, 2), values, false);
             }
             // Block by block of rows, while the block is in L1: scores only where the mask
             // lets them through (row block [r0, r1) needs columns [0, r1)), their softmax,
             // and the context rows.
             for (r0, r1) in causal_blocks(s) {
-                let q_rows = MatRef::new(queries, r0 * d, r1 - r0, d, d as isize, 1);
+                let q_rows = packed_rows(queries, d, r0, r1);
                 let k_t = MatRef::new(keys_t, 0, d, r1, s as isize, 1);
                 let dst = MatMut::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
                 be.small_matmul(dst, q_rows, k_t, scale, false);
                 be.causal_softmax(&mut block[r0 * s..r1 * s], s, r0);
                 let p = MatRef::new(block, r0 * s, r1 - r0, r1, s as isize, 1);
-                let v_rows = MatRef::new(values, 0, r1, d, d as isize, 1);
+                let v_rows = packed_rows(values, d, 0, r1);
                 let out = MatMut::new(ctx, r0 * h + head * d, r1 - r0, d, h as isize, 1);
                 be.small_matmul(out, p, v_rows, 1.0, false);
             }
@@ -368,21 +361,13 @@ impl CausalSelfAttention {
             let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
             let dout_rows = MatRef::new(dctx.data(), seq * s * h + head * d, s, d, h as isize, 1);
             be.pack(dout_rows, douts, false);
-            be.pack(
-                self.head_rows(qkv.data(), seq, head, 0, 0, s),
-                queries,
-                false,
-            );
+            be.pack(self.head_rows(qkv.data(), seq, head, 0), queries, false);
             // The first query head of a group packs the K/V head's K and Vᵀ and writes its
             // gradient; the others reuse the packing and add.
             let first = self.first_of_group(head);
             if first {
-                be.pack(
-                    self.head_rows(qkv.data(), seq, head, 2, 0, s),
-                    values_t,
-                    true,
-                );
-                be.pack(self.head_rows(qkv.data(), seq, head, 1, 0, s), keys, false);
+                be.pack(self.head_rows(qkv.data(), seq, head, 2), values_t, true);
+                be.pack(self.head_rows(qkv.data(), seq, head, 1), keys, false);
             }
             let rs = w as isize;
             let dst = |which: usize, r0: usize| r0 * w + self.column(head, which);
@@ -392,7 +377,7 @@ impl CausalSelfAttention {
                 let dp = MatMut::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);
                 be.small_matmul(dp, packed_rows(douts, d, r0, r1), v_t, 1.0, false);
             }
-            be.causal_softmax_backward(pdata, dscores, s, 0);
+            be.causal_softmax_backward(pdata, dscores, s);
             for (r0, r1) in causal_blocks(s) {
                 // dQ[r0..r1] = scale · dS[r0..r1, 0..r1] · K[0..r1]
                 let ds = MatRef::new(dscores, r0 * s, r1 - r0, r1, s as isize, 1);

@@ -198,19 +198,20 @@ impl Linear {
         }
         let x = self.state.take_forward(mb)?;
         let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
+        let biases = self.bias.as_ref().map_or(0, |_| dy.cols());
         let dbias = dbias.unwrap_or_else(|| {
-            let mut dbias = vec![0.0; self.bias.as_ref().map_or(0, |_| dy.cols())];
-            if !dbias.is_empty() {
+            let mut dbias = vec![0.0; biases];
+            if biases > 0 {
                 be.accumulate_column_sums(&mut dbias, &dy);
             }
             dbias
         });
-        if dbias.len() != self.bias.as_ref().map_or(0, |_| dy.cols()) {
+        if dbias.len() != biases {
             return Err(NnError::BadInput(format!(
-                "layer `{}`: a bias gradient of {} values for {} biases",
+                "layer `{}`: a bias gradient of {} values for {biases} biases; pass one column \
+                 sum of the output gradient per bias (none without a bias)",
                 self.state.layer(),
                 dbias.len(),
-                self.bias.as_ref().map_or(0, |_| dy.cols())
             )));
         }
         be.matmul(dx.mat_mut(), dy.mat(), self.w().t(), 1.0, false);

@@ -120,7 +120,7 @@ impl SplitLayer for Mlp {
         self.fc1.check_input_grad(mb)?;
         let mut dg = self.fc2.backward_input(be, mb, dy)?;
         let u = self.act.take_forward(mb)?;
-        let du = match self.activation {
+        let (du, dbias) = match self.activation {
             Activation::Gelu => {
                 // The live bias is the one F added, as the live weights are the ones F
                 // multiplied by: parameters change only between steps.
@@ -133,7 +133,6 @@ impl SplitLayer for Mlp {
             Activation::SwiGlu => (be.swiglu_backward(&u, &dg), None),
         };
         drop(u);
-        let (du, dbias) = du;
         self.fc1.backward_input_given(be, mb, du, dbias)
     }
 

@@ -194,7 +194,9 @@ pub trait Backend: Send + Sync {
 
     /// In-place backward of [`Backend::causal_softmax`] on an `n×n` block: for
     /// `j ≤ i`, `dp[i,j]` becomes `p[i,j]·(dp[i,j] − Σ_{k≤i} p[i,k]·dp[i,k])`; entries
-    /// above the diagonal are ignored on input (they may hold anything) and set to 0.
+    /// of `dp` above the diagonal are ignored on input (they may hold anything) and set to
+    /// 0. `p` is [`Backend::causal_softmax`]'s output, 0 above the diagonal (the kernel
+    /// reads a few of those zeros to stay in whole vectors).
     fn causal_softmax_backward(&self, p: &[f32], dp: &mut [f32], n: usize);
 
     /// Mean softmax cross-entropy over rows and the probabilities the backward needs.

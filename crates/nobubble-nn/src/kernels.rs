@@ -334,25 +334,21 @@ mod portable {
     pub fn causal_softmax(scores: &mut [f32], n: usize, first: usize) {
         assert!(scores.len().is_multiple_of(n.max(1)) && first + scores.len() / n.max(1) <= n);
         for (r, row) in scores.chunks_exact_mut(n).enumerate() {
-            let i = first + r;
-            let max = lane_max(&row[..=i]);
-            // The exponentials in whole groups of LANES, past the diagonal up to the group's
-            // end: a vector's work instead of up to 15 scalar ones (a row's tail, on every
-            // row). The masked values computed there (whatever the buffer held) are zeroed
-            // below and never reach a sum.
-            let groups = (i + 1).next_multiple_of(LANES).min(n);
-            let mut chunks = row[..groups].chunks_exact_mut(LANES);
-            for g in &mut chunks {
-                for v in g {
-                    *v = fast_exp(*v - max);
-                }
-            }
-            for v in chunks.into_remainder() {
+            let valid = first + r + 1;
+            // Every step runs over whole groups of LANES, the last one padded past the
+            // diagonal: vector work instead of a scalar tail of up to 15 elements, three
+            // times per row. The padding is −∞ for the max and 0 after the exponentials, so
+            // the max, and the sum (lane for lane, adding zeros), have the valid part's bits.
+            let groups = valid.next_multiple_of(LANES).min(n);
+            let (row, masked) = row.split_at_mut(groups);
+            row[valid..].fill(f32::NEG_INFINITY);
+            let max = lane_max(row);
+            for v in row.iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            let (valid, masked) = row.split_at_mut(i + 1);
-            let inv = 1.0 / lane_sum(valid);
-            for v in valid.iter_mut() {
+            row[valid..].fill(0.0);
+            let inv = 1.0 / lane_sum(row);
+            for v in row.iter_mut() {
                 *v *= inv;
             }
             masked.fill(0.0);
@@ -363,13 +359,17 @@ mod portable {
     pub fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize) {
         assert!(p.len() == n * n && dp.len() == n * n);
         for (i, (pr, dr)) in p.chunks_exact(n).zip(dp.chunks_exact_mut(n)).enumerate() {
-            let (valid, masked) = dr.split_at_mut(i + 1);
-            let pv = &pr[..=i];
-            let dot = lane_dot(pv, valid);
-            for (d, &p) in valid.iter_mut().zip(pv) {
+            // Whole groups of LANES, as in the forward: P is 0 past the diagonal, and so is
+            // dP's padding once zeroed, so the dot product has the valid part's bits.
+            let valid = i + 1;
+            let groups = valid.next_multiple_of(LANES).min(n);
+            dr[valid..groups].fill(0.0);
+            let (row, pv) = (&mut dr[..groups], &pr[..groups]);
+            let dot = lane_dot(pv, row);
+            for (d, &p) in row.iter_mut().zip(pv) {
                 *d = p * (*d - dot);
             }
-            masked.fill(0.0);
+            dr[valid..].fill(0.0);
         }
     }
 
@@ -646,6 +646,38 @@ mod tests {
                 let mut got = masked(fill);
                 causal_softmax(simd, &mut got, n, 0);
                 assert_eq!(got, want, "{simd}, {fill} past the diagonal");
+            }
+        }
+    }
+
+    /// The kernels pad a row to whole vectors; a row's bits must still be those of its
+    /// valid part alone: the decoding softmax over the prefix, and for the backward the
+    /// formula over the prefix (whatever `dp` held past the diagonal).
+    #[test]
+    fn padded_rows_have_the_bits_of_their_valid_part() {
+        for n in [37, 48] {
+            let scores: Vec<f32> = (0..n * n)
+                .map(|i| ((i as f32) * 0.29).sin() * 6.0)
+                .collect();
+            let grads: Vec<f32> = (0..n * n).map(|i| ((i as f32) * 0.61).cos()).collect();
+            for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+                let mut p = scores.clone();
+                causal_softmax(simd, &mut p, n, 0);
+                let mut dp = grads.clone();
+                for i in 0..n {
+                    dp[i * n + i + 1..(i + 1) * n].fill(f32::NAN);
+                }
+                causal_softmax_backward(simd, &p, &mut dp, n);
+                for i in 0..n {
+                    let mut prefix = scores[i * n..][..=i].to_vec();
+                    softmax_rows(simd, &mut prefix, i + 1, &mut [0.0], &mut [0.0]);
+                    assert_eq!(&p[i * n..][..=i], &prefix[..], "{simd}, n {n}, row {i}");
+                    let (pv, gv) = (&prefix[..], &grads[i * n..][..=i]);
+                    let dot = lane_dot(pv, gv);
+                    let want: Vec<f32> = pv.iter().zip(gv).map(|(&p, &g)| p * (g - dot)).collect();
+                    assert_eq!(&dp[i * n..][..=i], &want[..], "{simd}, n {n}, row {i}");
+                    assert!(dp[i * n + i + 1..(i + 1) * n].iter().all(|&v| v == 0.0));
+                }
             }
         }
     }

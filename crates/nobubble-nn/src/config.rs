@@ -307,16 +307,18 @@ impl GptConfig {
     /// input; after I the linears' inputs with their output gradients, and the bias and
     /// norm-parameter gradients I computed (W adds them). Llama: [`Self::llama_block_bytes`].
     /// What the runtime checks memory with before it measures; its tests check it against
-    /// the bytes the built stages hold.
+    /// the bytes the built stages hold. GELU's output, fc2's input, is stored with padded
+    /// rows where they would alias in L1 (`Tensor::for_overwrite_padded`).
     pub fn block_bytes(&self) -> (f64, f64) {
         if self.arch == Arch::Llama {
             return self.llama_block_bytes();
         }
         let (h, f) = (self.hidden as f64, self.ffn_hidden() as f64);
+        let g = crate::tensor::padded_row_len(self.ffn_hidden()) as f64;
         let probs = (self.heads * self.seq_len) as f64;
         let tokens = self.tokens_per_microbatch() as f64;
-        let after_f = tokens * (8.0 * h + 2.0 * f + probs + 2.0);
-        let after_i = tokens * (8.0 * h + 2.0 * f) + 9.0 * h + f;
+        let after_f = tokens * (8.0 * h + f + g + probs + 2.0);
+        let after_i = tokens * (8.0 * h + f + g) + 9.0 * h + f;
         (4.0 * after_f, 4.0 * after_i)
     }
 

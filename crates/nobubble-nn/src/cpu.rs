@@ -473,11 +473,35 @@ impl Backend for CpuBackend {
             });
     }
 
+    /// The output's rows are padded where their length would alias in L1 (fc2's weight
+    /// gradient reads it; [`Tensor::for_overwrite_padded`]).
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
-        let mut y = Tensor::for_overwrite(u.shape());
-        self.by_row_groups(u, bias, y.data_mut(), |u, y| {
-            kernels::gelu_forward(self.simd, u, bias, y)
-        });
+        let (rows, cols) = (u.rows(), u.cols());
+        let mut y = Tensor::for_overwrite_padded(rows, cols);
+        let stride = y.row_stride();
+        if stride == cols {
+            self.by_row_groups(u, bias, y.data_mut(), |u, y| {
+                kernels::gelu_forward(self.simd, u, bias, y)
+            });
+            return y;
+        }
+        assert!(
+            bias.is_empty() || bias.len() == cols,
+            "one bias value per column"
+        );
+        let rows_of = |y: &mut [f32], u: &[f32]| {
+            for (y, u) in y.chunks_mut(stride).zip(u.chunks_exact(cols)) {
+                kernels::gelu_forward(self.simd, u, bias, &mut y[..cols]);
+            }
+        };
+        let group = self.rows_per_group(rows, cols);
+        if group >= rows {
+            rows_of(y.storage_mut(), u.data());
+        } else {
+            (y.storage_mut().par_chunks_mut(group * stride))
+                .zip(u.data().par_chunks(group * cols))
+                .for_each(|(y, u)| rows_of(y, u));
+        }
         y
     }
 

@@ -130,3 +130,42 @@ fn gelu_backward_sums_the_bias_gradient_as_the_column_sums_do() {
         assert_ne!(got_sums, start, "the sums were added");
     }
 }
+
+/// At a width whose rows would start 2 KiB apart, GELU's output is stored with padded rows:
+/// each row has the bits of the kernel on that row alone, on one thread and two, the
+/// padding is counted in the bytes held, and the rows read back through `mat`.
+#[test]
+fn gelu_output_rows_are_padded_where_they_would_alias_and_keep_their_bits() {
+    for (rows, cols, padded) in [(300, 512, true), (300, 1024, true), (70, 256, false)] {
+        let u: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.173).sin() * 3.0)
+            .collect();
+        let bias: Vec<f32> = (0..cols).map(|j| j as f32 * 0.01 - 0.2).collect();
+        let u = Tensor::from_vec(&[rows, cols], u).unwrap();
+        for be in [CpuBackend::single_thread(), CpuBackend::with_threads(2)] {
+            let y = be.gelu_forward(&u, &bias);
+            let stride = if padded { cols + 16 } else { cols };
+            assert_eq!(y.size_bytes(), 4 * rows * stride, "{be:?}, {cols} columns");
+            assert_eq!((y.rows(), y.cols(), y.len()), (rows, cols, rows * cols));
+            let mut out = Tensor::zeros(&[rows, cols]);
+            // Reading through `mat`, as the products do: an identity product copies it.
+            let mut eye = Tensor::zeros(&[cols, cols]);
+            (0..cols).for_each(|j| eye.data_mut()[j * cols + j] = 1.0);
+            be.matmul(out.mat_mut(), y.mat(), eye.mat(), 1.0, false);
+            for r in [0, 1, rows / 2, rows - 1] {
+                let mut want = vec![0.0; cols];
+                crate::kernels::gelu_forward(
+                    be.simd(),
+                    &u.data()[r * cols..][..cols],
+                    &bias,
+                    &mut want,
+                );
+                assert_eq!(
+                    &out.data()[r * cols..][..cols],
+                    &want[..],
+                    "{be:?}, row {r}"
+                );
+            }
+        }
+    }
+}

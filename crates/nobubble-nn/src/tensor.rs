@@ -7,10 +7,31 @@
 
 /// Dense row-major f32 tensor. Matrices are 2-D `[rows, cols]`; activations are
 /// `[tokens, features]` with `tokens = microbatch_size × seq_len`.
+///
+/// A few activations are stored with padded rows ([`Tensor::for_overwrite_padded`]); they
+/// are read through [`Tensor::mat`] only, and [`Tensor::data`] refuses them.
 #[derive(Debug, PartialEq)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
+    /// Elements from one row's start to the next's: `cols`, or more when padded.
+    row_stride: usize,
+}
+
+/// Rows whose starts lie a multiple of this many bytes apart fall into the same few L1
+/// sets, and `gemm` packs a strided operand from such rows several times slower.
+const ALIASING_ROW_BYTES: usize = 2048;
+/// What a padded row gets: one cache line.
+const ROW_PAD: usize = 16;
+
+/// The row stride [`Tensor::for_overwrite_padded`] gives rows of `cols` elements.
+pub(crate) fn padded_row_len(cols: usize) -> usize {
+    let bytes = cols * std::mem::size_of::<f32>();
+    if cols > 0 && bytes.is_multiple_of(ALIASING_ROW_BYTES) {
+        cols + ROW_PAD
+    } else {
+        cols
+    }
 }
 
 impl Tensor {
@@ -19,6 +40,7 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: crate::pool::zeroed(shape.iter().product()),
+            row_stride: shape.last().copied().unwrap_or(1),
         }
     }
 
@@ -29,7 +51,41 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: crate::pool::for_overwrite(shape.iter().product()),
+            row_stride: shape.last().copied().unwrap_or(1),
         }
+    }
+
+    /// [`Tensor::for_overwrite`] `[rows, cols]`, with each row padded by a cache line when
+    /// rows would otherwise start a multiple of 2 KiB apart. For a layer input a weight
+    /// gradient reads as `gemm`'s right operand: fc2's at `4h = 1024` ran at 84 GFLOP/s
+    /// unpadded and 91 padded (`BENCHMARKS.md`). The padding is never read and is counted
+    /// in [`Tensor::size_bytes`], as it is held.
+    pub(crate) fn for_overwrite_padded(rows: usize, cols: usize) -> Self {
+        let row_stride = padded_row_len(cols);
+        Tensor {
+            shape: vec![rows, cols],
+            data: crate::pool::for_overwrite(rows * row_stride),
+            row_stride,
+        }
+    }
+
+    /// Elements from one row's start to the next's (`cols` unless padded).
+    pub(crate) fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
+    /// Write access to the storage, padding included (rows [`Tensor::row_stride`] apart).
+    pub(crate) fn storage_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    fn assert_unpadded(&self) {
+        assert!(
+            self.row_stride == self.cols(),
+            "a tensor with padded rows ({} of {} columns) is read through `mat` only",
+            self.row_stride,
+            self.cols()
+        );
     }
 
     /// Wraps existing data; fails if `data.len()` does not match the shape, since a
@@ -43,6 +99,7 @@ impl Tensor {
             )));
         }
         Ok(Tensor {
+            row_stride: shape.last().copied().unwrap_or(1),
             shape: shape.to_vec(),
             data,
         })
@@ -55,30 +112,33 @@ impl Tensor {
 
     /// Read access to the contiguous storage.
     pub fn data(&self) -> &[f32] {
+        self.assert_unpadded();
         &self.data
     }
 
     /// Write access to the contiguous storage.
     pub fn data_mut(&mut self) -> &mut [f32] {
+        self.assert_unpadded();
         &mut self.data
     }
 
     /// Consumes the tensor, returning its storage.
     pub fn into_vec(mut self) -> Vec<f32> {
+        self.assert_unpadded();
         std::mem::take(&mut self.data)
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.shape.iter().product()
     }
 
     /// True for a tensor with no elements.
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len() == 0
     }
 
-    /// Bytes of storage; this is what the memory accounting sums.
+    /// Bytes of storage (padding included); this is what the memory accounting sums.
     pub fn size_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<f32>()
     }
@@ -103,7 +163,7 @@ impl Tensor {
             0,
             self.rows(),
             self.cols(),
-            self.cols() as isize,
+            self.row_stride as isize,
             1,
         )
     }
@@ -111,7 +171,7 @@ impl Tensor {
     /// Writable matrix view `[rows, cols]`.
     pub fn mat_mut(&mut self) -> MatMut<'_> {
         let (r, c) = (self.rows(), self.cols());
-        MatMut::new(&mut self.data, 0, r, c, c as isize, 1)
+        MatMut::new(&mut self.data, 0, r, c, self.row_stride as isize, 1)
     }
 }
 
@@ -120,6 +180,7 @@ impl Clone for Tensor {
         Tensor {
             shape: self.shape.clone(),
             data: crate::pool::copy_of(&self.data),
+            row_stride: self.row_stride,
         }
     }
 }

@@ -244,6 +244,20 @@ fn mlp_matches_naive_and_finite_differences() {
 }
 
 #[test]
+fn an_mlp_whose_activation_rows_are_padded_matches_naive_and_counts_the_padding() {
+    // 4h = 512 floats: rows 2 KiB apart, so GELU's output (fc2's saved input) is padded.
+    let (h, n) = (128, 6);
+    let mut l = Mlp::new("mlp", h, 4 * h, Activation::Gelu, 2, 1);
+    randomize(l.params_mut(), 41);
+    check_layer(&mut l, random_tensor(&[n, h], 1.0, 42), &|p, x, dy| {
+        naive_mlp(p, x, dy, n)
+    });
+    let mut mlp = Mlp::new("mlp", h, 4 * h, Activation::Gelu, 2, 1);
+    let after_f = footprint(&mut mlp, random_tensor(&[n, h], 1.0, 43))[0];
+    assert_eq!(after_f, 4 * (n * h + n * 4 * h + n * (4 * h + 16)));
+}
+
+#[test]
 fn block_matches_naive_and_finite_differences() {
     let mut l = Block::new(0, &config(S), 1);
     randomize(l.params_mut(), 9);

@@ -307,8 +307,9 @@ impl GptConfig {
     /// input; after I the linears' inputs with their output gradients, and the bias and
     /// norm-parameter gradients I computed (W adds them). Llama: [`Self::llama_block_bytes`].
     /// What the runtime checks memory with before it measures; its tests check it against
-    /// the bytes the built stages hold. GELU's output, fc2's input, is stored with padded
-    /// rows where they would alias in L1 (`Tensor::for_overwrite_padded`).
+    /// the bytes the built stages hold. GELU's output (fc2's input) and its input gradient
+    /// (fc1's output gradient) are stored with padded rows where they would alias in L1
+    /// (`Tensor::for_overwrite_padded`).
     pub fn block_bytes(&self) -> (f64, f64) {
         if self.arch == Arch::Llama {
             return self.llama_block_bytes();
@@ -318,7 +319,7 @@ impl GptConfig {
         let probs = (self.heads * self.seq_len) as f64;
         let tokens = self.tokens_per_microbatch() as f64;
         let after_f = tokens * (8.0 * h + f + g + probs + 2.0);
-        let after_i = tokens * (8.0 * h + f + g) + 9.0 * h + f;
+        let after_i = tokens * (8.0 * h + 2.0 * g) + 9.0 * h + f;
         (4.0 * after_f, 4.0 * after_i)
     }
 

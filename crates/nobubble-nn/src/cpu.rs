@@ -201,6 +201,40 @@ impl CpuBackend {
             .for_each(|(dst, src)| kernel(src, dst));
     }
 
+    /// [`Self::by_row_groups`] into `dst` whose rows lie `stride` apart (padded rows, or
+    /// `stride == cols`): `kernel(src row, dst row)` row by row when padded.
+    fn by_padded_rows(
+        &self,
+        src: &Tensor,
+        bias: &[f32],
+        dst: &mut [f32],
+        stride: usize,
+        kernel: impl Fn(&[f32], &mut [f32]) + Sync,
+    ) {
+        let (rows, cols) = (src.rows(), src.cols());
+        if stride == cols {
+            return self.by_row_groups(src, bias, dst, kernel);
+        }
+        assert!(
+            bias.is_empty() || bias.len() == cols,
+            "one bias value per column"
+        );
+        assert_eq!(dst.len(), rows * stride);
+        let rows_of = |dst: &mut [f32], src: &[f32]| {
+            for (d, s) in dst.chunks_mut(stride).zip(src.chunks_exact(cols)) {
+                kernel(s, &mut d[..cols]);
+            }
+        };
+        let group = self.rows_per_group(rows, cols);
+        if group >= rows {
+            rows_of(dst, src.data());
+        } else {
+            (dst.par_chunks_mut(group * stride))
+                .zip(src.data().par_chunks(group * cols))
+                .for_each(|(d, s)| rows_of(d, s));
+        }
+    }
+
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
     /// the caller's thread) when single-threaded or too small to be worth a split.
     fn rows_per_group(&self, rows: usize, cols: usize) -> usize {
@@ -476,54 +510,45 @@ impl Backend for CpuBackend {
     /// The output's rows are padded where their length would alias in L1 (fc2's weight
     /// gradient reads it; [`Tensor::for_overwrite_padded`]).
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
-        let (rows, cols) = (u.rows(), u.cols());
-        let mut y = Tensor::for_overwrite_padded(rows, cols);
+        let mut y = Tensor::for_overwrite_padded(u.rows(), u.cols());
         let stride = y.row_stride();
-        if stride == cols {
-            self.by_row_groups(u, bias, y.data_mut(), |u, y| {
-                kernels::gelu_forward(self.simd, u, bias, y)
-            });
-            return y;
-        }
-        assert!(
-            bias.is_empty() || bias.len() == cols,
-            "one bias value per column"
-        );
-        let rows_of = |y: &mut [f32], u: &[f32]| {
-            for (y, u) in y.chunks_mut(stride).zip(u.chunks_exact(cols)) {
-                kernels::gelu_forward(self.simd, u, bias, &mut y[..cols]);
-            }
-        };
-        let group = self.rows_per_group(rows, cols);
-        if group >= rows {
-            rows_of(y.storage_mut(), u.data());
-        } else {
-            (y.storage_mut().par_chunks_mut(group * stride))
-                .zip(u.data().par_chunks(group * cols))
-                .for_each(|(y, u)| rows_of(y, u));
-        }
+        self.by_padded_rows(u, bias, y.storage_mut(), stride, |u, y| {
+            kernels::gelu_forward(self.simd, u, bias, y)
+        });
         y
     }
 
     /// With a bias gradient: per block of [`SUM_ROWS`] rows, the kernel and then that
     /// block's column sums, as [`Backend::accumulate_column_sums`] sums them.
+    /// `dy` may have padded rows (fc2's input gradient does: fc1's W reads it).
     fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]) {
         assert_eq!(u.shape(), dy.shape());
+        let (rows, cols, stride) = (dy.rows(), dy.cols(), dy.row_stride());
         if bias_grad.is_empty() {
-            return self.by_row_groups(u, bias, dy.data_mut(), |u, dy| {
+            return self.by_padded_rows(u, bias, dy.storage_mut(), stride, |u, dy| {
                 kernels::gelu_backward(self.simd, u, bias, dy)
             });
         }
-        let (rows, cols) = (dy.rows(), dy.cols());
         assert!(
             bias.len() == cols && bias_grad.len() == cols,
             "one bias per column"
         );
-        let blocks = dy.data_mut().chunks_mut(SUM_ROWS * cols.max(1)).collect();
+        // Row by row, each row's sums right after its kernel: the column sums add rows in
+        // order, so this has the bits of the kernel over the block and then its sums.
+        let blocks = dy
+            .storage_mut()
+            .chunks_mut(SUM_ROWS * stride.max(1))
+            .collect();
         self.row_block_sums(rows, cols, bias_grad, blocks, |rows, du, part| {
             let u = &u.data()[rows.start * cols..rows.end * cols];
-            kernels::gelu_backward(self.simd, u, bias, du);
-            kernels::column_sums(self.simd, part, du);
+            for (du, u) in du
+                .chunks_mut(stride.max(1))
+                .zip(u.chunks_exact(cols.max(1)))
+            {
+                let du = &mut du[..cols];
+                kernels::gelu_backward(self.simd, u, bias, du);
+                kernels::column_sums(self.simd, part, du);
+            }
         });
     }
 

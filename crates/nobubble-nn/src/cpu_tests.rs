@@ -166,6 +166,28 @@ fn gelu_output_rows_are_padded_where_they_would_alias_and_keep_their_bits() {
                     "{be:?}, row {r}"
                 );
             }
+            // The backward into a padded gradient (fc2's input gradient is one): the bits
+            // of the unpadded backward, row for row, and the same bias-gradient sums.
+            let dy: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i as f32) * 0.31).cos())
+                .collect();
+            let mut flat = Tensor::from_vec(&[rows, cols], dy.clone()).unwrap();
+            let mut flat_sums = vec![0.5; cols];
+            be.gelu_backward(&u, &bias, &mut flat, &mut flat_sums);
+            let mut pad = Tensor::for_overwrite_padded(rows, cols);
+            let stride = pad.row_stride();
+            for (d, s) in pad.storage_mut().chunks_mut(stride).zip(dy.chunks(cols)) {
+                d[..cols].copy_from_slice(s);
+            }
+            let mut pad_no_sums = pad.clone();
+            let mut pad_sums = vec![0.5; cols];
+            be.gelu_backward(&u, &bias, &mut pad, &mut pad_sums);
+            be.gelu_backward(&u, &bias, &mut pad_no_sums, &mut []);
+            assert_eq!(pad_sums, flat_sums, "{be:?}, {cols} columns");
+            for t in [&pad, &pad_no_sums] {
+                be.matmul(out.mat_mut(), t.mat(), eye.mat(), 1.0, false);
+                assert_eq!(out.data(), flat.data(), "{be:?}, {cols} columns");
+            }
         }
     }
 }

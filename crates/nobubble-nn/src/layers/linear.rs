@@ -179,6 +179,30 @@ impl Linear {
         dy: Tensor,
         dbias: Option<Vec<f32>>,
     ) -> Result<Tensor> {
+        self.backward_input_into(be, mb, dy, dbias, false)
+    }
+
+    /// I, with the input gradient's rows padded where they would alias in L1
+    /// ([`Tensor::for_overwrite_padded`]): for a caller whose kernels take padded rows and
+    /// whose next linear keeps the result for its weight gradient (fc2 before GELU's
+    /// backward, whose output fc1's W reads).
+    pub(crate) fn backward_input_padded(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        dy: Tensor,
+    ) -> Result<Tensor> {
+        self.backward_input_into(be, mb, dy, None, true)
+    }
+
+    fn backward_input_into(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        dy: Tensor,
+        dbias: Option<Vec<f32>>,
+        padded: bool,
+    ) -> Result<Tensor> {
         self.state.check_input_grad(mb)?;
         if dy.cols() != self.out_features() {
             return Err(NnError::BadInput(format!(
@@ -197,7 +221,11 @@ impl Linear {
             )));
         }
         let x = self.state.take_forward(mb)?;
-        let mut dx = Tensor::for_overwrite(&[dy.rows(), self.in_features()]);
+        let mut dx = if padded {
+            Tensor::for_overwrite_padded(dy.rows(), self.in_features())
+        } else {
+            Tensor::for_overwrite(&[dy.rows(), self.in_features()])
+        };
         let biases = self.bias.as_ref().map_or(0, |_| dy.cols());
         let dbias = dbias.unwrap_or_else(|| {
             let mut dbias = vec![0.0; biases];

@@ -118,7 +118,11 @@ impl SplitLayer for Mlp {
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
         self.act.check_input_grad(mb)?;
         self.fc1.check_input_grad(mb)?;
-        let mut dg = self.fc2.backward_input(be, mb, dy)?;
+        let mut dg = match self.activation {
+            // GELU's backward takes padded rows, and fc1's W reads its result.
+            Activation::Gelu => self.fc2.backward_input_padded(be, mb, dy)?,
+            Activation::SwiGlu => self.fc2.backward_input(be, mb, dy)?,
+        };
         let u = self.act.take_forward(mb)?;
         let (du, dbias) = match self.activation {
             Activation::Gelu => {

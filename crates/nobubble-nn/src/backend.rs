@@ -169,13 +169,16 @@ pub trait Backend: Send + Sync {
 
     /// GELU (tanh approximation) of `u + bias`, elementwise (`bias`: one value per column,
     /// or empty). Why the bias here: a linear layer feeding GELU leaves its bias to this
-    /// kernel, which loads every element anyway, instead of a pass of its own.
+    /// kernel, which loads every element anyway, instead of a pass of its own. The output is
+    /// `[rows, cols]` and may have padded rows (`CpuBackend`'s does where rows would alias in
+    /// L1): callers read it through [`Tensor::mat`].
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor;
 
     /// Turns `dy` into `du = dy ⊙ gelu'(u + bias)` in place; with a non-empty `bias_grad`
     /// (`bias.len()` long) also adds `du`'s column sums to it, with the bits of
     /// [`Backend::accumulate_column_sums`], while each block of rows is in cache: the bias
-    /// gradient of the linear that produced `u`, without a pass of its own.
+    /// gradient of the linear that produced `u`, without a pass of its own. `dy` may have
+    /// padded rows (the MLP's does: fc2's input gradient, which fc1's W reads).
     fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]);
 
     /// `dst[r, j] += src[r, j] + bias[j]` (`bias` empty: `dst += src`): a residual add that

@@ -351,6 +351,8 @@ mod portable {
             for v in row.iter_mut() {
                 *v *= inv;
             }
+            // Zero again: a non-finite sum would have scaled the padding to NaN.
+            row[valid..].fill(0.0);
             masked.fill(0.0);
         }
     }

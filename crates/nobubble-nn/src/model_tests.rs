@@ -291,6 +291,32 @@ fn stage_memory_matches_hand_count_and_shrinks_after_i() {
         .all(|&g| g == 0.0)));
 }
 
+/// `GptConfig::block_bytes`, the runtime's estimate before it measures, is what a built
+/// block holds: at a width whose MLP rows are padded (4h = 512 floats, 2 KiB) and at one
+/// whose are not.
+#[test]
+fn block_bytes_match_a_measured_block_with_and_without_padded_rows() {
+    for (hidden, padded) in [(128, true), (96, false)] {
+        let cfg = GptConfig {
+            layers: 2,
+            hidden,
+            heads: 4,
+            seq_len: 16,
+            ..GptConfig::micro()
+        };
+        let mut stages = build_stages(&cfg, 1, &[1, 1]).unwrap();
+        let m = stages[0].measure_memory().unwrap();
+        let (name, block) = &m.per_layer[1];
+        let (after_f, after_i) = cfg.block_bytes();
+        assert_eq!(block.after_forward as f64, after_f, "{name}, h {hidden}");
+        assert_eq!(block.after_input_grad as f64, after_i, "{name}, h {hidden}");
+        let n = cfg.tokens_per_microbatch();
+        let unpadded_f = 4 * (16 * n * hidden + 2 * n + n * cfg.heads * cfg.seq_len);
+        let extra = if padded { 4 * 16 * n } else { 0 };
+        assert_eq!(block.after_forward, unpadded_f + extra, "h {hidden}");
+    }
+}
+
 #[test]
 fn stage_pass_order_and_input_errors() {
     let cfg = GptConfig::micro();

@@ -1,4 +1,5 @@
-//! A minimal dense f32 tensor: a shape and contiguous row-major storage.
+//! A minimal dense f32 tensor: a shape and row-major storage, contiguous except for a few
+//! activations whose rows are padded (see [`Tensor::for_overwrite_padded`]).
 //!
 //! Why not a full tensor library: the engine needs only a handful of ops, and owning
 //! the type keeps every byte of saved activation visible to the memory accounting.
@@ -10,7 +11,7 @@
 ///
 /// A few activations are stored with padded rows ([`Tensor::for_overwrite_padded`]); they
 /// are read through [`Tensor::mat`] only, and [`Tensor::data`] refuses them.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
@@ -172,6 +173,22 @@ impl Tensor {
     pub fn mat_mut(&mut self) -> MatMut<'_> {
         let (r, c) = (self.rows(), self.cols());
         MatMut::new(&mut self.data, 0, r, c, self.row_stride as isize, 1)
+    }
+}
+
+/// Equal shapes and elements; a padded row's padding is not compared.
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        fn rows(t: &Tensor) -> impl Iterator<Item = &[f32]> {
+            let cols = t.cols();
+            (t.data.chunks(t.row_stride.max(1))).map(move |r| &r[..cols.min(r.len())])
+        }
+        self.shape == other.shape
+            && if self.row_stride == other.row_stride {
+                self.data == other.data || rows(self).eq(rows(other))
+            } else {
+                rows(self).eq(rows(other))
+            }
     }
 }
 

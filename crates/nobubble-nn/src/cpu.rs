@@ -7,7 +7,7 @@ use crate::kernels;
 use crate::sgemm::sgemm;
 use crate::simd::Simd;
 use crate::small_gemm;
-use crate::tensor::{MatMut, MatRef, Tensor};
+use crate::tensor::{check_product_shapes, MatMut, MatRef, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -289,12 +289,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
-        assert_eq!(a.cols, b.rows, "matmul inner dimensions differ");
-        assert_eq!(
-            (dst.rows, dst.cols),
-            (a.rows, b.cols),
-            "matmul output shape"
-        );
+        check_product_shapes(&dst, &a, &b);
         let (m, n, k) = (dst.rows, dst.cols, a.cols);
         if m == 0 || n == 0 {
             return;

@@ -14,7 +14,7 @@
 //! blocks — a decoded token's single row, a causal block, threads — gives the same bits.
 
 use crate::simd::Simd;
-use crate::tensor::{MatMut, MatRef};
+use crate::tensor::{check_product_shapes, MatMut, MatRef};
 
 /// Columns of a tile: two AVX2 vectors, one AVX-512 vector.
 const NR: usize = 16;
@@ -31,12 +31,7 @@ pub(crate) fn small_matmul(
     scale: f32,
     accumulate: bool,
 ) {
-    assert_eq!(a.cols, b.rows, "matmul inner dimensions differ");
-    assert_eq!(
-        (dst.rows, dst.cols),
-        (a.rows, b.cols),
-        "matmul output shape"
-    );
+    check_product_shapes(&dst, &a, &b);
     assert!(
         b.col_stride == 1 && dst.col_stride == 1,
         "small_matmul reads b's rows and writes dst's rows contiguously"

@@ -209,6 +209,17 @@ impl Drop for Tensor {
     }
 }
 
+/// Panics unless `dst = a·b` is a product of matching shapes (internal misuse: the layers
+/// check user-facing shapes before any product).
+pub(crate) fn check_product_shapes(dst: &MatMut<'_>, a: &MatRef<'_>, b: &MatRef<'_>) {
+    assert_eq!(a.cols, b.rows, "matmul inner dimensions differ");
+    assert_eq!(
+        (dst.rows, dst.cols),
+        (a.rows, b.cols),
+        "matmul output shape"
+    );
+}
+
 /// A strided read-only matrix view into a slice. Strides let the attention kernel
 /// address one head of a fused QKV buffer, and transposes cost nothing.
 #[derive(Clone, Copy, Debug)]

@@ -175,35 +175,11 @@ impl CpuBackend {
         }
     }
 
-    /// `kernel(src, dst)` over `src` and `dst` (of `src`'s length) in groups of whole rows,
-    /// in parallel with several threads: rows of `bias.len()` columns for a kernel that adds
-    /// `bias` per column (without one, any split is a split into rows).
+    /// `kernel(src rows, dst rows)` over `src` and `dst` in groups of whole rows, in parallel
+    /// with several threads (`bias`: one value per column, or empty). `dst`'s rows lie
+    /// `stride` apart: `src.cols()`, or more for padded rows ([`Tensor::row_stride`]), which
+    /// the kernel then gets one at a time, without their padding.
     fn by_row_groups(
-        &self,
-        src: &Tensor,
-        bias: &[f32],
-        dst: &mut [f32],
-        kernel: impl Fn(&[f32], &mut [f32]) + Sync,
-    ) {
-        assert_eq!(src.len(), dst.len());
-        let cols = if bias.is_empty() {
-            1
-        } else {
-            assert_eq!(src.cols(), bias.len(), "one bias value per column");
-            bias.len()
-        };
-        let chunk = self.rows_per_group(src.len() / cols, cols) * cols;
-        if chunk >= src.len() {
-            return kernel(src.data(), dst);
-        }
-        (dst.par_chunks_mut(chunk))
-            .zip(src.data().par_chunks(chunk))
-            .for_each(|(dst, src)| kernel(src, dst));
-    }
-
-    /// [`Self::by_row_groups`] into `dst` whose rows lie `stride` apart (padded rows, or
-    /// `stride == cols`): `kernel(src row, dst row)` row by row when padded.
-    fn by_padded_rows(
         &self,
         src: &Tensor,
         bias: &[f32],
@@ -212,27 +188,29 @@ impl CpuBackend {
         kernel: impl Fn(&[f32], &mut [f32]) + Sync,
     ) {
         let (rows, cols) = (src.rows(), src.cols());
-        if stride == cols {
-            return self.by_row_groups(src, bias, dst, kernel);
-        }
         assert!(
             bias.is_empty() || bias.len() == cols,
             "one bias value per column"
         );
-        assert_eq!(dst.len(), rows * stride);
-        let rows_of = |dst: &mut [f32], src: &[f32]| {
+        assert_eq!(dst.len(), rows * stride, "dst holds src's rows");
+        if src.is_empty() {
+            return;
+        }
+        let run = |dst: &mut [f32], src: &[f32]| {
+            if stride == cols {
+                return kernel(src, dst);
+            }
             for (d, s) in dst.chunks_mut(stride).zip(src.chunks_exact(cols)) {
                 kernel(s, &mut d[..cols]);
             }
         };
         let group = self.rows_per_group(rows, cols);
         if group >= rows {
-            rows_of(dst, src.data());
-        } else {
-            (dst.par_chunks_mut(group * stride))
-                .zip(src.data().par_chunks(group * cols))
-                .for_each(|(d, s)| rows_of(d, s));
+            return run(dst, src.data());
         }
+        (dst.par_chunks_mut(group * stride))
+            .zip(src.data().par_chunks(group * cols))
+            .for_each(|(d, s)| run(d, s));
     }
 
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
@@ -507,7 +485,7 @@ impl Backend for CpuBackend {
     fn gelu_forward(&self, u: &Tensor, bias: &[f32]) -> Tensor {
         let mut y = Tensor::for_overwrite_padded(u.rows(), u.cols());
         let stride = y.row_stride();
-        self.by_padded_rows(u, bias, y.storage_mut(), stride, |u, y| {
+        self.by_row_groups(u, bias, y.storage_mut(), stride, |u, y| {
             kernels::gelu_forward(self.simd, u, bias, y)
         });
         y
@@ -520,7 +498,7 @@ impl Backend for CpuBackend {
         assert_eq!(u.shape(), dy.shape());
         let (rows, cols, stride) = (dy.rows(), dy.cols(), dy.row_stride());
         if bias_grad.is_empty() {
-            return self.by_padded_rows(u, bias, dy.storage_mut(), stride, |u, dy| {
+            return self.by_row_groups(u, bias, dy.storage_mut(), stride, |u, dy| {
                 kernels::gelu_backward(self.simd, u, bias, dy)
             });
         }
@@ -549,7 +527,7 @@ impl Backend for CpuBackend {
 
     fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
         assert_eq!(dst.shape(), src.shape());
-        self.by_row_groups(src, bias, dst.data_mut(), |src, dst| {
+        self.by_row_groups(src, bias, dst.data_mut(), src.cols(), |src, dst| {
             kernels::add_with_bias(self.simd, dst, src, bias)
         });
     }

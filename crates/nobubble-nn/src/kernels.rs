@@ -340,20 +340,19 @@ mod portable {
             // times per row. The padding is −∞ for the max and 0 after the exponentials, so
             // the max, and the sum (lane for lane, adding zeros), have the valid part's bits.
             let groups = valid.next_multiple_of(LANES).min(n);
-            let (row, masked) = row.split_at_mut(groups);
-            row[valid..].fill(f32::NEG_INFINITY);
-            let max = lane_max(row);
-            for v in row.iter_mut() {
+            let padded = &mut row[..groups];
+            padded[valid..].fill(f32::NEG_INFINITY);
+            let max = lane_max(padded);
+            for v in padded.iter_mut() {
                 *v = fast_exp(*v - max);
             }
-            row[valid..].fill(0.0);
-            let inv = 1.0 / lane_sum(row);
-            for v in row.iter_mut() {
+            padded[valid..].fill(0.0);
+            let inv = 1.0 / lane_sum(padded);
+            for v in padded.iter_mut() {
                 *v *= inv;
             }
-            // Zero again: a non-finite sum would have scaled the padding to NaN.
+            // Past the diagonal exactly 0, the padding too (a non-finite sum made it NaN).
             row[valid..].fill(0.0);
-            masked.fill(0.0);
         }
     }
 

@@ -15,8 +15,8 @@
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
-    /// Elements from one row's start to the next's: `cols`, or more when padded.
-    row_stride: usize,
+    /// Elements after each row's last, never read ([`Tensor::for_overwrite_padded`]).
+    row_pad: usize,
 }
 
 /// Rows whose starts lie a multiple of this many bytes apart fall into the same few L1
@@ -41,7 +41,7 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: crate::pool::zeroed(shape.iter().product()),
-            row_stride: shape.last().copied().unwrap_or(1),
+            row_pad: 0,
         }
     }
 
@@ -52,7 +52,7 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: crate::pool::for_overwrite(shape.iter().product()),
-            row_stride: shape.last().copied().unwrap_or(1),
+            row_pad: 0,
         }
     }
 
@@ -66,13 +66,13 @@ impl Tensor {
         Tensor {
             shape: vec![rows, cols],
             data: crate::pool::for_overwrite(rows * row_stride),
-            row_stride,
+            row_pad: row_stride - cols,
         }
     }
 
     /// Elements from one row's start to the next's (`cols` unless padded).
     pub(crate) fn row_stride(&self) -> usize {
-        self.row_stride
+        self.cols() + self.row_pad
     }
 
     /// Write access to the storage, padding included (rows [`Tensor::row_stride`] apart).
@@ -82,10 +82,10 @@ impl Tensor {
 
     fn assert_unpadded(&self) {
         assert!(
-            self.row_stride == self.cols(),
-            "a tensor with padded rows ({} of {} columns) is read through `mat` only",
-            self.row_stride,
-            self.cols()
+            self.row_pad == 0,
+            "a tensor with padded rows ({} columns and {} of padding) is read through `mat` only",
+            self.cols(),
+            self.row_pad
         );
     }
 
@@ -100,9 +100,9 @@ impl Tensor {
             )));
         }
         Ok(Tensor {
-            row_stride: shape.last().copied().unwrap_or(1),
             shape: shape.to_vec(),
             data,
+            row_pad: 0,
         })
     }
 
@@ -164,15 +164,15 @@ impl Tensor {
             0,
             self.rows(),
             self.cols(),
-            self.row_stride as isize,
+            self.row_stride() as isize,
             1,
         )
     }
 
     /// Writable matrix view `[rows, cols]`.
     pub fn mat_mut(&mut self) -> MatMut<'_> {
-        let (r, c) = (self.rows(), self.cols());
-        MatMut::new(&mut self.data, 0, r, c, self.row_stride as isize, 1)
+        let (r, c, stride) = (self.rows(), self.cols(), self.row_stride());
+        MatMut::new(&mut self.data, 0, r, c, stride as isize, 1)
     }
 }
 
@@ -181,14 +181,9 @@ impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
         fn rows(t: &Tensor) -> impl Iterator<Item = &[f32]> {
             let cols = t.cols();
-            (t.data.chunks(t.row_stride.max(1))).map(move |r| &r[..cols.min(r.len())])
+            (t.data.chunks(t.row_stride().max(1))).map(move |r| &r[..cols.min(r.len())])
         }
-        self.shape == other.shape
-            && if self.row_stride == other.row_stride {
-                self.data == other.data || rows(self).eq(rows(other))
-            } else {
-                rows(self).eq(rows(other))
-            }
+        self.shape == other.shape && rows(self).eq(rows(other))
     }
 }
 
@@ -197,7 +192,7 @@ impl Clone for Tensor {
         Tensor {
             shape: self.shape.clone(),
             data: crate::pool::copy_of(&self.data),
-            row_stride: self.row_stride,
+            row_pad: self.row_pad,
         }
     }
 }

@@ -296,7 +296,7 @@ fn watch(
     let real = job.session.emulated.is_none();
     let peak_flops = match a.peak_flops {
         Some(f) => Some(f),
-        None if real => Some(nobubble_nn::bench::gemm_peak_flops(0.05) * cores as f64),
+        None if real => Some(nobubble_nn::bench::gemm_peak_flops(0.2) * cores as f64),
         None => None,
     };
     let metrics = a.metrics_addr.as_ref().map(|_| Metrics::new());

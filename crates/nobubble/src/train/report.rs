@@ -124,17 +124,27 @@ fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, rea
         100.0 * sim.bubble_rate
     );
     if let (Some(mfu), Some(peak)) = (s.mfu, watch.peak_flops) {
-        println!(
-            "MFU {:.1}% (model FLOPs per second over a peak of {:.1} GFLOP/s for all ranks{})",
-            100.0 * mfu,
-            peak / 1e9,
-            if a.peak_flops.is_some() {
-                ", --peak-flops"
-            } else {
-                ", measured by a GEMM probe"
-            }
-        );
+        println!("{}", mfu_line(mfu, peak, a.peak_flops.is_some()));
     }
+}
+
+/// The report's MFU line. The default peak is a short best-of GEMM probe at start: on a
+/// busy machine it can catch a slow moment, and a share above 100% then says so rather than
+/// standing unexplained.
+fn mfu_line(mfu: f64, peak: f64, peak_given: bool) -> String {
+    let source = match (peak_given, mfu > 1.0) {
+        (true, _) => ", --peak-flops",
+        (false, false) => ", measured by a GEMM probe",
+        (false, true) => {
+            ", measured by a GEMM probe at start that ran slower than training's products: \
+             the machine was busier then; pass --peak-flops for a fixed peak"
+        }
+    };
+    format!(
+        "MFU {:.1}% (model FLOPs per second over a peak of {:.1} GFLOP/s for all ranks{source})",
+        100.0 * mfu,
+        peak / 1e9
+    )
 }
 
 /// The largest activation memory rank `rank` reached in the steps the report covers.
@@ -349,4 +359,27 @@ fn json_report(
             "validation_after": r.validation_after,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mfu_line;
+
+    #[test]
+    fn an_mfu_above_the_probed_peak_says_why_and_what_to_do() {
+        let line = mfu_line(0.853, 191.3e9, false);
+        assert!(
+            line.starts_with("MFU 85.3% ") && line.contains("191.3 GFLOP/s"),
+            "{line}"
+        );
+        assert!(line.ends_with("measured by a GEMM probe)"), "{line}");
+        let over = mfu_line(1.034, 160.7e9, false);
+        assert!(
+            over.starts_with("MFU 103.4% ") && over.contains("--peak-flops"),
+            "{over}"
+        );
+        assert!(over.contains("busier"), "{over}");
+        // A peak the user gave is theirs to judge.
+        assert!(mfu_line(1.2, 1e11, true).ends_with(", --peak-flops)"));
+    }
 }

@@ -445,17 +445,18 @@ mod portable {
         for r in 0..rstd.len() {
             let xr = &x[r * h..(r + 1) * h];
             let mean = lane_sum(xr) / h as f32;
-            // The centred row waits in y's row, so x̂ and y come out of one last pass.
-            let yr = &mut y[r * h..(r + 1) * h];
-            for (o, v) in yr.iter_mut().zip(xr) {
+            let xh = &mut xhat[r * h..(r + 1) * h];
+            for (o, v) in xh.iter_mut().zip(xr) {
                 *o = v - mean;
             }
-            let var = lane_dot(yr, yr) / h as f32;
+            let var = lane_dot(xh, xh) / h as f32;
             let rs = 1.0 / (var + eps).sqrt();
             rstd[r] = rs;
-            let xh = &mut xhat[r * h..(r + 1) * h];
+            for o in xh.iter_mut() {
+                *o *= rs;
+            }
+            let yr = &mut y[r * h..(r + 1) * h];
             for j in 0..h {
-                xh[j] = yr[j] * rs;
                 yr[j] = xh[j] * gamma[j] + beta[j];
             }
         }

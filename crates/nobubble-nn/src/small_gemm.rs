@@ -18,28 +18,8 @@ use crate::tensor::{check_product_shapes, MatMut, MatRef};
 
 /// Columns of a tile: two AVX2 vectors, one AVX-512 vector.
 const NR: usize = 16;
-/// Rows of the main tile: 6 × 2 AVX2 accumulators plus the loads fill the 16 registers,
-/// and twelve independent fused multiply-adds per step of `k` cover the FMA latency of two
-/// pipes with room to spare (eight, in a 4-row tile, only just do).
-const MR: usize = 6;
-/// Rows of the smaller tile that makes up the rest: a 16-row causal block is 6 + 6 + 4.
-const MR_REST: usize = 4;
-
-/// Row tiles `(first row, rows)` covering `m` rows: as many of [`MR`] rows as leave a
-/// multiple of [`MR_REST`], then those; rows no tile covers are left to single-row tiles.
-fn row_tiles(m: usize) -> impl Iterator<Item = (usize, usize)> {
-    let big = (0..=m / MR)
-        .rev()
-        .find(|&t| (m - t * MR).is_multiple_of(MR_REST))
-        .unwrap_or(m / MR);
-    let small = (m - big * MR) / MR_REST;
-    let sizes = std::iter::repeat_n(MR, big).chain(std::iter::repeat_n(MR_REST, small));
-    sizes.scan(0, |start, rows| {
-        let tile = (*start, rows);
-        *start += rows;
-        Some(tile)
-    })
-}
+/// Rows of a tile: 4 × 2 AVX2 accumulators plus the loads fit in 16 registers.
+const MR: usize = 4;
 
 /// `dst = (accumulate ? dst : 0) + scale · a·b`, with `b`'s and `dst`'s rows contiguous
 /// (unit column stride); `a` may have any strides (a transposed view reads in place).
@@ -180,7 +160,7 @@ impl Product {
 /// registers' count the same and the bits are per element anyway).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{tiled, Product, MR, MR_REST};
+    use super::{tiled, Product, MR};
     use std::arch::x86_64::*;
 
     /// [`super::product`] with the full tiles in AVX2 registers.
@@ -190,16 +170,10 @@ mod x86 {
     /// slices.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
-        tiled(dst, a, b, p, |dst, i0, j0, rows| {
-            // SAFETY: `tiled` passes whole tiles only (rows i0..i0+rows ≤ m, columns
+        tiled(dst, a, b, p, |dst, i0, j0| {
+            // SAFETY: `tiled` passes whole tiles only (rows i0..i0+MR ≤ m, columns
             // j0..j0+NR ≤ n), inside the bounds the caller checked; AVX2 as the caller's.
-            unsafe {
-                match rows {
-                    MR => full_tile::<MR>(dst, a, b, p, i0, j0),
-                    MR_REST => full_tile::<MR_REST>(dst, a, b, p, i0, j0),
-                    _ => unreachable!("row tiles are {MR} or {MR_REST} rows"),
-                }
-            }
+            unsafe { full_tile(dst, a, b, p, i0, j0) }
         });
     }
 
@@ -246,21 +220,14 @@ mod x86 {
         }
     }
 
-    /// Rows `i0..i0+R`, columns `j0..j0+16`: per step of `k`, two loads of `b`'s row,
-    /// `R` broadcasts of `a`, `2R` fused multiply-adds.
+    /// Rows `i0..i0+4`, columns `j0..j0+16`: per step of `k`, two loads of `b`'s row,
+    /// four broadcasts of `a`, eight fused multiply-adds.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn full_tile<const R: usize>(
-        dst: &mut [f32],
-        a: &[f32],
-        b: &[f32],
-        p: &Product,
-        i0: usize,
-        j0: usize,
-    ) {
+    unsafe fn full_tile(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product, i0: usize, j0: usize) {
         // SAFETY (whole body): the caller guarantees the tile and `k` lie inside the
         // product, whose addressed elements lie inside the slices.
         unsafe {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
             let ap = a.as_ptr().add(i0 * p.a_rs);
             let bp = b.as_ptr().add(j0);
             for kk in 0..p.k {
@@ -289,41 +256,36 @@ mod x86 {
     }
 }
 
-/// The product in tiles of `MR × NR` and `MR_REST × NR` at the portable level.
+/// The product in tiles of `MR × NR` at the portable level.
 #[inline(always)]
 fn product(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
-    tiled(dst, a, b, p, |dst, i0, j0, rows| match rows {
-        MR => tile::<MR, NR>(dst, a, b, p, i0, j0),
-        _ => tile::<MR_REST, NR>(dst, a, b, p, i0, j0),
+    tiled(dst, a, b, p, |dst, i0, j0| {
+        tile::<MR, NR>(dst, a, b, p, i0, j0)
     });
 }
 
-/// The whole tiles ([`row_tiles`] × `NR` columns) by `whole_tile(dst, i0, j0, rows)`,
-/// column panels outer (one panel of `b`, k × 16, stays in L1 across the row tiles); then
-/// the column tail in 1-wide tiles and the rows no tile covers one at a time.
+/// The whole `MR × NR` tiles by `whole_tile(dst, i0, j0)`, column panels outer (one panel
+/// of `b`, k × 16, stays in L1 across the row tiles); then the column tail in 1-wide tiles
+/// and the row tail one row at a time.
 #[inline(always)]
 fn tiled(
     dst: &mut [f32],
     a: &[f32],
     b: &[f32],
     p: &Product,
-    mut whole_tile: impl FnMut(&mut [f32], usize, usize, usize),
+    mut whole_tile: impl FnMut(&mut [f32], usize, usize),
 ) {
+    let full_rows = p.m - p.m % MR;
     let full_cols = p.n - p.n % NR;
     for j0 in (0..full_cols).step_by(NR) {
-        for (i0, rows) in row_tiles(p.m) {
-            whole_tile(dst, i0, j0, rows);
+        for i0 in (0..full_rows).step_by(MR) {
+            whole_tile(dst, i0, j0);
         }
     }
-    let mut full_rows = 0;
-    for (i0, rows) in row_tiles(p.m) {
+    for i0 in (0..full_rows).step_by(MR) {
         for j0 in full_cols..p.n {
-            match rows {
-                MR => tile::<MR, 1>(dst, a, b, p, i0, j0),
-                _ => tile::<MR_REST, 1>(dst, a, b, p, i0, j0),
-            }
+            tile::<MR, 1>(dst, a, b, p, i0, j0);
         }
-        full_rows = i0 + rows;
     }
     for i0 in full_rows..p.m {
         for j0 in (0..full_cols).step_by(NR) {
@@ -402,8 +364,6 @@ mod tests {
             (7, 33, 70),
             (4, 16, 0),
             (8, 32, 0),
-            (16, 48, 64),
-            (22, 20, 9),
         ] {
             let av = values(m * k + 3, 1);
             let bv = values(k * (n + 5) + 2, 2);
@@ -474,27 +434,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    /// Row tiles cover the rows in order, in 6- and 4-row tiles where those add up.
-    #[test]
-    fn row_tiles_split_rows_into_sixes_and_fours() {
-        let tiles = |m| row_tiles(m).collect::<Vec<_>>();
-        assert_eq!(tiles(16), [(0, 6), (6, 6), (12, 4)]);
-        assert_eq!(tiles(12), [(0, 6), (6, 6)]);
-        assert_eq!(tiles(8), [(0, 4), (4, 4)]);
-        assert_eq!(tiles(32).len(), 6);
-        // No split into sixes and fours: the rest goes row by row.
-        assert_eq!(tiles(7), [(0, 6)]);
-        assert_eq!(tiles(3), []);
-        for m in 0..100 {
-            let mut next = 0;
-            for (i0, rows) in row_tiles(m) {
-                assert!(i0 == next && (rows == MR || rows == MR_REST));
-                next += rows;
-            }
-            assert!(next <= m && (m - next < MR_REST || m % 2 == 1), "{m}");
         }
     }
 

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod accumulate;
+pub mod alloc;
 pub mod backend;
 pub mod bench;
 pub mod config;

@@ -22,6 +22,10 @@ mod train;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+// Tensors start on a cache line (see `nobubble_nn::alloc`).
+#[global_allocator]
+static ALLOC: nobubble_nn::alloc::CacheLineAligned = nobubble_nn::alloc::CacheLineAligned;
+
 #[derive(Parser)]
 #[command(
     name = "nobubble",

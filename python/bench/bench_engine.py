@@ -5,7 +5,7 @@
 The workload (the PyTorch comparison's): a byte-level GPT, 4 blocks, hidden 256, 4 heads,
 sequence 128, 8 microbatches of 8 sequences per step (8192 tokens), fp32, AdamW; with
 ``--arch llama`` the same shape with Llama blocks (RMSNorm, rotary positions, SwiGLU of width
-704, 2 K/V heads, no biases) on both sides. Each round runs, in a rotated order:
+704, 2 K/V heads, no biases) on both sides. Each round runs, in an order shuffled per round:
 
 - ``nobubble train`` on 2 ranks × 1 thread under zb-auto (the default), zb-v and 1f1b; zb-auto
   again with ``NOBUBBLE_SIMD=avx2`` (the AVX2 kernels on the same CPU); and 1 rank × 2 threads
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -124,7 +125,11 @@ def main() -> None:
     jobs.append(("torch pipeline", None))
     times: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        order = jobs[r % len(jobs) :] + jobs[: r % len(jobs)]
+        # Shuffled, seeded by the round: a fixed rotation would have each system follow the
+        # same one every round (the default always ran right after PyTorch's pipelines and
+        # measured ~1% slower than the identical `NOBUBBLE_SIMD=avx2` run).
+        order = list(jobs)
+        random.Random(r).shuffle(order)
         for name, job in order:
             start = time.perf_counter()
             results = torch_pipeline_step_ms(args.arch) if job is None else {name: job()}

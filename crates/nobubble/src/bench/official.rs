@@ -120,23 +120,41 @@ const HETEROGENEOUS: [(&str, &str, f64, usize, usize); 2] = [
     ),
 ];
 
-/// (bubble rate, makespan, longest span, peak × M_B), as [`measure`] gives them.
-type Figures = (f64, f64, f64, f64);
+/// One schedule's figures under a cost spec, as [`measure`] simulates them.
+#[derive(Clone, Copy, Debug)]
+struct Figures {
+    bubble_rate: f64,
+    makespan: f64,
+    /// The longest rank span.
+    span: f64,
+    /// Peak activation memory in multiples of M_B (the largest over the ranks).
+    peak: f64,
+}
 
-/// One reference's row: file, limit (as printed), the official schedule's figures, ours
-/// (name, figures, V placement, planning seconds), and whether ours is at or below it.
-type Row = (
-    String,
-    String,
-    Figures,
-    Vec<(String, Figures, bool, f64)>,
-    bool,
-);
+/// One of our plans in a reference's row.
+struct Planned {
+    name: String,
+    figures: Figures,
+    v_placement: bool,
+    seconds: f64,
+}
+
+/// One reference's row: the official schedule's figures against our plans.
+struct Row {
+    file: String,
+    /// The limit as printed (a multiple of M_B, or bytes with a `B`).
+    limit: String,
+    official: Figures,
+    planned: Vec<Planned>,
+    /// Whether ours is at or below the official schedule (see the callers for which plan
+    /// and which figures decide).
+    met: bool,
+}
 
 /// Whether `ours` is at or below `official` on the makespan and/or the longest span.
 fn at_or_below(ours: &Figures, official: &Figures, makespan: bool, span: bool) -> bool {
-    (!makespan || ours.1 <= official.1 * (1.0 + 1e-9))
-        && (!span || ours.2 <= official.2 * (1.0 + 1e-9))
+    (!makespan || ours.makespan <= official.makespan * (1.0 + 1e-9))
+        && (!span || ours.span <= official.span * (1.0 + 1e-9))
 }
 
 /// The heterogeneous references' rows: the official greedy's schedule against `zb-paper`
@@ -176,28 +194,28 @@ fn heterogeneous_rows(dir: &std::path::Path) -> Result<Vec<Row>, String> {
             let ours = plan(&req).map_err(|e| format!("{label}: {e}"))?;
             let seconds = started.elapsed().as_secs_f64();
             ours.check_limit().map_err(|e| format!("{label}: {e}"))?;
-            planned.push((
-                label.to_string(),
-                measure(&ours.schedule, &spec)?,
-                false,
+            planned.push(Planned {
+                name: label.to_string(),
+                figures: measure(&ours.schedule, &spec)?,
+                v_placement: false,
                 seconds,
-            ));
+            });
         }
         // zb-auto's makespan under the makespan objective, its span under the span one.
-        let met = at_or_below(&planned[1].1, &official, true, false)
-            && at_or_below(&planned[2].1, &official, false, true);
-        rows.push((
-            file.to_string(),
-            format!("{limit}B"),
+        let met = at_or_below(&planned[1].figures, &official, true, false)
+            && at_or_below(&planned[2].figures, &official, false, true);
+        rows.push(Row {
+            file: file.to_string(),
+            limit: format!("{limit}B"),
             official,
             planned,
             met,
-        ));
+        });
     }
     Ok(rows)
 }
 
-/// (bubble rate, makespan, longest span, peak × M_B) of a schedule under `spec`.
+/// A schedule's figures under `spec`, simulated.
 fn measure(s: &Schedule, spec: &CostSpec) -> Result<Figures, String> {
     let c = CostModel::for_schedule(spec, s).map_err(|e| e.to_string())?;
     let m = simulate(s, &c).map_err(|e| e.to_string())?.metrics;
@@ -205,7 +223,12 @@ fn measure(s: &Schedule, spec: &CostSpec) -> Result<Figures, String> {
         .map(|r| m.peak_memory[r] / c.rank_mem_b(s, r))
         .fold(0.0, f64::max);
     let span = m.span.iter().copied().fold(0.0, f64::max);
-    Ok((m.bubble_rate, m.makespan, span, need))
+    Ok(Figures {
+        bubble_rate: m.bubble_rate,
+        makespan: m.makespan,
+        span,
+        peak: need,
+    })
 }
 
 /// `--dir`, or the shared folder beside the current one or beside the repository this
@@ -240,12 +263,18 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
     if a.json {
         let out: Vec<_> = rows
             .iter()
-            .map(|(file, limit, o, planned, _)| {
-                json!({"file": file, "limit": limit,
-                       "official": {"bubble_rate": o.0, "makespan": o.1, "span": o.2, "peak": o.3},
-                       "ours": planned.iter().map(|(n, m, v, t)| json!({"schedule": n,
-                           "bubble_rate": m.0, "makespan": m.1, "span": m.2, "peak": m.3,
-                           "v_placement": v, "seconds": t})).collect::<Vec<_>>()})
+            .map(|row| {
+                let ours: Vec<_> = (row.planned.iter())
+                    .map(|p| {
+                        let mut entry = figures_json(&p.figures);
+                        entry["schedule"] = json!(p.name);
+                        entry["v_placement"] = json!(p.v_placement);
+                        entry["seconds"] = json!(p.seconds);
+                        entry
+                    })
+                    .collect();
+                json!({"file": row.file, "limit": row.limit,
+                       "official": figures_json(&row.official), "ours": ours})
             })
             .collect();
         println!(
@@ -256,6 +285,12 @@ pub fn reference(a: &ReferenceBenchArgs) -> Result<(), String> {
     }
     print_reference_table(&rows);
     Ok(())
+}
+
+/// `figures` as the JSON object `bench reference --json` prints.
+fn figures_json(figures: &Figures) -> serde_json::Value {
+    json!({"bubble_rate": figures.bubble_rate, "makespan": figures.makespan,
+           "span": figures.span, "peak": figures.peak})
 }
 
 /// One uniform reference: the official schedule checked at its limit and measured, and ours
@@ -307,10 +342,21 @@ fn uniform_row(dir: &std::path::Path, reference: Reference) -> Result<Row, Strin
                 ""
             }
         );
-        planned.push((name, measure(&s, &spec)?, v, seconds));
+        planned.push(Planned {
+            name,
+            figures: measure(&s, &spec)?,
+            v_placement: v,
+            seconds,
+        });
     }
-    let met = at_or_below(&planned[0].1, &official, true, true);
-    Ok((file.to_string(), limit.to_string(), official, planned, met))
+    let met = at_or_below(&planned[0].figures, &official, true, true);
+    Ok(Row {
+        file: file.to_string(),
+        limit: limit.to_string(),
+        official,
+        planned,
+        met,
+    })
 }
 
 /// `bench reference`'s table and its count of references met.
@@ -325,32 +371,34 @@ fn print_reference_table(rows: &[Row]) {
         "{:<54} {:>9}  {:<18} {:>8} {:>11} {:>11} {:>6}  {:>7}",
         "reference", "limit", "schedule", "bubble", "makespan", "span", "peak", "plan s"
     );
-    for (file, limit, o, planned, _) in rows {
+    for row in rows {
+        let o = &row.official;
         println!(
             "{:<54} {:>9}  {:<18} {:>7.2}% {:>11.1} {:>11.1} {:>6.2}",
-            file,
-            limit,
+            row.file,
+            row.limit,
             "official",
-            100.0 * o.0,
-            o.1,
-            o.2,
-            o.3
+            100.0 * o.bubble_rate,
+            o.makespan,
+            o.span,
+            o.peak
         );
-        for (name, m, _, t) in planned {
+        for p in &row.planned {
+            let m = &p.figures;
             println!(
                 "{:<54} {:>9}  {:<18} {:>7.2}% {:>11.1} {:>11.1} {:>6.2}  {:>7.3}",
                 "",
                 "",
-                name,
-                100.0 * m.0,
-                m.1,
-                m.2,
-                m.3,
-                t
+                p.name,
+                100.0 * m.bubble_rate,
+                m.makespan,
+                m.span,
+                m.peak,
+                p.seconds
             );
         }
     }
-    let beaten = rows.iter().filter(|r| r.4).count();
+    let beaten = rows.iter().filter(|r| r.met).count();
     println!(
         "\nat or below the official schedule on {beaten}/{} (uniform: our schedule of its family, span and \
          makespan; heterogeneous: zb-auto's makespan and span under each objective)",
@@ -432,22 +480,22 @@ fn compare_v(
     } else {
         t_k.at_their_peak += 1;
         Request {
-            mem_limit: MemLimit::Multiple(measure(&theirs, spec)?.3),
+            mem_limit: MemLimit::Multiple(measure(&theirs, spec)?.peak),
             ..Request::new(ScheduleKind::VAuto, p, m)
         }
     };
     let ours = generate(&req, spec).map_err(|e| e.to_string())?;
     let (o, t) = (measure(&ours, spec)?, measure(&theirs, spec)?);
-    let tol = 1e-9 * t.2;
-    if o.2 < t.2 - tol {
+    let tol = 1e-9 * t.span;
+    if o.span < t.span - tol {
         t_k.shorter += 1;
-    } else if o.2 > t.2 + tol {
+    } else if o.span > t.span + tol {
         t_k.longer += 1;
     } else {
         t_k.equal += 1;
     }
-    t_k.bubble_ours += o.0;
-    t_k.bubble_theirs += t.0;
+    t_k.bubble_ours += o.bubble_rate;
+    t_k.bubble_theirs += t.bubble_rate;
     Ok(())
 }
 

@@ -611,6 +611,28 @@ fn the_report_and_the_timeline_picture_describe_the_run() {
     }
     let bubble = r["bubble_fraction"]["measured"].as_f64().unwrap();
     assert!(bubble > 0.0 && bubble < 1.0);
+    // Each rank's work per step (seconds): within the simulated step, and the idle rest is
+    // the simulated bubble fraction; the text names the busiest rank.
+    let step = r["step_seconds"]["simulated"].as_f64().unwrap();
+    let work: Vec<f64> = (r["work_seconds_per_rank"].as_array().unwrap().iter())
+        .map(|w| w.as_f64().unwrap())
+        .collect();
+    assert_eq!(work.len(), 2);
+    assert!(
+        work.iter().all(|&w| w > 0.0 && w <= step * (1.0 + 1e-9)),
+        "{work:?} {step}"
+    );
+    let idle = 1.0 - work.iter().sum::<f64>() / (2.0 * step);
+    assert!(close(
+        idle,
+        r["bubble_fraction"]["simulated"].as_f64().unwrap()
+    ));
+    let busiest = if work[0] >= work[1] { 0 } else { 1 };
+    let line = format!("ms per step on rank {busiest} (the most)");
+    assert!(
+        out.contains("work per rank: ") && out.contains(&line),
+        "{out}"
+    );
     // Two panels, each with every pass of the step: 2 ranks × 8 microbatches × (F, B).
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.contains("measured: step 6"));

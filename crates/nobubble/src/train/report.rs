@@ -123,9 +123,30 @@ fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, rea
         100.0 * s.bubble_rate,
         100.0 * sim.bubble_rate
     );
+    if let Some(line) = work_line(&sim.busy) {
+        println!("{line}");
+    }
     if let (Some(mfu), Some(peak)) = (s.mfu, watch.peak_flops) {
         println!("{}", mfu_line(mfu, peak, a.peak_flops.is_some()));
     }
+}
+
+/// The busiest and the least busy rank's passes per step (ms, simulated from the measured
+/// pass times). Why: a bubble can come from uneven stages (the embedding's or the LM head's
+/// rank works longer) rather than from the schedule, and no schedule makes a step shorter
+/// than its busiest rank's work; the line tells the two apart. None for one rank.
+fn work_line(busy: &[f64]) -> Option<String> {
+    if busy.len() < 2 {
+        return None;
+    }
+    let by_work = |a: &(usize, &f64), b: &(usize, &f64)| a.1.total_cmp(b.1);
+    let (most, &high) = busy.iter().enumerate().max_by(by_work)?;
+    let (least, &low) = busy.iter().enumerate().min_by(by_work)?;
+    Some(format!(
+        "work per rank: {high:.2} ms per step on rank {most} (the most) to {low:.2} ms on rank \
+         {least} ({:+.1}%); no schedule makes a step shorter than the most",
+        100.0 * (high / low.max(f64::MIN_POSITIVE) - 1.0)
+    ))
 }
 
 /// The report's MFU line. The default peak is a short best-of GEMM probe at start: on a
@@ -344,6 +365,7 @@ fn json_report(
         "step_seconds": {"measured_wall": r.wall_per_step, "measured_span": s.span_s, "simulated": sim.makespan / 1e3},
         "bubble_fraction": {"measured": s.bubble, "simulated": sim.bubble_fraction},
         "bubble_rate": {"measured": s.bubble_rate, "simulated": sim.bubble_rate},
+        "work_seconds_per_rank": sim.busy.iter().map(|b| b / 1e3).collect::<Vec<_>>(),
         "mfu": s.mfu,
         "peak_flops": peak,
         "peak_flops_source": peak.map(|_| if a.peak_flops.is_some() { "--peak-flops" } else { "GEMM probe" }),
@@ -363,7 +385,22 @@ fn json_report(
 
 #[cfg(test)]
 mod tests {
-    use super::mfu_line;
+    use super::{mfu_line, work_line};
+
+    #[test]
+    fn the_work_line_names_the_busiest_and_the_least_busy_rank() {
+        assert_eq!(work_line(&[993.2]), None);
+        let line = work_line(&[993.2, 945.0, 960.0]).unwrap();
+        assert!(
+            line.starts_with("work per rank: 993.20 ms per step on rank 0 (the most) to 945.00 ms on rank 1 (+5.1%)"),
+            "{line}"
+        );
+        let line = work_line(&[10.0, 12.0]).unwrap();
+        assert!(
+            line.contains("12.00 ms per step on rank 1") && line.contains("(+20.0%)"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn an_mfu_above_the_probed_peak_says_why_and_what_to_do() {

@@ -99,6 +99,10 @@ pub struct EngineBenchReport {
     pub w_gflops: f64,
     /// gemm's own GFLOP/s on `(s·b)×h · h×4h`, same threads and level.
     pub gemm_gflops: f64,
+    /// F, I, W: the FLOPs the kernels execute over the paper's count. The paper counts the
+    /// whole `s × s` attention square; the causal kernels skip the blocks above the
+    /// diagonal, so F and I execute fewer (W has no attention: 1).
+    pub executed_share: [f64; 3],
     /// Where each pass's time goes (F, I, W): mean ms per backend operation kind
     /// (`matmul`, `layernorm`, `gelu`, `softmax`, …) and `other` (the pass time outside
     /// the backend: copies, allocation, bookkeeping).
@@ -211,6 +215,7 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     }
     let (f, i, w) = (median(tf), median(ti), median(tw));
     let flops = model.block_shape().pass_flops();
+    let executed_share = executed_share(&model, flops);
     let gemm_gflops = 2.0 * (n * h * 4 * h) as f64 / median(tg) / 1e9;
     let peak = cpu.simd().fma_peak_flops(0.05) * cfg.threads as f64;
     Ok(EngineBenchReport {
@@ -230,12 +235,24 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
         i_gflops: flops[1] / i / 1e9,
         w_gflops: flops[2] / w / 1e9,
         gemm_gflops,
+        executed_share,
         profile,
         time_ratio: [1.0, i / f, w / f],
         flop_ratio: [1.0, flops[1] / flops[0], flops[2] / flops[0]],
         bytes_after_forward: after_f,
         bytes_after_input_grad: after_i,
     })
+}
+
+/// F, I, W's executed FLOPs over the paper's `flops`: the score and context products are
+/// `4·s·a·d` FLOPs per token in F and `8·s·a·d` in I over the whole square, of which the
+/// causal blocks compute [`crate::layers::attention::causal_work_fraction`].
+fn executed_share(model: &GptConfig, flops: [f64; 3]) -> [f64; 3] {
+    let (s, tokens) = (model.seq_len, model.tokens_per_microbatch());
+    let square = (s * model.heads * model.head_dim() * tokens) as f64;
+    let skipped = 1.0 - crate::layers::attention::causal_work_fraction(s);
+    let attention = [4.0 * square, 8.0 * square, 0.0];
+    std::array::from_fn(|k| (flops[k] - skipped * attention[k]) / flops[k])
 }
 
 /// Adds one pass's operation times (and the rest of its `total` seconds, as `other`) to
@@ -368,7 +385,7 @@ impl EngineBenchReport {
             self.simd,
             self.repeats
         );
-        out += "pass      ms   GFLOP/s  % of gemm  % of FMA peak  time ratio  FLOP ratio\n";
+        out += "pass      ms   GFLOP/s  % of gemm  % of FMA peak  time ratio  FLOP ratio  % of gemm (executed FLOPs)\n";
         let rows = [
             ("F", self.f_ms, self.f_gflops, 0),
             ("I", self.i_ms, self.i_gflops, 1),
@@ -376,11 +393,12 @@ impl EngineBenchReport {
         ];
         for (name, ms, gf, k) in rows {
             out += &format!(
-                "{name:<4} {ms:>7.2} {gf:>9.2} {:>9.1}% {:>13.1}% {:>11.2} {:>11.2}\n",
+                "{name:<4} {ms:>7.2} {gf:>9.2} {:>9.1}% {:>13.1}% {:>11.2} {:>11.2} {:>27.1}%\n",
                 100.0 * gf / self.gemm_gflops,
                 100.0 * gf / self.fma_peak_gflops,
                 self.time_ratio[k],
-                self.flop_ratio[k]
+                self.flop_ratio[k],
+                100.0 * gf * self.executed_share[k] / self.gemm_gflops
             );
         }
         out += &format!(
@@ -394,6 +412,8 @@ impl EngineBenchReport {
             self.fma_peak_gflops,
             self.simd,
         );
+        out += "(% of gemm counts the paper's FLOPs, attention's whole s × s square; executed \
+                FLOPs leave out the blocks above the diagonal that the causal kernels skip)\n";
         out += "where the time goes (ms per pass; other = copies, allocation, bookkeeping):\n";
         let mut kinds: Vec<&String> = self.profile.iter().flat_map(|p| p.keys()).collect();
         kinds.sort();
@@ -418,6 +438,33 @@ impl EngineBenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn executed_flops_leave_out_the_blocks_above_the_diagonal() {
+        use crate::layers::attention::causal_work_fraction;
+        // Row blocks of 16 against the columns up to their end: k(k+1)/2 of k² tiles.
+        assert_eq!(causal_work_fraction(128), 9.0 / 16.0);
+        assert_eq!(causal_work_fraction(16), 1.0);
+        assert_eq!(causal_work_fraction(20), (16.0 * 16.0 + 4.0 * 20.0) / 400.0);
+        // h 256, s 128: per token 24h² in the products, 4sh (F) and 8sh (I) of attention.
+        let model = GptConfig {
+            hidden: 256,
+            heads: 4,
+            seq_len: 128,
+            microbatch_size: 8,
+            ..GptConfig::tiny()
+        };
+        let flops = model.block_shape().pass_flops();
+        let share = executed_share(&model, flops);
+        let (products, sh) = (24.0 * 256.0 * 256.0, 128.0 * 256.0);
+        let f = (products + 4.0 * sh * 9.0 / 16.0) / (products + 4.0 * sh);
+        let i = (products + 8.0 * sh * 9.0 / 16.0) / (products + 8.0 * sh);
+        assert!(
+            (share[0] - f).abs() < 1e-12 && (share[1] - i).abs() < 1e-12,
+            "{share:?}"
+        );
+        assert_eq!(share[2], 1.0);
+    }
 
     #[test]
     fn flop_counts_follow_the_paper_and_bad_configs_are_errors() {

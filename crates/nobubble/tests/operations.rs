@@ -628,7 +628,14 @@ fn the_report_and_the_timeline_picture_describe_the_run() {
         r["bubble_fraction"]["simulated"].as_f64().unwrap()
     ));
     let busiest = if work[0] >= work[1] { 0 } else { 1 };
-    let line = format!("ms per step on rank {busiest} (the most)");
+    let line = if work[0] == work[1] {
+        format!("{:.2} ms per step on every rank", work[0] * 1e3)
+    } else {
+        format!(
+            "{:.2} ms per step on rank {busiest} (the most)",
+            work[busiest] * 1e3
+        )
+    };
     assert!(
         out.contains("work per rank: ") && out.contains(&line),
         "{out}"

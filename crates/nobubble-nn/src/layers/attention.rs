@@ -27,6 +27,14 @@ fn causal_blocks(s: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |r0| (r0, (r0 + CAUSAL_BLOCK).min(s)))
 }
 
+/// The share of the full `s × s` score and context products that the causal blocks compute
+/// (row block `[r0, r1)` against columns `[0, r1)`): what the kernels execute of the
+/// paper's attention FLOPs, which count the whole square. 9/16 at s 128.
+pub(crate) fn causal_work_fraction(s: usize) -> f64 {
+    let done: usize = causal_blocks(s).map(|(r0, r1)| (r1 - r0) * r1).sum();
+    done as f64 / (s * s).max(1) as f64
+}
+
 /// Rotary position tables: `cos` and `sin` of `pos · θ^(−2j/d)` for every position and
 /// `j < d/2`, `[seq_len, d/2]`, computed in f32 as Hugging Face's Llama computes them.
 #[derive(Debug)]

@@ -28,7 +28,9 @@ pub use served::{Metrics, MetricsServer};
 
 /// Model FLOPs of one optimizer step (forward and both backward halves, every microbatch of
 /// every replica): the paper's per-block counts plus the LM head's three matrix products.
-/// Recomputation-free, as this engine is, so model FLOPs and hardware FLOPs agree.
+/// The engine recomputes nothing, but the paper counts causal attention's whole `s × s`
+/// square and the kernels skip the blocks above the diagonal, so the hardware executes a few
+/// percent fewer FLOPs than this (MFU as PaLM and Megatron-LM count it).
 pub fn model_flops_per_step(model: &GptConfig, microbatches: usize) -> f64 {
     let (h, s, b) = (model.hidden, model.seq_len, model.microbatch_size);
     let [f, i, w] = model.block_shape().pass_flops();

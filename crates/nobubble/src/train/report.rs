@@ -140,8 +140,15 @@ fn work_line(busy: &[f64]) -> Option<String> {
         return None;
     }
     let by_work = |a: &(usize, &f64), b: &(usize, &f64)| a.1.total_cmp(b.1);
-    let (most, &high) = busy.iter().enumerate().max_by(by_work)?;
+    // On a tie the lower rank, as `min_by` already picks.
+    let (most, &high) =
+        (busy.iter().enumerate()).max_by(|a, b| by_work(a, b).then(b.0.cmp(&a.0)))?;
     let (least, &low) = busy.iter().enumerate().min_by(by_work)?;
+    if high == low {
+        return Some(format!(
+            "work per rank: {high:.2} ms per step on every rank"
+        ));
+    }
     Some(format!(
         "work per rank: {high:.2} ms per step on rank {most} (the most) to {low:.2} ms on rank \
          {least} ({:+.1}%); no schedule makes a step shorter than the most",
@@ -157,8 +164,9 @@ fn mfu_line(mfu: f64, peak: f64, peak_given: bool) -> String {
         (true, _) => ", --peak-flops",
         (false, false) => ", measured by a GEMM probe",
         (false, true) => {
-            ", measured by a GEMM probe at start that ran slower than training's products: \
-             the machine was busier then; pass --peak-flops for a fixed peak"
+            ", measured by a GEMM probe at start that may have caught a busier moment; model \
+             FLOPs also count causal attention's whole square, which the kernels halve; \
+             pass --peak-flops for a fixed peak"
         }
     };
     format!(
@@ -395,6 +403,15 @@ mod tests {
             line.starts_with("work per rank: 993.20 ms per step on rank 0 (the most) to 945.00 ms on rank 1 (+5.1%)"),
             "{line}"
         );
+        assert_eq!(
+            work_line(&[5.0, 5.0]).unwrap(),
+            "work per rank: 5.00 ms per step on every rank"
+        );
+        let line = work_line(&[12.0, 10.0, 12.0]).unwrap();
+        assert!(
+            line.contains("12.00 ms per step on rank 0 (the most)"),
+            "{line}"
+        );
         let line = work_line(&[10.0, 12.0]).unwrap();
         assert!(
             line.contains("12.00 ms per step on rank 1") && line.contains("(+20.0%)"),
@@ -415,7 +432,10 @@ mod tests {
             over.starts_with("MFU 103.4% ") && over.contains("--peak-flops"),
             "{over}"
         );
-        assert!(over.contains("busier"), "{over}");
+        assert!(
+            over.contains("busier") && over.contains("whole square"),
+            "{over}"
+        );
         // A peak the user gave is theirs to judge.
         assert!(mfu_line(1.2, 1e11, true).ends_with(", --peak-flops)"));
     }

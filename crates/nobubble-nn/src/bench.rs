@@ -244,14 +244,12 @@ pub fn engine_bench(cfg: &EngineBenchConfig) -> Result<EngineBenchReport> {
     })
 }
 
-/// F, I, W's executed FLOPs over the paper's `flops`: the score and context products are
-/// `4·s·a·d` FLOPs per token in F and `8·s·a·d` in I over the whole square, of which the
-/// causal blocks compute [`crate::layers::attention::causal_work_fraction`].
+/// F, I, W's executed FLOPs over the paper's `flops`: of attention's products, counted over
+/// the whole square, the causal blocks compute
+/// [`crate::layers::attention::causal_work_fraction`].
 fn executed_share(model: &GptConfig, flops: [f64; 3]) -> [f64; 3] {
-    let (s, tokens) = (model.seq_len, model.tokens_per_microbatch());
-    let square = (s * model.heads * model.head_dim() * tokens) as f64;
-    let skipped = 1.0 - crate::layers::attention::causal_work_fraction(s);
-    let attention = [4.0 * square, 8.0 * square, 0.0];
+    let skipped = 1.0 - crate::layers::attention::causal_work_fraction(model.seq_len);
+    let attention = model.block_shape().attention_pass_flops();
     std::array::from_fn(|k| (flops[k] - skipped * attention[k]) / flops[k])
 }
 

@@ -59,13 +59,19 @@ impl BlockShape {
         );
         let mlp = if self.gated { 6.0 * h * f } else { 4.0 * h * f };
         // Per token: QKV, output projection, MLP.
-        let products = 2.0 * h * (a + 2.0 * kv) * d + 2.0 * h * a * d + mlp;
-        let tokens = s * b;
-        [
-            tokens * (products + 4.0 * s * a * d),
-            tokens * (products + 8.0 * s * a * d),
-            tokens * products,
-        ]
+        let products = s * b * (2.0 * h * (a + 2.0 * kv) * d + 2.0 * h * a * d + mlp);
+        let [af, ai, aw] = self.attention_pass_flops();
+        [products + af, products + ai, products + aw]
+    }
+
+    /// The part of [`Self::pass_flops`] in attention's `s × s` products (scores and context):
+    /// F's two, I's four, none in W, each over the whole square (a causal kernel that skips
+    /// the blocks above the diagonal executes less).
+    pub fn attention_pass_flops(&self) -> [f64; 3] {
+        let (s, b) = (self.seq_len as f64, self.microbatch_size as f64);
+        // a·d = h for every head layout.
+        let square = s * b * s * self.hidden as f64;
+        [4.0 * square, 8.0 * square, 0.0]
     }
 }
 

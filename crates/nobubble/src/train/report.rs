@@ -157,16 +157,16 @@ fn work_line(busy: &[f64]) -> Option<String> {
 }
 
 /// The report's MFU line. The default peak is a short best-of GEMM probe at start: on a
-/// busy machine it can catch a slow moment, and a share above 100% then says so rather than
-/// standing unexplained.
+/// busy machine it can catch a slow moment, and model FLOPs count the attention the causal
+/// kernels skip; a share above 100% then says both rather than standing unexplained.
 fn mfu_line(mfu: f64, peak: f64, peak_given: bool) -> String {
     let source = match (peak_given, mfu > 1.0) {
         (true, _) => ", --peak-flops",
         (false, false) => ", measured by a GEMM probe",
         (false, true) => {
             ", measured by a GEMM probe at start that may have caught a busier moment; model \
-             FLOPs also count causal attention's whole square, which the kernels halve; \
-             pass --peak-flops for a fixed peak"
+             FLOPs also count causal attention's whole square, whose part above the diagonal \
+             the kernels skip; pass --peak-flops for a fixed peak"
         }
     };
     format!(

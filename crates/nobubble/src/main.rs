@@ -20,6 +20,7 @@ mod signals;
 mod train;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 // Tensors start on a cache line (see `nobubble_nn::alloc`).
@@ -108,7 +109,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("error: {msg}");
+            // Not `eprintln!`: with standard error closed that would panic.
+            let _ = writeln!(std::io::stderr(), "error: {msg}");
             ExitCode::FAILURE
         }
     }

@@ -11,7 +11,52 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Whether a line could not be written to standard output (`[0]`) or error (`[1]`): a
+/// `| head` or `| tee` that ended. Later lines to that stream are dropped.
+static CLOSED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
+/// Writes one line to standard output (`to_stderr` false) or error, for long jobs: a closed
+/// stream must not end a run that has training to save. The first failure asks the run to
+/// stop cleanly after its step, as Ctrl-C does (`train` then saves and says so), instead of
+/// the crash or the silent death a print into a closed pipe would be.
+pub fn line(to_stderr: bool, args: std::fmt::Arguments) {
+    let closed = &CLOSED[usize::from(to_stderr)];
+    if closed.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = if to_stderr {
+        writeln!(std::io::stderr().lock(), "{args}")
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{args}").and_then(|()| out.flush())
+    };
+    if written.is_err() && !closed.swap(true, Ordering::Relaxed) {
+        crate::signals::request_stop(crate::signals::OUTPUT_CLOSED);
+    }
+}
+
+/// Whether some line of [`line`] could not be written to standard output, and to error.
+pub fn closed() -> (bool, bool) {
+    (
+        CLOSED[0].load(Ordering::Relaxed),
+        CLOSED[1].load(Ordering::Relaxed),
+    )
+}
+
+/// `println!` for long jobs: see [`line`].
+macro_rules! say {
+    () => { $crate::output::line(false, format_args!("")) };
+    ($($arg:tt)*) => { $crate::output::line(false, format_args!($($arg)*)) };
+}
+
+/// `eprintln!` for long jobs: see [`line`].
+macro_rules! tell {
+    () => { $crate::output::line(true, format_args!("")) };
+    ($($arg:tt)*) => { $crate::output::line(true, format_args!($($arg)*)) };
+}
+pub(crate) use {say, tell};
 
 /// Writes `content` to standard output, turning a failure into a message.
 pub fn stdout(content: &[u8]) -> Result<(), String> {

@@ -2,6 +2,7 @@
 //! time on a terminal; off a terminal, a line every so often once the work has taken a
 //! while, so a log shows a long plan is alive while short ones stay silent.
 
+use crate::output::tell;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::sync::mpsc;
@@ -34,7 +35,7 @@ pub fn show_until(label: &str, done: mpsc::Receiver<()>) -> std::thread::JoinHan
             while let Err(mpsc::RecvTimeoutError::Timeout) =
                 done.recv_timeout(next.saturating_sub(started.elapsed()))
             {
-                eprintln!("{label}… {} s", started.elapsed().as_secs());
+                tell!("{label}… {} s", started.elapsed().as_secs());
                 next += EVERY;
             }
         });

@@ -336,7 +336,7 @@ pub fn emit(output: Option<&Path>, content: &str) -> Result<(), String> {
 /// Says on stderr that `path` was written (not for stdout or stderr themselves).
 pub fn note_written(path: &Path) {
     if !["-", "/dev/stdout", "/dev/stderr"].contains(&path.to_string_lossy().as_ref()) {
-        eprintln!("wrote {}", path.display());
+        crate::output::tell!("wrote {}", path.display());
     }
 }
 

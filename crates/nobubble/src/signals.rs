@@ -1,9 +1,24 @@
-//! Ctrl-C and SIGTERM for long jobs: the first asks the run to stop cleanly after the current
-//! step (the log, trace, checkpoint and report are written); a second ends the process at
-//! once with the usual status, 128 + the signal.
+//! Ctrl-C and SIGTERM for long jobs (and a closed output, see [`request_stop`]): the first
+//! asks the run to stop cleanly after the current step (the log, trace, checkpoint and report
+//! are written); a second ends the process at once with the usual status, 128 + the signal.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The stop a closed standard output or error asks for ([`crate::output::line`]): reported
+/// as SIGPIPE's number, so the exit status is the 141 of a process a closed pipe ended.
+pub const OUTPUT_CLOSED: usize = 13;
+
+/// The number [`install`] returned, for [`request_stop`].
+static WHICH: OnceLock<Arc<AtomicUsize>> = OnceLock::new();
+
+/// Asks the running job to stop after its step, as a first signal `sig` would (unless a
+/// signal came first); nothing happens before [`install`].
+pub fn request_stop(sig: usize) {
+    if let Some(which) = WHICH.get() {
+        let _ = which.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
 
 /// Installs the handlers; the returned value becomes the number of the first signal caught.
 pub fn install() -> Result<Arc<AtomicUsize>, String> {
@@ -18,5 +33,13 @@ pub fn install() -> Result<Arc<AtomicUsize>, String> {
         signal_hook::flag::register_usize(sig, which.clone(), sig as usize).map_err(fail)?;
         signal_hook::flag::register(sig, caught.clone()).map_err(fail)?;
     }
+    // A print into a closed pipe then fails (and stops the run cleanly, see
+    // `output::line`) instead of ending the process with nothing saved.
+    #[cfg(unix)]
+    // SAFETY: only changes a signal disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let _ = WHICH.set(which.clone());
     Ok(which)
 }

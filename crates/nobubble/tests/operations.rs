@@ -393,6 +393,68 @@ fn sigint_stops_after_a_step_writes_everything_and_resumes_bit_identically() {
 }
 
 #[test]
+fn a_closed_output_stops_the_run_cleanly_and_keeps_its_checkpoint() {
+    // `nobubble train … 2>&1 | tee log` whose tee ends: the run must not die mid-step with
+    // nothing saved, but stop after its step as on Ctrl-C, and say so with SIGPIPE's status.
+    let d = temp("closed");
+    let (log, report, save) = (d.join("a.jsonl"), d.join("r.json"), d.join("run"));
+    let args = train_args(&[
+        "--steps",
+        "100000",
+        "--log",
+        log.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--save",
+        save.to_str().unwrap(),
+    ]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    let start = Instant::now();
+    while log_lines(&log).len() < 3 {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no three logged steps within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run went on after its output was closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(141), "{status:?}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["stopped"]["signal"], 13);
+    let k = r["steps_trained"].as_u64().unwrap();
+    assert!(k >= 3, "{k}");
+    assert_eq!(
+        log_lines(&log).len() as u64,
+        k,
+        "every trained step is logged"
+    );
+    let latest = std::fs::read_to_string(save.join("latest")).unwrap();
+    assert_eq!(
+        latest.trim(),
+        format!("step-{k:06}"),
+        "the last step is saved"
+    );
+}
+
+#[test]
 fn a_second_signal_ends_the_run_at_once() {
     // Emulated steps of several seconds: the first SIGTERM would wait for the step to end.
     let mut run = Run::start(&[

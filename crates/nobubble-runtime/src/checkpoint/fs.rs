@@ -387,7 +387,9 @@ fn load_parts(dir: &Path, with_moments: bool) -> Result<Checkpoint, RuntimeError
     let meta_path = src.join(META);
     let model_path = src.join(MODEL);
     if meta.files.is_empty() {
-        eprintln!(
+        // Not `eprintln!`, which panics when standard error is closed.
+        let _ = writeln!(
+            std::io::stderr(),
             "warning: {} records no checksums (written by an older nobubble): its files are \
              loaded unverified; saving it again adds them",
             meta_path.display()

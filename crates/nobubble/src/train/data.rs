@@ -3,6 +3,7 @@
 //! bytes), and the tokenizer a resumed checkpoint or an `--init-from` directory brings along.
 
 use super::TrainArgs;
+use crate::output::tell;
 use nobubble_nn::data::sources::{pack, Format};
 use nobubble_nn::{Corpus, GptConfig};
 use std::path::{Path, PathBuf};
@@ -128,7 +129,7 @@ pub fn load(a: &TrainArgs, model: &mut GptConfig) -> Result<TrainingData, String
             ));
         }
         if tokenizer.is_none() && model.vocab > 257 {
-            eprintln!(
+            tell!(
                 "warning: --init-from: the model has a vocabulary of {} but no tokenizer.json \
                  was found or given: it trains on bytes as ids 0–255",
                 model.vocab
@@ -205,7 +206,7 @@ fn tokenized(data: Option<&Path>, source: TokenizerSource) -> Result<Made, Strin
         }
         TokenizerSource::Train(vocab) => {
             let started = std::time::Instant::now();
-            eprintln!("training a byte-level BPE tokenizer of {vocab} ids on {name} …");
+            tell!("training a byte-level BPE tokenizer of {vocab} ids on {name} …");
             let tk = TextTokenizer::train(path, vocab).map_err(|e| e.message())?;
             let took = started.elapsed().as_secs_f64();
             let ids = tk.vocab_size();

@@ -3,6 +3,7 @@
 //! hour of training loses the hour).
 
 use super::{data, TrainArgs};
+use crate::output::tell;
 use nobubble_nn::config::Arch;
 use nobubble_nn::{AdamWConfig, GptConfig, StageLayout, TrainConfig};
 use nobubble_runtime::launch;
@@ -29,12 +30,12 @@ pub(super) fn job(a: &TrainArgs) -> Result<TrainJob, String> {
     check_numbers(a)?;
     let data = data::load(a, &mut model)?;
     let model = checked_size(model)?;
-    eprintln!("{}", data.description);
+    tell!("{}", data.description);
     check_outputs(a, &model)?;
     let per_set = (microbatches * a.data_parallel * model.microbatch_size * model.seq_len) as u64;
     let held_out = data.eval.len() as u64;
     if emulated.is_none() && a.eval_sets > 1 && a.eval_sets.saturating_mul(per_set) > 2 * held_out {
-        eprintln!(
+        tell!(
             "warning: --eval-sets {} reads {} tokens per validation, {:.0}× the {held_out} \
              held-out tokens: the sets repeat the same text; {} or fewer cover it",
             a.eval_sets,
@@ -477,7 +478,7 @@ fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
     match a.threads_per_rank {
         Some(0) => Err("--threads-per-rank must be at least 1".into()),
         Some(t) if t * local > cores && a.compute == "real" => {
-            eprintln!(
+            tell!(
                 "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",
                 (cores / local.max(1)).max(1)
             );

@@ -9,6 +9,7 @@ pub mod report;
 mod trace;
 pub mod watch;
 
+use crate::output::tell;
 use crate::train::watch::{Watch, WatchOptions};
 use clap::Args;
 use nobubble_nn::config::Arch;
@@ -234,8 +235,25 @@ fn lock_save(a: &TrainArgs) -> Result<Option<nobubble_runtime::checkpoint_fs::Ru
         .map_err(|e| format!("--save: {e}"))
 }
 
-/// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run).
+/// Runs `train`; returns the exit status (0, or 128 + the signal that stopped the run; a
+/// closed output counts as SIGPIPE's, even when it closed only after the last step, since
+/// lines were lost).
 pub fn run(a: &TrainArgs) -> Result<u8, String> {
+    let status = run_job(a)?;
+    let (stdout, stderr) = crate::output::closed();
+    if status != 0 || !(stdout || stderr) {
+        return Ok(status);
+    }
+    if stdout {
+        crate::output::tell!(
+            "error: standard output was closed before the run ended: some of its lines were not \
+             printed (--report FILE keeps the summary)"
+        );
+    }
+    Ok(128 + crate::signals::OUTPUT_CLOSED as u8)
+}
+
+fn run_job(a: &TrainArgs) -> Result<u8, String> {
     let launched = launch::launched_world_size();
     let mut job = job::job(a)?;
     job.stop = Some(crate::signals::install()?);
@@ -303,7 +321,7 @@ fn watch(
     let server = match (&a.metrics_addr, &metrics) {
         (Some(addr), Some(m)) => {
             let server = MetricsServer::start(addr, m.clone())?;
-            eprintln!("serving metrics at http://{}/metrics", server.addr());
+            tell!("serving metrics at http://{}/metrics", server.addr());
             Some(server)
         }
         _ => None,
@@ -404,7 +422,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Llama => format!("{} heads, {} K/V heads", model.heads, model.kv_heads()),
         Arch::Gpt => format!("{} heads", model.heads),
     };
-    eprintln!(
+    tell!(
         "nobubble train: {schedule} on {} rank{}{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
         job.session.ranks,
         if job.session.ranks == 1 { "" } else { "s" },
@@ -436,7 +454,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
             .map(|s| s.to_string())
             .collect();
         if !later.is_empty() && a.steps > step {
-            eprintln!(
+            tell!(
                 "note: resuming step {step} into {}, which holds later steps ({}): this run's \
                  checkpoints become its `latest` (the later ones stay, and are replaced where \
                  this run saves the same step)",
@@ -449,7 +467,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
     if let (Some(dir), None) = (&a.resume, &a.save) {
         // A step directory's run directory is the one to continue.
         let dir = job::run_of_step(dir).unwrap_or(dir);
-        eprintln!(
+        tell!(
             "note: resuming without --save: this run's checkpoints are not saved (add --save {} \
              to continue that run directory)",
             dir.display()

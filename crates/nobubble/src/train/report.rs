@@ -1,6 +1,7 @@
 //! The end of `train` on rank 0: the text report on stdout, and the files asked for —
 //! `--trace` (Chrome), `--report` (JSON), `--timeline-svg` (measured above planned).
 
+use crate::output::{say, tell};
 use crate::train::watch::Watch;
 use crate::train::TrainArgs;
 use nobubble_runtime::training::{mib, Stop, TrainJob, TrainReport};
@@ -85,16 +86,16 @@ fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, rea
     let sim = &r.simulated.metrics;
     // A blank line under the progress on a terminal; none at the top of a file or pipe.
     if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-        println!();
+        say!();
     }
-    println!(
+    say!(
         "trained {} steps in {:.1} s ({:.0} tokens/s)",
         r.trained,
         r.elapsed,
         r.tokens_per_step * r.trained as f64 / r.elapsed.max(f64::MIN_POSITIVE)
     );
     if real {
-        println!("final training loss {:.4}", r.final_loss);
+        say!("final training loss {:.4}", r.final_loss);
     }
     let when = if r.first_step > 0 {
         format!("at step {}, where this run resumed", r.first_step)
@@ -102,21 +103,21 @@ fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, rea
         "before training".to_string()
     };
     match (r.validation_before, r.validation_after) {
-        (Some(before), Some(after)) => println!("validation loss {after:.4} ({when} {before:.4})"),
+        (Some(before), Some(after)) => say!("validation loss {after:.4} ({when} {before:.4})"),
         (Some(before), None) => {
-            println!("validation loss {when} {before:.4} (not measured again: the run was stopped)")
+            say!("validation loss {when} {before:.4} (not measured again: the run was stopped)")
         }
         _ => {}
     }
     let span_ms = s.span_s * 1e3;
-    println!(
+    say!(
         "step time: measured {:.2} ms per step (wall), {:.2} ms per iteration (span of its passes); simulated {:.2} ms from the measured pass times ({:+.1}%)",
         r.wall_per_step * 1e3,
         span_ms,
         sim.makespan,
         100.0 * (span_ms / sim.makespan - 1.0)
     );
-    println!(
+    say!(
         "bubble fraction: measured {:.1}%, simulated {:.1}%; bubble rate (longest rank span): measured {:.1}%, simulated {:.1}%",
         100.0 * s.bubble,
         100.0 * sim.bubble_fraction,
@@ -124,10 +125,10 @@ fn print_results(a: &TrainArgs, r: &TrainReport, s: &Summary, watch: &Watch, rea
         100.0 * sim.bubble_rate
     );
     if let Some(line) = work_line(&sim.busy) {
-        println!("{line}");
+        say!("{line}");
     }
     if let (Some(mfu), Some(peak)) = (s.mfu, watch.peak_flops) {
-        println!("{}", mfu_line(mfu, peak, a.peak_flops.is_some()));
+        say!("{}", mfu_line(mfu, peak, a.peak_flops.is_some()));
     }
 }
 
@@ -188,14 +189,14 @@ fn measured_peak(r: &TrainReport, rank: usize) -> usize {
 fn print_memory_and_comm(r: &TrainReport, real: bool) {
     if real {
         for rank in 0..r.plan.schedule.ranks {
-            println!(
+            say!(
                 "rank {rank}: peak activation memory {} (planner predicted {})",
                 mib(measured_peak(r, rank) as f64),
                 mib(r.plan.predicted_peak[rank])
             );
         }
     }
-    println!("communication ({}):", r.transport);
+    say!("communication ({}):", r.transport);
     for (rank, c) in per_step_comm(r).iter().enumerate() {
         let mut line = format!(
             "  rank {rank}: {:.0} messages, {} sent per step; sending {:.3} ms, waiting {:.2} ms per step; link latency {:.3} ms",
@@ -211,7 +212,7 @@ fn print_memory_and_comm(r: &TrainReport, real: bool) {
                 1e3 * c.reduce_seconds
             ));
         }
-        println!("{line}");
+        say!("{line}");
     }
 }
 
@@ -267,7 +268,7 @@ fn exit_status(
             let status = 128u8.saturating_add(u8::try_from(sig).unwrap_or(127));
             let done = r.first_step + r.trained;
             if late {
-                eprintln!(
+                tell!(
                     "signal {sig} came after the last step: the run had trained all its steps \
                      (exit status {status})"
                 );
@@ -279,7 +280,11 @@ fn exit_status(
                     (_, Some(_)) => "; this step was not saved (see above)".to_string(),
                     (_, None) => "; nothing was saved (no --save)".to_string(),
                 };
-                eprintln!("stopped by signal {sig} after step {done}{resume}");
+                if sig == crate::signals::OUTPUT_CLOSED as i32 {
+                    tell!("stopped after step {done}: the output was closed{resume}");
+                } else {
+                    tell!("stopped by signal {sig} after step {done}{resume}");
+                }
             }
             return Ok(status);
         }

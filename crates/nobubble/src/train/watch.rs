@@ -3,6 +3,7 @@
 //! Prometheus metrics of `--metrics-addr`. One [`StepRates`] per step feeds all of them, so
 //! they agree.
 
+use crate::output::tell;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nobubble_runtime::metrics::{Metrics, StepRates};
 use nobubble_runtime::training::{mib, Observer};
@@ -100,7 +101,7 @@ impl Watch {
     fn say(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
+            None => tell!("{text}"),
         }
     }
 
@@ -109,7 +110,7 @@ impl Watch {
         if let Some(bar) = self.bar.take() {
             bar.finish();
             // The finished bar stays; what follows starts on a line of its own.
-            eprintln!();
+            tell!();
         }
         if let Some(w) = self.log.as_mut() {
             w.flush().map_err(|e| format!("cannot write --log: {e}"))?;
@@ -171,7 +172,7 @@ impl Observer for Watch {
         if let Some(bar) = self.bar.take() {
             bar.finish();
             // The finished bar stays; what follows starts on a line of its own.
-            eprintln!();
+            tell!();
         }
         let bar = self.validation_bar.get_or_insert_with(|| {
             let bar = ProgressBar::new(total);
@@ -258,7 +259,7 @@ impl Observer for Watch {
                 true => String::new(),
                 false => format!("  peak act {}", mib(peak as f64)),
             };
-            eprintln!(
+            tell!(
                 "step {:>4}/{}  {loss_text}{:>6.0} tok/s  bubble {:>5.1}%{mfu_text}{peak_text}",
                 step + 1,
                 self.steps,

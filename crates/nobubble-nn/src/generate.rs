@@ -285,7 +285,9 @@ pub fn generate_with(
 ) -> Result<Vec<u32>> {
     let mut rng = SplitMix64::new(seed);
     let mut context = prompt.to_vec();
-    let mut out = Vec::with_capacity(count);
+    // Not `count` up front: a huge count is a long run (stopped by the caller), not an
+    // allocation that aborts.
+    let mut out = Vec::with_capacity(count.min(1 << 16));
     if count == 0 {
         return Ok(out);
     }

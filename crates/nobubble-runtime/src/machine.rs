@@ -301,6 +301,24 @@ fn free_here() -> Option<(u64, Option<u64>)> {
     }
 }
 
+/// Whether `need` bytes (for `what`: "attention over a window of 4096 tokens") fit in the
+/// memory this machine has free; the error names both and ends with `remedy`. For work of
+/// one process that would otherwise abort on a failed allocation.
+pub fn check_free(need: f64, what: &str, remedy: &str) -> Result<(), String> {
+    let Some((free, cgroup_limit)) = free_here() else {
+        return Ok(());
+    };
+    if need > free as f64 {
+        return Err(format!(
+            "{what} takes {}, and this machine has {} free{}: {remedy}",
+            human_bytes(need),
+            human_bytes(free as f64),
+            under_cgroup_limit(cgroup_limit),
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes an emulated rank thread holds per pass of the schedule (its copy of the schedule,
 /// its program and bookkeeping): measured 34 with 256 ranks × 196 608 passes (1.7 GB).
 const EMULATED_BYTES_PER_PASS: f64 = 40.0;

@@ -46,7 +46,9 @@ pub struct SampleArgs {
 /// Runs `sample`.
 pub fn run(a: &SampleArgs) -> Result<(), String> {
     let how = sampling(a)?;
-    let model = crate::model_source::open(&a.checkpoint, a.seq_len)?;
+    // No prompt has more tokens than bytes, beside a tokenizer's few special ones.
+    let longest = (a.prompt.len() + 8).saturating_add(a.tokens);
+    let model = crate::model_source::open(&a.checkpoint, a.seq_len, longest)?;
     let stage = model.stage;
     let origin = model.origin;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -56,7 +58,7 @@ pub fn run(a: &SampleArgs) -> Result<(), String> {
         m.arch.name(),
         m.layers,
         m.hidden,
-        m.seq_len,
+        model.context,
         if model.codec.is_bytes() { "bytes" } else { "BPE tokenizer" },
         a.temperature,
         a.top_k,

@@ -44,7 +44,8 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
         }
         (None, None) => return Err("give --text or --file".into()),
     };
-    let model = crate::model_source::open(&a.checkpoint, a.seq_len)?;
+    // No text has more tokens than bytes, beside a tokenizer's few special ones.
+    let model = crate::model_source::open(&a.checkpoint, a.seq_len, bytes.len() + 8)?;
     let stage = model.stage;
     let text = String::from_utf8_lossy(&bytes);
     let ids = if model.codec.is_bytes() {

@@ -70,6 +70,44 @@ fn an_exported_model_scores_and_trains_on_exactly_where_the_checkpoint_left_off(
     let (a, b) = (score(&run), score(&hf));
     assert_eq!(a, b);
     assert_eq!(a["tokens"], text.len() - 1);
+    // Any window longer than the text scores the same, and a huge one costs no memory (the
+    // model is built no longer than the text); one whose attention cannot fit is an error up
+    // front.
+    let window = |n: &str| -> Value {
+        let args = [
+            "score",
+            "--checkpoint",
+            s(&hf),
+            "--text",
+            text,
+            "--json",
+            "--seq-len",
+            n,
+        ];
+        serde_json::from_str(&ok(&args)).unwrap()
+    };
+    assert_eq!(window("100000000000"), window("64"));
+    let tight = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(["score", "--checkpoint", s(&hf), "--text", text])
+        .env("NOBUBBLE_MEM_AVAILABLE", "1000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&tight.stderr);
+    assert_eq!(tight.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("attention over a window of") && err.contains("use a smaller --seq-len"),
+        "{err}"
+    );
+    let err = fails(&[
+        "score",
+        "--checkpoint",
+        s(&hf),
+        "--text",
+        text,
+        "--seq-len",
+        "0",
+    ]);
+    assert!(err.contains("--seq-len must be at least 1"), "{err}");
 
     // Fine-tuning from the export starts from the trained weights: its validation loss before
     // training is the first run's after, to the bit (same held-out sets).

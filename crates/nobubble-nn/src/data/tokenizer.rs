@@ -96,8 +96,12 @@ impl TextTokenizer {
                 other?;
             }
         }
+        // Every merge joins a pair seen at least twice, so there are at most total / 2 of them:
+        // a larger request gives the same tokenizer, but the trainer reserves room for all of
+        // it first (a billion ids aborted on 70 GB).
+        let reachable = alphabet.len() + 1 + total / 2;
         let mut trainer = BpeTrainerBuilder::new()
-            .vocab_size(vocab_size)
+            .vocab_size(vocab_size.min(reachable))
             .min_frequency(2)
             .show_progress(false)
             .initial_alphabet(alphabet.into_iter().collect())
@@ -212,6 +216,13 @@ mod tests {
                 .unwrap()[..]
         );
         assert!(TextTokenizer::train(&f, 200).is_err());
+        // More ids than a text can give: the text's own tokenizer, quickly, whatever the ask.
+        let small = d.join("small.txt");
+        std::fs::write(&small, &crate::data::BUILTIN_CORPUS[..2_000]).unwrap();
+        let fits = TextTokenizer::train(&small, 5_000).unwrap();
+        assert!(fits.vocab_size() < 5_000, "{}", fits.vocab_size());
+        let huge = TextTokenizer::train(&small, 1_000_000_000).unwrap();
+        assert_eq!(huge.to_json().unwrap(), fits.to_json().unwrap());
         assert!(TextTokenizer::from_json("{}").is_err());
         let _ = std::fs::remove_dir_all(&d);
     }

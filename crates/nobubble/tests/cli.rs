@@ -987,6 +987,11 @@ fn threads_per_rank_change_no_bit_and_bad_settings_are_errors() {
         err.contains("--threads-per-rank must be at least 1"),
         "{err}"
     );
+    let err = fails(&micro_train("1", &["--threads-per-rank", "100000"]));
+    assert!(
+        err.contains("--threads-per-rank 100000 is more than this machine's"),
+        "{err}"
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
         .args(micro_train("1", &[]))
         .env("NOBUBBLE_SIMD", "avx1024")

@@ -42,6 +42,13 @@ pub struct EngineBenchArgs {
 
 /// Runs the benchmark and prints a table or JSON.
 pub fn run(args: &EngineBenchArgs) -> Result<(), String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if args.threads > cores {
+        return Err(format!(
+            "--threads {} is more than this machine's {cores} cores; use at most {cores}",
+            args.threads
+        ));
+    }
     let cfg = EngineBenchConfig {
         arch: Arch::parse(&args.arch).map_err(|e| e.to_string())?,
         hidden: args.hidden,

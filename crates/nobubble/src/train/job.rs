@@ -477,6 +477,12 @@ fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
     };
     match a.threads_per_rank {
         Some(0) => Err("--threads-per-rank must be at least 1".into()),
+        // Threads beyond the cores only wait on each other's turn at every split of a
+        // kernel: 1000 on 2 cores made no step in ten minutes.
+        Some(t) if t > cores && a.compute == "real" => Err(format!(
+            "--threads-per-rank {t} is more than this machine's {cores} cores; use at most {cores} \
+             (or leave it out: the cores are shared among the ranks on the machine)"
+        )),
         Some(t) if t * local > cores && a.compute == "real" => {
             tell!(
                 "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",

@@ -72,6 +72,13 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
         ));
     }
     let (loss, logits) = score_windows(&stage, inputs, targets, keep)?;
+    if !loss.is_finite() {
+        // As `sample` says: a loss of NaN printed with status 0 would pass for a result.
+        return Err(format!(
+            "the model produced non-finite logits on this text (loss {loss}): is the checkpoint \
+             damaged, or did its training diverge? Score an earlier step"
+        ));
+    }
     if let (Some(path), Some(logits)) = (&a.logits, logits) {
         hf::write_tensors(path, &[("logits", &logits)]).map_err(|e| e.to_string())?;
     }

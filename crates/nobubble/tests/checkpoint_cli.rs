@@ -215,3 +215,30 @@ fn save_resume_and_sample() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_checkpoint_that_gives_non_finite_logits_is_an_error_in_score_and_sample() {
+    // One update at an absurd learning rate: a finite loss was trained on, so the step is
+    // saved, but its weights overflow every logit.
+    let d = std::env::temp_dir().join(format!("nobubble-ckpt-nan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let save = d.join("run");
+    ok(&micro_train(
+        "1",
+        &["--lr", "1e30", "--save", save.to_str().unwrap()],
+    ));
+    let ckpt = save.to_str().unwrap();
+    let err = fails(&["score", "--checkpoint", ckpt, "--text", "hello there"]);
+    assert!(err.contains("non-finite logits"), "{err}");
+    let err = fails(&[
+        "sample",
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "hi",
+        "--tokens",
+        "3",
+    ]);
+    assert!(err.contains("non-finite logits"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}

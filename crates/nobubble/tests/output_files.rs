@@ -288,3 +288,43 @@ fn the_output_extension_chooses_the_format() {
         .starts_with("<svg"));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn two_train_outputs_naming_one_file_are_refused_before_training() {
+    let d = dir("same");
+    let report = d.join("out.json");
+    std::fs::write(&report, "mine").unwrap();
+    // The same file by another spelling, and by a link.
+    let other = d.join(".").join("out.json");
+    let link = d.join("link.json");
+    std::os::unix::fs::symlink(&report, &link).unwrap();
+    for (flag, path) in [("--log", &other), ("--trace", &link)] {
+        let err = fails(&[
+            "train",
+            "--model",
+            "micro",
+            "--steps",
+            "1",
+            "--report",
+            report.to_str().unwrap(),
+            flag,
+            path.to_str().unwrap(),
+        ]);
+        assert!(err.contains("name the same file"), "{err}");
+        assert!(err.contains(flag) && err.contains("--report"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "mine");
+    // Devices take any number of writers.
+    ok(&[
+        "train",
+        "--model",
+        "micro",
+        "--steps",
+        "1",
+        "--report",
+        "/dev/null",
+        "--trace",
+        "/dev/null",
+    ]);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -13,7 +13,7 @@ use nobubble_runtime::Fault;
 use nobubble_runtime::{Compute, RunConfig, SessionOptions};
 use nobubble_schedule::export::csv;
 use nobubble_schedule::{CostSpec, MemLimit, Objective, RankCost, Schedule, ScheduleKind};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,12 +192,26 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
             .and_then(|_| fs::check_run_steps(dir, saves, overwrite))
             .map_err(|e| format!("--save: {e}"))?;
     }
-    for (flag, path) in [
+    let outputs = [
         ("--trace", &a.trace),
         ("--report", &a.report),
         ("--timeline-svg", &a.timeline_svg),
         ("--log", &a.log),
-    ] {
+    ];
+    // One file for two outputs: the second would silently replace the first.
+    let files: Vec<(&str, PathBuf)> = outputs
+        .iter()
+        .filter_map(|(flag, path)| Some((*flag, same_file_key(path.as_deref()?)?)))
+        .collect();
+    for (i, (flag, key)) in files.iter().enumerate() {
+        if let Some((other, _)) = files[..i].iter().find(|(_, k)| k == key) {
+            return Err(format!(
+                "{other} and {flag} name the same file {}: give each its own",
+                key.display()
+            ));
+        }
+    }
+    for (flag, path) in outputs {
         let Some(path) = path else { continue };
         if path.is_dir() {
             return Err(format!(
@@ -211,6 +225,27 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
             .map_err(|e| format!("{flag}: {e}"))?;
     }
     Ok(())
+}
+
+/// What identifies the file `path` names, to find two outputs given one file: its folder
+/// resolved (links, `..`) and its name; `None` for the devices that take any number of
+/// writers (`-`, `/dev/null`, `/dev/stdout`, `/dev/stderr`).
+fn same_file_key(path: &Path) -> Option<PathBuf> {
+    let text = path.to_string_lossy();
+    if ["-", "/dev/null", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref()) {
+        return None;
+    }
+    let name = path.file_name()?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let folder = folder
+        .canonicalize()
+        .unwrap_or_else(|_| folder.to_path_buf());
+    // A link to a file resolves to that file (two names for one target).
+    let joined = folder.join(name);
+    Some(joined.canonicalize().unwrap_or(joined))
 }
 
 /// `--chunks`: only the interleaved schedules take it (default 2); refused elsewhere rather

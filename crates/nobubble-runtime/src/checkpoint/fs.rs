@@ -222,7 +222,12 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
         std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
     }
     std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
-    write_files(&tmp, ckpt)?;
+    if let Err(e) = write_files(&tmp, ckpt) {
+        // A full disk: the partial copy would keep it full (and fail the next save, and a
+        // resume, the same way); the previous checkpoints are untouched.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     swap_in(&tmp, dir, &parent)
 }
 

@@ -63,11 +63,15 @@ impl TraceFile {
         let Some(mut out) = self.out.take() else {
             return Ok(());
         };
-        let fail = |e: std::io::Error| format!("cannot write --trace {}: {e}", self.path.display());
-        out.write_all(b"\n]}\n").map_err(fail)?;
-        let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
-        file.sync_all().map_err(fail)?;
-        drop(file);
+        let written = out
+            .write_all(b"\n]}\n")
+            .and_then(|()| out.into_inner().map_err(|e| e.into_error()))
+            .and_then(|file| file.sync_all());
+        if let Err(e) = written {
+            // A full disk: nothing to place, and the partial file would keep it full.
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(format!("cannot write --trace {}: {e}", self.path.display()));
+        }
         let placed = crate::output::place(&self.tmp, &self.path);
         let _ = std::fs::remove_file(&self.tmp);
         placed

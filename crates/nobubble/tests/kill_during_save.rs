@@ -27,6 +27,8 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
         "--save",
         &r,
     ]);
+    let log = d.join("log.jsonl");
+    let l = log.to_str().unwrap().to_string();
     let mut seed: u64 = 0x9e3779b97f4a7c15;
     let mut killed_in_save = 0;
     for trial in 0..25 {
@@ -55,6 +57,8 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
                 &r,
                 "--save",
                 &r,
+                "--log",
+                &l,
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -87,6 +91,20 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(t.elapsed() < Duration::from_secs(30));
+        // Every saved step has its log line (a resumed run appends from there: no gap).
+        let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+        let saved: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();
+        let logged = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["step"].as_u64())
+            .max()
+            .flatten()
+            .unwrap_or(1);
+        assert!(
+            logged >= saved,
+            "trial {trial}: step {saved} saved, the log ends at {logged}"
+        );
     }
     // Most kills land in a save (a step takes milliseconds, a save longer): the test saw some.
     assert!(killed_in_save > 0, "no kill landed during a save");

@@ -140,6 +140,12 @@ impl TrainingRun<'_, '_> {
                 s.loss
             )));
         }
+        if self.root {
+            // The step's log line before its checkpoint (it would otherwise come with the next
+            // step): a run killed right after the save then leaves no gap in the log when it
+            // is resumed from it.
+            self.record_ready(step)?;
+        }
         self.save(dir)?;
         self.saved_at = Some(step + 1);
         Ok(())

@@ -193,6 +193,10 @@ fn what_cannot_be_exported_or_initialized_from_is_refused_naming_the_problem() {
     assert!(err.contains("drop --hidden"), "{err}");
     let err = train_from(&["--resume", s(&llama)]);
     assert!(err.contains("--resume"), "{err}");
+    // A run saved into the export would make one directory two models.
+    let err = train_from(&["--save", s(&hf)]);
+    assert!(err.contains("is a Hugging Face model directory"), "{err}");
+    assert!(!hf.join("latest").exists());
 
     // A config.json that asks for what the blocks do not compute names the field.
     let path = hf.join("config.json");

@@ -42,6 +42,17 @@ pub fn check_run_target(run: &Path) -> Result<(), RuntimeError> {
             run.display()
         )));
     }
+    if super::hf::is_model_dir(run) {
+        // `sample` and `score` would read the Hugging Face model, `export` the run: one
+        // directory, two models.
+        return Err(RuntimeError::Config(format!(
+            "{} is a Hugging Face model directory (it has a config.json); a run saved there \
+             would make it two models: save to another directory (to fine-tune this model: \
+             --init-from {})",
+            run.display(),
+            run.display()
+        )));
+    }
     latest_step(run).map(|_| ())
 }
 

@@ -122,6 +122,9 @@ fn input(a: &ForecastArgs) -> Result<(ForecastInput, String), String> {
             a.gpu.to_ascii_uppercase(),
         ),
     };
+    if a.gpus == Some(0) {
+        return Err("--gpus must be at least 1".into());
+    }
     let d = match (a.data_parallel, a.gpus) {
         (Some(d), Some(g)) if d.checked_mul(a.stages) != Some(g) => {
             return Err(format!(

@@ -86,8 +86,13 @@ fn main() -> ExitCode {
     }
     output::install_stdout_failure_hook();
     let cli = Cli::parse();
-    // A bad NOBUBBLE_SIMD is an error up front, not a silent fallback to another level.
-    if let Err(e) = nobubble_nn::Simd::from_env() {
+    // A bad NOBUBBLE_SIMD is an error up front, not a silent fallback to another level (for
+    // the commands that run kernels: planning does not care).
+    let computes = matches!(
+        cli.command,
+        Command::Train(_) | Command::Sample(_) | Command::Score(_) | Command::Bench(_)
+    );
+    if let (true, Err(e)) = (computes, nobubble_nn::Simd::from_env()) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }

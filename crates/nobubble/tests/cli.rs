@@ -1052,3 +1052,35 @@ fn a_met_bound_is_zero_percent_above() {
     assert!(!out.contains("-0.00%"), "{out}");
     let _ = std::fs::remove_file(csv);
 }
+
+#[test]
+fn messages_name_what_the_user_gave() {
+    // A bad NOBUBBLE_SIMD stops the commands that run kernels, not planning.
+    let plan = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(["plan", "-p", "2", "-m", "2"])
+        .env("NOBUBBLE_SIMD", "garbage")
+        .output()
+        .unwrap();
+    assert!(plan.status.success(), "{plan:?}");
+    let err = fails(&[
+        "forecast", "--gpus", "0", "--tokens", "1e9", "--params", "1B",
+    ]);
+    assert!(err.contains("--gpus must be at least 1"), "{err}");
+    let empty = temp_file("empty-corpus.txt", "");
+    let err = fails(&micro_train("1", &["--data", empty.to_str().unwrap()]));
+    assert!(err.contains("the corpus has 0 tokens"), "{err}");
+    // A log inside the run directory --save is about to make.
+    let run = std::env::temp_dir().join(format!("nobubble-cli-logrun-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run);
+    let log = run.join("log.jsonl");
+    let args = [
+        "--save",
+        run.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    ok(&micro_train("2", &args));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
+    assert!(run.join("latest").is_file());
+    let _ = std::fs::remove_dir_all(&run);
+}

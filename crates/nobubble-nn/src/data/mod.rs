@@ -163,7 +163,10 @@ impl Corpus {
     fn whole(storage: Storage, vocab: usize) -> Result<Self> {
         let len = storage.len();
         if len < 2 {
-            return Err(NnError::BadInput("corpus needs at least 2 tokens".into()));
+            return Err(NnError::BadInput(format!(
+                "the corpus has {len} token{}: training needs many more (an empty file?)",
+                if len == 1 { "" } else { "s" }
+            )));
         }
         Ok(Corpus {
             storage: Arc::new(storage),
@@ -198,6 +201,13 @@ impl Corpus {
         let file = std::fs::File::open(path).map_err(|e| {
             NnError::BadInput(format!("cannot read corpus {}: {e}", path.display()))
         })?;
+        if file.metadata().is_ok_and(|m| !m.is_file()) {
+            return Err(NnError::BadInput(format!(
+                "corpus {} is not a regular file (a device or a pipe is read through a map, \
+                 which needs a file): give a text file",
+                path.display()
+            )));
+        }
         // SAFETY: the map is read-only; a file changed under a running job changes its data,
         // as reading it piecewise would (the job's fingerprint was taken at start).
         let map = unsafe { memmap2::Mmap::map(&file) }

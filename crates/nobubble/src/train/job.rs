@@ -211,6 +211,14 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
             ));
         }
     }
+    // `--save run --log run/log.jsonl`: the run directory the save makes anyway, made now.
+    if let Some(dir) = a.save.as_deref().filter(|d| !d.exists()) {
+        let folder_of = |p: &Option<PathBuf>| p.as_deref().and_then(Path::parent) == Some(dir);
+        if outputs.iter().any(|(_, p)| folder_of(p)) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("--save: cannot create {}: {e}", dir.display()))?;
+        }
+    }
     for (flag, path) in outputs {
         let Some(path) = path else { continue };
         if path.is_dir() {

@@ -57,6 +57,18 @@ def test_profile_times_are_positive_and_split_like_pytorch() -> None:
     assert all(s.b is not None and s.b >= nbt.profiling.MIN_MS for s in prof.stages)
 
 
+def test_profile_names_a_loss_that_is_not_one_number() -> None:
+    """An unreduced loss (reduction='none') is a clear ValueError, not autograd's own error."""
+    chunks = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)]
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+
+    def per_element(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(out, target, reduction="none")
+
+    with pytest.raises(ValueError, match=r"shape \(4, 8\).*one number"):
+        nbt.profile(chunks, (x, y), per_element, warmup=0, iterations=1)
+
+
 def test_profile_memory_grows_with_microbatch_size() -> None:
     """Activation memory is per microbatch: 4 samples hold about twice what 2 do."""
     chunks = gpt_chunks(CFG, 2)

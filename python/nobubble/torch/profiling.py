@@ -436,7 +436,7 @@ def _run(
         t0 = clock.now()
         output = chunk(*args)
         if k == n - 1:
-            output = loss_fn(output, target)
+            output = _scalar_loss(loss_fn(output, target))
         f_ms[k] = (clock.now() - t0) * 1e3
         outputs = _as_tuple(output)
         roots.append(outputs)
@@ -503,7 +503,7 @@ def _run_fused(
         stage_inputs.append(args)
         output = chunk(*args)
         if k == n - 1:
-            output = loss_fn(output, target)
+            output = _scalar_loss(loss_fn(output, target))
         roots.append(_as_tuple(output))
         values = roots[-1]
     b_ms = [0.0] * n
@@ -520,3 +520,19 @@ def _run_fused(
         for p in c.parameters():
             p.grad = None
     return b_ms
+
+
+def _scalar_loss(loss: Any) -> Any:
+    """``loss_fn``'s result, which the backward starts from: a tensor of one element, as
+    PyTorch's pipeline schedules need too (their own error for another is an internal one)."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = (
+            f"a tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
+            else (type(loss).__name__)
+        )
+        raise ValueError(
+            f"loss_fn returned {what}; it must return one number (a tensor of one element): "
+            "reduce it, e.g. with .mean() or reduction='mean'"
+        )
+    return loss

@@ -242,3 +242,48 @@ fn a_checkpoint_that_gives_non_finite_logits_is_an_error_in_score_and_sample() {
     assert!(err.contains("non-finite logits"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn keep_last_never_deletes_the_last_checkpoint_a_step_trained_on_to_a_finite_loss() {
+    let d = std::env::temp_dir().join(format!("nobubble-keep-good-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let run = d.join("run");
+    let r = run.to_str().unwrap();
+    ok(&micro_train("5", &["--save", r]));
+    // Step 6 trains on step 5's weights to a finite loss, and its absurd update is saved
+    // (finite, but every logit overflows); step 7's loss is NaN and the run stops.
+    let args = [
+        "--resume",
+        r,
+        "--save",
+        r,
+        "--save-every",
+        "1",
+        "--keep-last",
+        "1",
+        "--lr",
+        "1e30",
+    ];
+    let err = fails(&micro_train("10", &args));
+    assert!(err.contains("not saving step 7"), "{err}");
+    let names: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["step-000005", "step-000006"]);
+    // The good one still samples.
+    let good = run.join("step-000005");
+    ok(&[
+        "sample",
+        "--checkpoint",
+        good.to_str().unwrap(),
+        "--prompt",
+        "a",
+        "--tokens",
+        "2",
+    ]);
+    let _ = std::fs::remove_dir_all(&d);
+}

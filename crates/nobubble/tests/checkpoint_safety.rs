@@ -246,7 +246,8 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         "{e}"
     );
     // With --overwrite and --keep-last 1: step 3 is rewritten, the newer step 4 is not
-    // removed (it is not older), the older ones are.
+    // removed (it is not older), step 1 is; step 2, which step 3 trained on to a finite
+    // loss, is the last checkpoint known good and stays until a newer one is.
     run_ok(&[
         "--steps",
         "3",
@@ -263,7 +264,7 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["latest", "step-000003", "step-000004"]);
+    assert_eq!(names, ["latest", "step-000002", "step-000003", "step-000004"]);
     // A `latest` that is the user's symlink: refused before training, the link kept.
     let other = d.join("other");
     run_ok(&["--save", s(&other)]);

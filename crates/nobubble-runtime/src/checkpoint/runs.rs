@@ -159,8 +159,14 @@ pub fn check_other_run(run: &Path, resumes_here: bool) -> Result<(), RuntimeErro
 /// Writes `ckpt` into the run directory `run` as `step-NNNNNN/` (atomically, see [`save`]),
 /// then points `latest` at it (a file replaced atomically), then, with `keep_last` > 0,
 /// removes older step directories beyond the newest `keep_last` — only those holding nothing
-/// but a checkpoint's own files. Returns the step directory.
-pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathBuf, RuntimeError> {
+/// but a checkpoint's own files, and never step `keep_also` (the last one known good).
+/// Returns the step directory.
+pub fn save_run(
+    run: &Path,
+    ckpt: &Checkpoint,
+    keep_last: usize,
+    keep_also: Option<u64>,
+) -> Result<PathBuf, RuntimeError> {
     check_run_target(run)?;
     std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
     let name = step_dir_name(ckpt.meta.step);
@@ -178,10 +184,11 @@ pub fn save_run(run: &Path, ckpt: &Checkpoint, keep_last: usize) -> Result<PathB
             .collect();
         // Only checkpoints older than this one count: newer ones are another run's.
         steps.retain(|(s, _)| *s < ckpt.meta.step);
+        let kept_too = keep_also.and_then(|k| steps.iter().position(|(s, _)| *s == k));
         steps.sort();
         let excess = (steps.len() + 1).saturating_sub(keep_last);
-        for (_, old) in steps.into_iter().take(excess) {
-            if is_ours(&old, false).is_ok() && old.join(META).is_file() {
+        for (k, (_, old)) in steps.into_iter().enumerate().take(excess) {
+            if Some(k) != kept_too && is_ours(&old, false).is_ok() && old.join(META).is_file() {
                 // Best effort: the new checkpoint is safe either way.
                 let _ = std::fs::remove_dir_all(&old);
             }

@@ -205,11 +205,21 @@ impl TrainingRun<'_, '_> {
             let ckpt = Checkpoint::new(state, &job.session.run.model, &global_train(job), &from)
                 .with_data(&job.corpus)
                 .with_tokenizer(job.tokenizer.as_deref());
-            match checkpoint_fs::save_run(dir, &ckpt, job.keep_last) {
-                Ok(at) => self.note(&format!(
-                    "saved checkpoint at step {step} to {}",
-                    at.display()
-                )),
+            // The newest earlier checkpoint whose next step had a finite loss: a save of
+            // weights that finite losses led to, but that blow up at the next step, must not
+            // prune the last good one (`summaries` are by step index: checkpoint j's next
+            // step has index j).
+            let good = (self.saved.iter().rev().copied()).find(|&j| {
+                j < step && (self.summaries.get(&j)).is_some_and(|s| s.loss.is_finite())
+            });
+            match checkpoint_fs::save_run(dir, &ckpt, job.keep_last, good) {
+                Ok(at) => {
+                    self.saved.push(step);
+                    self.note(&format!(
+                        "saved checkpoint at step {step} to {}",
+                        at.display()
+                    ))
+                }
                 Err(e) => outcome = Err(e.prefixed("--save")),
             }
         }

@@ -193,6 +193,9 @@ struct TrainingRun<'j, 'o> {
     elapsed: Option<f64>,
     stopped: Option<Stop>,
     saved_at: Option<u64>,
+    /// The checkpoints this job resumed from and saved (steps, oldest first): `--keep-last`
+    /// never deletes the newest one a later step trained on to a finite loss.
+    saved: Vec<u64>,
     /// Rank 0: the largest stop signal in the reports it has read.
     remote_stop: i32,
 }
@@ -231,11 +234,13 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
             elapsed: None,
             stopped: None,
             saved_at: None,
+            saved: Vec::new(),
             remote_stop: 0,
         };
         run.check_same_data()?;
         if let Some(dir) = &job.resume {
             run.first_step = run.resume(dir)?;
+            run.saved.push(run.first_step);
         } else if let Some(dir) = &job.init_from {
             run.init_from(dir)?;
         }

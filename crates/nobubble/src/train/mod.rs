@@ -179,7 +179,8 @@ pub struct TrainArgs {
     /// Also save every N steps (0 = only at the end).
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
-    /// Keep only the newest K checkpoints in the --save directory (0 = keep all).
+    /// Keep only the newest K checkpoints in the --save directory (0 = keep all), and the
+    /// newest one a later step trained on to a finite loss.
     #[arg(long, default_value_t = 0)]
     pub keep_last: usize,
     /// Continue from a checkpoint up to --steps steps in total (any schedule or stage

@@ -264,7 +264,10 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["latest", "step-000002", "step-000003", "step-000004"]);
+    assert_eq!(
+        names,
+        ["latest", "step-000002", "step-000003", "step-000004"]
+    );
     // A `latest` that is the user's symlink: refused before training, the link kept.
     let other = d.join("other");
     run_ok(&["--save", s(&other)]);

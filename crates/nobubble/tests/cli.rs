@@ -1084,3 +1084,23 @@ fn messages_name_what_the_user_gave() {
     assert!(run.join("latest").is_file());
     let _ = std::fs::remove_dir_all(&run);
 }
+
+#[test]
+fn an_emulated_run_logs_no_loss_gradient_norm_or_mfu() {
+    // Emulated passes compute nothing: null, not a −0 that reads as a real loss.
+    let log = temp_file("emulated-log.jsonl", "");
+    let l = log.to_str().unwrap();
+    ok(&micro_train(
+        "2",
+        &["--compute", "emulated", "--cost", "0.1,0.1,0.1", "--log", l],
+    ));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 2);
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        for key in ["loss", "grad_norm", "mfu"] {
+            assert!(v[key].is_null(), "{key} in {line}");
+        }
+        assert!(v["bubble_fraction"].is_number(), "{line}");
+    }
+}

@@ -199,10 +199,27 @@ impl Observer for Watch {
             self.peak_flops.unwrap_or(f64::NAN),
         );
         let mfu = self.peak_flops.map(|_| rates.mfu);
+        // Emulated passes compute nothing: no loss, gradient norm or MFU (the sums of nothing
+        // are a −0 that would pass for a value).
+        let (loss, grad_norm) = match self.emulated {
+            true => (None, None),
+            false => (Some(rec.loss), Some(rec.grad_norm)),
+        };
         if let Some(m) = &self.metrics {
-            // No MFU (emulated passes): NaN, Prometheus' "no value", as the log's null.
+            // No value: NaN, Prometheus' "no value", as the log's null.
+            let emulated;
+            let shown = if self.emulated {
+                emulated = StepRecord {
+                    loss: f32::NAN,
+                    grad_norm: f64::NAN,
+                    ..rec.clone()
+                };
+                &emulated
+            } else {
+                rec
+            };
             m.record_step(
-                rec,
+                shown,
                 &StepRates {
                     mfu: mfu.unwrap_or(f64::NAN),
                     ..rates
@@ -212,7 +229,7 @@ impl Observer for Watch {
         let tps = rates.tokens_per_second;
         let peak = rec.peak_bytes.iter().copied().max().unwrap_or(0);
         if let Some(w) = self.log.as_mut() {
-            let line = json!({"step": rec.step + 1, "loss": rec.loss, "grad_norm": rec.grad_norm, "lr": rec.lr,
+            let line = json!({"step": rec.step + 1, "loss": loss, "grad_norm": grad_norm, "lr": rec.lr,
                 "skipped": rec.skipped, "clip_scale": rec.clip_scale, "tokens_per_s": tps, "step_seconds": rec.wall,
                 "span_seconds": rec.makespan, "bubble_fraction": rec.bubble_fraction, "mfu": mfu,
                 "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 /// Arguments of `check`.
 #[derive(Args, Debug)]
+// `--layer-costs` is `plan`'s alone (it chooses the layer split): refused here, so not listed.
+#[command(mut_arg("layer_costs", |a| a.hide(true)))]
 pub struct CheckArgs {
     /// Schedule file in PyTorch's compute-only CSV format (one row per rank).
     pub file: PathBuf,

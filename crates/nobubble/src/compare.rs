@@ -8,6 +8,8 @@ use serde_json::{json, Value};
 
 /// Arguments of `compare`.
 #[derive(Args, Debug)]
+// `--layer-costs` is `plan`'s alone (it chooses the layer split): refused here, so not listed.
+#[command(mut_arg("layer_costs", |a| a.hide(true)))]
 pub struct CompareArgs {
     #[command(flatten)]
     pub pipeline: PipelineArgs,

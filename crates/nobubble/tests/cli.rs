@@ -1062,6 +1062,11 @@ fn messages_name_what_the_user_gave() {
         .output()
         .unwrap();
     assert!(plan.status.success(), "{plan:?}");
+    // `--layer-costs` is listed where it works only.
+    assert!(ok(&["plan", "--help"]).contains("--layer-costs"));
+    for cmd in ["compare", "check"] {
+        assert!(!ok(&[cmd, "--help"]).contains("--layer-costs"), "{cmd}");
+    }
     let err = fails(&[
         "forecast", "--gpus", "0", "--tokens", "1e9", "--params", "1B",
     ]);

@@ -39,9 +39,19 @@ pub struct RankCost {
 /// Largest time or memory value accepted: keeps every sum over a schedule finite.
 pub const MAX_VALUE: f64 = 1e15;
 
-/// A number for a message: plain, or in exponent form when huge.
+/// Smallest nonzero time or memory value accepted: keeps every ratio of two values finite
+/// and their sums exact enough (a subnormal time of 1e-320 planned three times worse).
+pub const MIN_VALUE: f64 = 1e-15;
+
+/// Whether `v` is a value the planner takes: zero (if `zero_ok`) or from [`MIN_VALUE`] to
+/// [`MAX_VALUE`].
+pub(crate) fn in_range(v: f64, zero_ok: bool) -> bool {
+    (zero_ok && v == 0.0) || (MIN_VALUE..=MAX_VALUE).contains(&v)
+}
+
+/// A number for a message: plain, or in exponent form when huge or tiny.
 fn show(v: f64) -> String {
-    if v.abs() >= 1e9 {
+    if v.abs() >= 1e9 || (v != 0.0 && v.abs() < 1e-6) {
         format!("{v:e}")
     } else {
         format!("{v}")
@@ -120,26 +130,28 @@ impl RankCost {
 
     fn check(&self, what: &str) -> Result<(), Error> {
         for (name, v) in [("f", self.f), ("i", self.i), ("w", self.w)] {
-            if !(v.is_finite() && v > 0.0 && v <= MAX_VALUE) {
+            if !in_range(v, false) {
                 return Err(Error::Input(format!(
-                    "{what}: time `{name}` must be a positive number up to {MAX_VALUE:e}, got {}",
+                    "{what}: time `{name}` must be a positive number from {MIN_VALUE:e} to \
+                     {MAX_VALUE:e}, got {}",
                     show(v)
                 )));
             }
         }
         if let Some(b) = self.b {
-            if !(b.is_finite() && b > 0.0 && b <= MAX_VALUE) {
+            if !in_range(b, false) {
                 return Err(Error::Input(format!(
-                    "{what}: fused-backward time `b` must be a positive number up to \
-                     {MAX_VALUE:e}, got {} (leave it out to mean i + w)",
+                    "{what}: fused-backward time `b` must be a positive number from \
+                     {MIN_VALUE:e} to {MAX_VALUE:e}, got {} (leave it out to mean i + w)",
                     show(b)
                 )));
             }
         }
         for (name, v) in [("mem_b", self.mem_b), ("mem_w", self.mem_w)] {
-            if !(v.is_finite() && (0.0..=MAX_VALUE).contains(&v)) {
+            if !in_range(v, true) {
                 return Err(Error::Input(format!(
-                    "{what}: memory `{name}` must be zero or positive, up to {MAX_VALUE:e}, got {}",
+                    "{what}: memory `{name}` must be zero, or from {MIN_VALUE:e} to \
+                     {MAX_VALUE:e}, got {}",
                     show(v)
                 )));
             }
@@ -196,9 +208,9 @@ impl CostSpec {
                 "costs: `stages` is empty; give one entry for all ranks or one per rank".into(),
             ));
         }
-        if !(self.comm.is_finite() && (0.0..=MAX_VALUE).contains(&self.comm)) {
+        if !in_range(self.comm, true) {
             return Err(Error::Input(format!(
-                "costs: comm must be zero or positive, up to {MAX_VALUE:e}, got {}",
+                "costs: comm must be zero, or from {MIN_VALUE:e} to {MAX_VALUE:e}, got {}",
                 show(self.comm)
             )));
         }

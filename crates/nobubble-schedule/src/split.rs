@@ -58,11 +58,11 @@ impl LayerCosts {
         for (what, c) in named {
             let ok = [c.f, c.i, c.w, c.mem_b, c.mem_w]
                 .iter()
-                .all(|v| v.is_finite() && (0.0..=crate::cost::MAX_VALUE).contains(v));
+                .all(|v| crate::cost::in_range(*v, true));
             if !ok || c.mem_w > c.mem_b {
                 return Err(Error::Input(format!(
-                    "layer costs: {what} needs times and memory of zero or more, and mem_w no \
-                     larger than mem_b; got {c:?}"
+                    "layer costs: {what} needs times and memory of zero, or from 1e-15 to \
+                     1e15, and mem_w no larger than mem_b; got {c:?}"
                 )));
             }
         }

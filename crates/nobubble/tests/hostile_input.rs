@@ -151,11 +151,24 @@ fn byte_order_marks_are_accepted() {
 #[test]
 fn negative_numbers_and_unknown_fields_get_our_messages() {
     let e = fails(&["plan", "-s", "1f1b", "-p", "2", "-m", "2", "--comm", "-1"]);
-    assert!(e.contains("comm must be zero or positive"), "{e}");
+    assert!(e.contains("comm must be zero, or from"), "{e}");
     let e = fails(&[
         "plan", "-s", "1f1b", "-p", "2", "-m", "2", "--cost", "-1,1,1",
     ]);
     assert!(e.contains("time `f` must be a positive number"), "{e}");
+    // A subnormal time (it planned three times worse) is out of range too, shown briefly.
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--cost",
+        "1e-320,1e-320,1e-320",
+    ]);
+    assert!(e.contains("from 1e-15 to 1e15, got 1e-320"), "{e}");
     let e = fails(&[
         "plan",
         "-s",

@@ -77,8 +77,12 @@ class Plan:
         """The memory limit as requested (``"none"``, ``"8"``, ``"20MiB"``, ...)."""
     @property
     def limit(self) -> float | None:
-        """The limit the plan was made under, in multiples of each rank's M_B: the request's,
-        or the schedule's own default when none was given (zb-auto's 2p); ``None``: none."""
+        """The limit the plan was made under, in multiples of M_B: for ``zb-auto``,
+        ``zb-paper`` and ``v-auto`` the request's multiple, or their default when none was
+        given (2p, p); for a schedule with a level of its own (``v-min``, ``v-half``,
+        ``zb-v``, ``zb-1p``, ``zb-2p``) that level, whatever the request (which ``fits``
+        checks); under budgets in bytes, the one multiple the ranks' shares work out to (the
+        default if M_B is 0); for other schedules the request's multiple; ``None``: none."""
     @property
     def fits(self) -> bool:
         """Always ``True`` for a plan ``plan``/``check``/``simulate`` return: they raise

@@ -217,9 +217,10 @@ impl Plan {
         self.inner.mem_limit.to_string()
     }
 
-    /// The limit the plan was made (or checked) under, in multiples of each rank's M_B: the
-    /// request's, or the schedule's own default when none was given (zb-auto's 2p, for
-    /// one); under budgets in bytes, the multiple they allow. `None`: no limit.
+    /// The limit the plan was made (or checked) under, in multiples of M_B: the automatic
+    /// kinds' request or default (zb-auto's 2p), a fixed-level kind's own level (v-min's
+    /// ⌊(p+4)/3⌋) whatever the request, under budgets in bytes the one multiple the ranks'
+    /// shares work out to. `None`: no limit. (The `.pyi` says the same for Python users.)
     #[getter]
     fn limit(&self) -> Option<f64> {
         self.inner.limit

@@ -5,6 +5,7 @@
 mod common;
 use common::{fails, ok};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("nobubble-safety-{}-{name}", std::process::id()));
@@ -426,5 +427,69 @@ fn running_a_model_needs_only_its_weights() {
     // Training on needs the moments: refused, naming the file.
     let e = run_fails(&["--steps", "3", "--resume", s(&run)]);
     assert!(e.contains("optimizer.safetensors"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+// In this binary rather than beside the random kills of `kill_during_save.rs`: running
+// beside them, it slowed their start-up until no kill landed in a save.
+/// `cmd` with its files limited to `bytes` each (a full disk, as a write sees it: the write
+/// fails, with SIGXFSZ ignored, as EFBIG).
+fn with_file_limit(cmd: &mut Command, bytes: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+#[test]
+fn a_save_that_cannot_be_written_leaves_no_partial_files() {
+    let d = std::env::temp_dir().join(format!("nobubble-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let (run, trace) = (d.join("run"), d.join("t.json"));
+    let base = ["train", "--model", "micro", "--save-every", "1", "--save"];
+    let r = run.to_str().unwrap();
+    ok(&[&base[..], &[r, "--steps", "1"]].concat());
+    // The micro model's weights fit in 250 kB, its AdamW moments (twice as many) do not.
+    let out = with_file_limit(
+        Command::new(env!("CARGO_BIN_EXE_nobubble"))
+            .args(base)
+            .args([r, "--steps", "2", "--resume", r])
+            .args(["--trace", trace.to_str().unwrap()])
+            .stdout(Stdio::null()),
+        250_000,
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("optimizer.safetensors"), "{err}");
+    let mut left: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .chain(std::fs::read_dir(&d).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "partial files left: {left:?}");
+    // The last good checkpoint is still the latest, and resumes.
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+    assert_eq!(latest.trim(), "step-000001");
+    ok(&[
+        &base[..],
+        &[run.to_str().unwrap(), "--resume", run.to_str().unwrap()],
+    ]
+    .concat());
     let _ = std::fs::remove_dir_all(&d);
 }

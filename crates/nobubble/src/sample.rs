@@ -46,8 +46,10 @@ pub struct SampleArgs {
 /// Runs `sample`.
 pub fn run(a: &SampleArgs) -> Result<(), String> {
     let how = sampling(a)?;
-    // No prompt has more tokens than bytes, beside a tokenizer's few special ones.
-    let longest = (a.prompt.len() + 8).saturating_add(a.tokens);
+    let longest = |codec: &nobubble_nn::data::Codec| -> Result<usize, String> {
+        let prompt = codec.encode(&a.prompt).map_err(|e| e.message())?;
+        Ok(prompt.len().saturating_add(a.tokens))
+    };
     let model = crate::model_source::open(&a.checkpoint, a.seq_len, longest)?;
     let stage = model.stage;
     let origin = model.origin;

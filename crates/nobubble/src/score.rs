@@ -3,6 +3,7 @@
 //! with another implementation of the same model.
 
 use clap::Args;
+use nobubble_nn::data::Codec;
 use nobubble_nn::generate::forward_logits;
 use nobubble_nn::{CpuBackend, Stage, Tensor};
 use nobubble_runtime::checkpoint::hf;
@@ -44,15 +45,17 @@ pub fn run(a: &ScoreArgs) -> Result<(), String> {
         }
         (None, None) => return Err("give --text or --file".into()),
     };
-    // No text has more tokens than bytes, beside a tokenizer's few special ones.
-    let model = crate::model_source::open(&a.checkpoint, a.seq_len, bytes.len() + 8)?;
-    let stage = model.stage;
     let text = String::from_utf8_lossy(&bytes);
-    let ids = if model.codec.is_bytes() {
-        bytes.iter().map(|&b| b as u32).collect()
-    } else {
-        model.codec.encode(&text).map_err(|e| e.message())?
+    let encode = |codec: &Codec| -> Result<Vec<u32>, String> {
+        Ok(if codec.is_bytes() {
+            bytes.iter().map(|&b| b as u32).collect()
+        } else {
+            codec.encode(&text).map_err(|e| e.message())?
+        })
     };
+    let model = crate::model_source::open(&a.checkpoint, a.seq_len, |c| Ok(encode(c)?.len()))?;
+    let stage = model.stage;
+    let ids = encode(&model.codec)?;
     if ids.len() < 2 {
         return Err("the text needs at least 2 tokens: one to predict from, one to predict".into());
     }

@@ -93,7 +93,18 @@ fn save_never_deletes_what_it_did_not_write() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     steps.sort();
-    assert_eq!(steps, ["latest", "notes.md", "step-000002", "step-000004"]);
+    // Step 2 holds the user's plot; step 3, which step 4 trained on to a finite loss, is the
+    // last checkpoint known good (--keep-last spares it).
+    assert_eq!(
+        steps,
+        [
+            "latest",
+            "notes.md",
+            "step-000002",
+            "step-000003",
+            "step-000004"
+        ]
+    );
     // A leftover staging directory holding something of the user's: refused, kept.
     let staging = run.join(".step-000006.tmp");
     std::fs::create_dir(&staging).unwrap();

@@ -298,7 +298,13 @@ fn two_train_outputs_naming_one_file_are_refused_before_training() {
     let other = d.join(".").join("out.json");
     let link = d.join("link.json");
     std::os::unix::fs::symlink(&report, &link).unwrap();
-    for (flag, path) in [("--log", &other), ("--trace", &link)] {
+    let hard = d.join("hard.json");
+    std::fs::hard_link(&report, &hard).unwrap();
+    for (flag, path) in [
+        ("--log", &other),
+        ("--trace", &link),
+        ("--timeline-svg", &hard),
+    ] {
         let err = fails(&[
             "train",
             "--model",

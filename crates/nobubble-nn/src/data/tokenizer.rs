@@ -220,7 +220,9 @@ mod tests {
         let small = d.join("small.txt");
         std::fs::write(&small, &crate::data::BUILTIN_CORPUS[..2_000]).unwrap();
         let fits = TextTokenizer::train(&small, 5_000).unwrap();
-        assert!(fits.vocab_size() < 5_000, "{}", fits.vocab_size());
+        // Below the cap (256 bytes, <|endoftext|>, a merge per two bytes): the trainer ran out
+        // of pairs on its own, so the cap cut nothing.
+        assert!(fits.vocab_size() < 257 + 2_000 / 2, "{}", fits.vocab_size());
         let huge = TextTokenizer::train(&small, 1_000_000_000).unwrap();
         assert_eq!(huge.to_json().unwrap(), fits.to_json().unwrap());
         assert!(TextTokenizer::from_json("{}").is_err());

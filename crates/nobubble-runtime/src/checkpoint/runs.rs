@@ -42,11 +42,20 @@ pub fn check_run_target(run: &Path) -> Result<(), RuntimeError> {
             run.display()
         )));
     }
-    if super::hf::is_model_dir(run) {
+    let holds_weights = || {
+        std::fs::read_dir(run).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        })
+    };
+    // A run directory's own `config.json` (a user's notes) is no model: only a directory
+    // with weights beside it and no run in it yet.
+    if super::hf::is_model_dir(run) && holds_weights() && latest_step(run)?.is_none() {
         // `sample` and `score` would read the Hugging Face model, `export` the run: one
         // directory, two models.
         return Err(RuntimeError::Config(format!(
-            "{} is a Hugging Face model directory (it has a config.json); a run saved there \
+            "{} is a Hugging Face model directory (a config.json and its weights); a run saved there \
              would make it two models: save to another directory (to fine-tune this model: \
              --init-from {})",
             run.display(),
@@ -184,11 +193,11 @@ pub fn save_run(
             .collect();
         // Only checkpoints older than this one count: newer ones are another run's.
         steps.retain(|(s, _)| *s < ckpt.meta.step);
-        let kept_too = keep_also.and_then(|k| steps.iter().position(|(s, _)| *s == k));
+
         steps.sort();
         let excess = (steps.len() + 1).saturating_sub(keep_last);
-        for (k, (_, old)) in steps.into_iter().enumerate().take(excess) {
-            if Some(k) != kept_too && is_ours(&old, false).is_ok() && old.join(META).is_file() {
+        for (step, old) in steps.into_iter().take(excess) {
+            if Some(step) != keep_also && is_ours(&old, false).is_ok() && old.join(META).is_file() {
                 // Best effort: the new checkpoint is safe either way.
                 let _ = std::fs::remove_dir_all(&old);
             }

@@ -132,6 +132,12 @@ impl TrainingRun<'_, '_> {
             return Ok(());
         }
         self.settle()?;
+        if self.root {
+            // The step's log line before its checkpoint (it would otherwise come with the next
+            // step): a run killed right after the save then leaves no gap in the log when it
+            // is resumed from it, and a step that is not saved (below) is logged too.
+            self.record_ready(step)?;
+        }
         if let Some(s) = self.summaries.get(&step).filter(|s| !s.loss.is_finite()) {
             return Err(RuntimeError::Diverged(format!(
                 "not saving step {}: the training loss is {} (the run diverged; lower \
@@ -139,12 +145,6 @@ impl TrainingRun<'_, '_> {
                 step + 1,
                 s.loss
             )));
-        }
-        if self.root {
-            // The step's log line before its checkpoint (it would otherwise come with the next
-            // step): a run killed right after the save then leaves no gap in the log when it
-            // is resumed from it.
-            self.record_ready(step)?;
         }
         self.save(dir)?;
         self.saved_at = Some(step + 1);

@@ -5,8 +5,9 @@
 //!
 //! Nothing waits for a barrier between steps. Rank 0 builds each step's record (every rank's
 //! timeline, memory and traffic) one step late from reports the others posted without
-//! waiting, and under post-validation a step's loss and clip factor are only known when the
-//! next step settles it — so consecutive iterations overlap.
+//! waiting (a step about to be saved at once: its log line comes before its checkpoint), and
+//! under post-validation a step's loss and clip factor are only known when the next step
+//! settles it — so consecutive iterations overlap.
 //!
 //! A running job is a `TrainingRun` (private) with one method per phase, so each phase reads
 //! on its own and the order of the collectives is the order of the calls in [`run`]: start

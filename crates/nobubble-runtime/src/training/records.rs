@@ -1,6 +1,7 @@
 //! Rank 0's step records: every rank posts its share of a step ([`Report`]) without waiting,
 //! and rank 0 assembles a step's record once it has that step's summary — one step late, so
-//! that no rank waits for another between iterations.
+//! that no rank waits for another between iterations (a step about to be saved, which
+//! settles and waits anyway, at once).
 
 use super::{fail, TrainingRun};
 use crate::error::RuntimeError;

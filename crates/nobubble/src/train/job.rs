@@ -235,13 +235,20 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// What identifies the file `path` names, to find two outputs given one file: its folder
-/// resolved (links, `..`) and its name; `None` for the devices that take any number of
-/// writers (`-`, `/dev/null`, `/dev/stdout`, `/dev/stderr`).
+/// What identifies the file `path` names, to find two outputs given one file: an existing
+/// file's device and inode, a new one's folder resolved (links, `..`) and name; `None` for
+/// what takes any number of writers (`-`, devices, FIFOs, terminals).
 fn same_file_key(path: &Path) -> Option<PathBuf> {
-    let text = path.to_string_lossy();
-    if ["-", "/dev/null", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref()) {
+    // By name too: in some containers /dev/null is a regular (empty) file.
+    let sinks = ["-", "/dev/null", "/dev/stdout", "/dev/stderr"];
+    if sinks.iter().any(|s| path.as_os_str() == *s) {
         return None;
+    }
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::MetadataExt;
+        return meta
+            .is_file()
+            .then(|| PathBuf::from(format!("{}:{}", meta.dev(), meta.ino())));
     }
     let name = path.file_name()?;
     let folder = match path.parent() {
@@ -251,9 +258,7 @@ fn same_file_key(path: &Path) -> Option<PathBuf> {
     let folder = folder
         .canonicalize()
         .unwrap_or_else(|_| folder.to_path_buf());
-    // A link to a file resolves to that file (two names for one target).
-    let joined = folder.join(name);
-    Some(joined.canonicalize().unwrap_or(joined))
+    Some(folder.join(name))
 }
 
 /// `--chunks`: only the interleaved schedules take it (default 2); refused elsewhere rather
@@ -520,11 +525,13 @@ fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
     };
     match a.threads_per_rank {
         Some(0) => Err("--threads-per-rank must be at least 1".into()),
-        // Threads beyond the cores only wait on each other's turn at every split of a
-        // kernel: 1000 on 2 cores made no step in ten minutes.
-        Some(t) if t > cores && a.compute == "real" => Err(format!(
-            "--threads-per-rank {t} is more than this machine's {cores} cores; use at most {cores} \
-             (or leave it out: the cores are shared among the ranks on the machine)"
+        // Threads far beyond the cores only wait on each other's turn at every split of a
+        // kernel: 1000 on 2 cores made no step in ten minutes. (A few more than the cores a
+        // process sees, as under mpirun's core binding, get the warning below.)
+        Some(t) if t > 4 * cores && a.compute == "real" => Err(format!(
+            "--threads-per-rank {t} is far more than the {cores} cores this process may use; \
+             use at most {cores} (or leave it out: the cores are shared among the ranks on the \
+             machine)"
         )),
         Some(t) if t * local > cores && a.compute == "real" => {
             tell!(

@@ -247,8 +247,8 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
     }
     if stdout {
         crate::output::tell!(
-            "error: standard output was closed before the run ended: some of its lines were not \
-             printed (--report FILE keeps the summary)"
+            "error: standard output could not be written before the run ended (closed?): some \
+             of its lines were not printed (--report FILE keeps the summary)"
         );
     }
     Ok(128 + crate::signals::OUTPUT_CLOSED as u8)

@@ -239,9 +239,13 @@ impl Observer for Watch {
             // One write per line: an interrupted run never leaves half a line behind.
             let mut text = line.to_string();
             text.push('\n');
-            w.write_all(text.as_bytes())
-                .and_then(|_| w.flush())
-                .map_err(|e| format!("cannot write --log: {e}"))?;
+            if let Err(e) = w.write_all(text.as_bytes()).and_then(|_| w.flush()) {
+                // A closed `--log /dev/stdout | head` or a full disk: the training is still
+                // worth keeping, so stop cleanly after this step (saved, as on Ctrl-C).
+                self.log = None;
+                tell!("error: cannot write --log: {e}; stopping after this step");
+                crate::signals::request_stop(crate::signals::OUTPUT_CLOSED);
+            }
         }
         if let Some(trace) = self.trace.as_mut() {
             for (rank, slots) in rec.timeline.iter().enumerate() {

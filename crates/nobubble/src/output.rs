@@ -32,9 +32,31 @@ pub fn line(to_stderr: bool, args: std::fmt::Arguments) {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{args}").and_then(|()| out.flush())
     };
-    if written.is_err() && !closed.swap(true, Ordering::Relaxed) {
-        crate::signals::request_stop(crate::signals::OUTPUT_CLOSED);
+    if let Err(e) = written {
+        if !closed.swap(true, Ordering::Relaxed) {
+            let name = if to_stderr {
+                "standard error"
+            } else {
+                "standard output"
+            };
+            stop_for_output(name, &e);
+        }
     }
+}
+
+/// The first output a long job could not write, and why ("standard output: Broken pipe").
+static FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Notes that `what` could not be written (`e`) and asks the run to stop cleanly after its
+/// step, as Ctrl-C does: a closed pipe or a full disk must not cost the training.
+pub fn stop_for_output(what: &str, e: &std::io::Error) {
+    let _ = FAILURE.set(format!("{what}: {e}"));
+    crate::signals::request_stop(crate::signals::OUTPUT_CLOSED);
+}
+
+/// What [`stop_for_output`] noted first, if anything.
+pub fn failure() -> Option<&'static str> {
+    FAILURE.get().map(String::as_str)
 }
 
 /// Whether some line of [`line`] could not be written to standard output, and to error.

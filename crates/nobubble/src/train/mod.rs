@@ -247,8 +247,9 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
     }
     if stdout {
         crate::output::tell!(
-            "error: standard output could not be written before the run ended (closed?): some \
-             of its lines were not printed (--report FILE keeps the summary)"
+            "error: cannot write {}: some lines of the run's report were not printed \
+             (--report FILE keeps the summary)",
+            crate::output::failure().unwrap_or("standard output")
         );
     }
     Ok(128 + crate::signals::OUTPUT_CLOSED as u8)

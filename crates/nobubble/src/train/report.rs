@@ -281,7 +281,8 @@ fn exit_status(
                     (_, None) => "; nothing was saved (no --save)".to_string(),
                 };
                 if sig == crate::signals::OUTPUT_CLOSED as i32 {
-                    tell!("stopped after step {done}: its output could not be written (a closed pipe?){resume}");
+                    let what = crate::output::failure().unwrap_or("its output");
+                    tell!("stopped after step {done}: cannot write {what}{resume}");
                 } else {
                     tell!("stopped by signal {sig} after step {done}{resume}");
                 }

@@ -244,7 +244,7 @@ impl Observer for Watch {
                 // worth keeping, so stop cleanly after this step (saved, as on Ctrl-C).
                 self.log = None;
                 tell!("error: cannot write --log: {e}; stopping after this step");
-                crate::signals::request_stop(crate::signals::OUTPUT_CLOSED);
+                crate::output::stop_for_output("--log", &e);
             }
         }
         if let Some(trace) = self.trace.as_mut() {

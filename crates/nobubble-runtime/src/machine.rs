@@ -319,6 +319,21 @@ pub fn check_free(need: f64, what: &str, remedy: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `threads` per operation (`flag` names where they came from) are within reach of
+/// the cores this process may use: far beyond them, threads only wait on each other's turn
+/// at every split of a kernel (1000 on 2 cores made no step in ten minutes). A few more than
+/// it sees, as under mpirun's core binding, are the caller's warning to give.
+pub fn check_threads(flag: &str, threads: usize) -> Result<(), String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > 4 * cores {
+        return Err(format!(
+            "{flag} {threads} is far more than the {cores} cores this process may use; use at \
+             most {cores}"
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes an emulated rank thread holds per pass of the schedule (its copy of the schedule,
 /// its program and bookkeeping): measured 34 with 256 ranks × 196 608 passes (1.7 GB).
 const EMULATED_BYTES_PER_PASS: f64 = 40.0;

@@ -193,7 +193,6 @@ pub fn save_run(
             .collect();
         // Only checkpoints older than this one count: newer ones are another run's.
         steps.retain(|(s, _)| *s < ckpt.meta.step);
-
         steps.sort();
         let excess = (steps.len() + 1).saturating_sub(keep_last);
         for (step, old) in steps.into_iter().take(excess) {

@@ -46,6 +46,10 @@ pub struct StepRates {
     pub tokens_per_second: f64,
     /// Model FLOPs per second over the peak of all ranks.
     pub mfu: f64,
+    /// The step's training loss and gradient norm, as the outputs show them (NaN, "no
+    /// value", where the passes compute nothing: emulated compute).
+    pub loss: f64,
+    pub grad_norm: f64,
 }
 
 impl StepRates {
@@ -55,6 +59,8 @@ impl StepRates {
         StepRates {
             tokens_per_second: tokens / wall,
             mfu: flops / wall / peak.max(f64::MIN_POSITIVE),
+            loss: rec.loss as f64,
+            grad_norm: rec.grad_norm,
         }
     }
 }

@@ -140,8 +140,8 @@ impl Metrics {
         m.mfu.set(rates.mfu);
         m.tokens.set(rates.tokens_per_second);
         m.step_seconds.observe(rec.wall);
-        m.loss.set(rec.loss as f64);
-        m.grad_norm.set(rec.grad_norm);
+        m.loss.set(rates.loss);
+        m.grad_norm.set(rates.grad_norm);
         if rec.skipped {
             m.skipped.inc();
         }

@@ -42,14 +42,7 @@ pub struct EngineBenchArgs {
 
 /// Runs the benchmark and prints a table or JSON.
 pub fn run(args: &EngineBenchArgs) -> Result<(), String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if args.threads > 4 * cores {
-        return Err(format!(
-            "--threads {} is far more than the {cores} cores this process may use; use at most \
-             {cores}",
-            args.threads
-        ));
-    }
+    nobubble_runtime::machine::check_threads("--threads", args.threads)?;
     let cfg = EngineBenchConfig {
         arch: Arch::parse(&args.arch).map_err(|e| e.to_string())?,
         hidden: args.hidden,

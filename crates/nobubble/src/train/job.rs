@@ -523,16 +523,13 @@ fn threads_per_rank(a: &TrainArgs, world: usize) -> Result<usize, String> {
             .unwrap_or(cores),
         None => world,
     };
+    if let (Some(t), "real") = (a.threads_per_rank, a.compute.as_str()) {
+        nobubble_runtime::machine::check_threads("--threads-per-rank", t).map_err(|e| {
+            format!("{e} (or leave it out: the cores are shared among the ranks on the machine)")
+        })?;
+    }
     match a.threads_per_rank {
         Some(0) => Err("--threads-per-rank must be at least 1".into()),
-        // Threads far beyond the cores only wait on each other's turn at every split of a
-        // kernel: 1000 on 2 cores made no step in ten minutes. (A few more than the cores a
-        // process sees, as under mpirun's core binding, get the warning below.)
-        Some(t) if t > 4 * cores && a.compute == "real" => Err(format!(
-            "--threads-per-rank {t} is far more than the {cores} cores this process may use; \
-             use at most {cores} (or leave it out: the cores are shared among the ranks on the \
-             machine)"
-        )),
         Some(t) if t * local > cores && a.compute == "real" => {
             tell!(
                 "warning: --threads-per-rank {t} × {local} ranks on this machine is more than its {cores} cores: the ranks will slow each other down; use --threads-per-rank {}",

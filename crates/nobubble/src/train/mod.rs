@@ -246,7 +246,7 @@ pub fn run(a: &TrainArgs) -> Result<u8, String> {
         return Ok(status);
     }
     if stdout {
-        crate::output::tell!(
+        tell!(
             "error: cannot write {}: some lines of the run's report were not printed \
              (--report FILE keeps the summary)",
             crate::output::failure().unwrap_or("standard output")

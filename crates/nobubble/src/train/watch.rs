@@ -200,26 +200,22 @@ impl Observer for Watch {
         );
         let mfu = self.peak_flops.map(|_| rates.mfu);
         // Emulated passes compute nothing: no loss, gradient norm or MFU (the sums of nothing
-        // are a −0 that would pass for a value).
-        let (loss, grad_norm) = match self.emulated {
-            true => (None, None),
-            false => (Some(rec.loss), Some(rec.grad_norm)),
+        // are a −0 that would pass for a value). NaN is Prometheus' "no value", as the log's
+        // null.
+        let rates = match self.emulated {
+            true => StepRates {
+                loss: f64::NAN,
+                grad_norm: f64::NAN,
+                ..rates
+            },
+            false => rates,
         };
+        let (loss, grad_norm) = (!self.emulated)
+            .then_some((rec.loss, rec.grad_norm))
+            .unzip();
         if let Some(m) = &self.metrics {
-            // No value: NaN, Prometheus' "no value", as the log's null.
-            let emulated;
-            let shown = if self.emulated {
-                emulated = StepRecord {
-                    loss: f32::NAN,
-                    grad_norm: f64::NAN,
-                    ..rec.clone()
-                };
-                &emulated
-            } else {
-                rec
-            };
             m.record_step(
-                shown,
+                rec,
                 &StepRates {
                     mfu: mfu.unwrap_or(f64::NAN),
                     ..rates
@@ -259,8 +255,6 @@ impl Observer for Watch {
             self.trace_offset += rec.wall.max(rec.makespan);
         }
         let step = rec.step;
-        // Emulated passes compute no loss and hold no activations: show neither.
-        let loss = (!self.emulated).then_some(rec.loss);
         if self.tty {
             // Short enough for an 80-column terminal.
             let mfu_text = mfu.map_or(String::new(), |x| format!(" · MFU {:.0}%", 100.0 * x));

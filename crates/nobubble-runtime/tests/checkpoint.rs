@@ -300,6 +300,20 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_loadable() {
     std::fs::write(tmp.join("model.safetensors"), b"half a file").unwrap();
     assert_eq!(load(&dir).unwrap(), a);
 
+    // Killed while writing its checkpoint.json: a beginning of ours is still ours (a
+    // staging directory with another tool's checkpoint.json is not).
+    let full = std::fs::read(dir.join("checkpoint.json")).unwrap();
+    for cut in [0, 5, 40, full.len() / 2] {
+        std::fs::write(tmp.join("checkpoint.json"), &full[..cut]).unwrap();
+        save(&dir, &a).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+    }
+    std::fs::write(tmp.join("checkpoint.json"), b"{\"format\": \"other\"").unwrap();
+    let e = err_of(save(&dir, &b));
+    assert!(e.contains("not a nobubble checkpoint"), "{e}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+
     // The next save replaces the leftover and the old checkpoint.
     save(&dir, &b).unwrap();
     assert!(!tmp.exists() && !previous_dir(&dir).exists());

@@ -280,6 +280,13 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         names,
         ["latest", "step-000002", "step-000003", "step-000004"]
     );
+    // The new step 3 is the latest: the old run's step 4 does not follow it, so resuming
+    // the run starts at step 3 and would replace step 4.
+    let e = run_fails(&["--steps", "4", "--resume", s(&run), "--save", s(&run)]);
+    assert!(
+        e.contains("step-000004") && e.contains("--overwrite"),
+        "{e}"
+    );
     // A `latest` that is the user's symlink: refused before training, the link kept.
     let other = d.join("other");
     run_ok(&["--save", s(&other)]);
@@ -291,6 +298,56 @@ fn a_run_directory_is_never_rewound_or_its_pointer_replaced_unasked() {
         .unwrap()
         .file_type()
         .is_symlink());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_save_killed_before_latest_moved_is_resumed_from() {
+    let d = dir("lagging-latest");
+    let run = d.join("run");
+    run_ok(&["--steps", "3", "--save-every", "1", "--save", s(&run)]);
+    // Two saves killed after their step directory was in place, before `latest` moved.
+    std::fs::write(run.join("latest"), "step-000001\n").unwrap();
+    let out = common::nobubble(&[
+        "train",
+        "--model",
+        "micro",
+        "-m",
+        "2",
+        "--eval-sets",
+        "1",
+        "--steps",
+        "5",
+        "--save-every",
+        "1",
+        "--resume",
+        s(&run),
+        "--save",
+        s(&run),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines().any(|l| l.starts_with("resumed from")
+            && l.ends_with("at step 3 (saved from zb-auto on 2 ranks, 2 stages)")),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("latest")).unwrap(),
+        "step-000005\n"
+    );
+    // A step directory that does not follow `latest` (another run's) is not taken for one.
+    std::fs::write(run.join("latest"), "step-000004\n").unwrap();
+    let meta = run.join("step-000005").join("checkpoint.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let i = text.find("\"follows\": \"").unwrap() + 12;
+    let flipped = if &text[i..i + 1] == "0" { "1" } else { "0" };
+    std::fs::write(&meta, format!("{}{flipped}{}", &text[..i], &text[i + 1..])).unwrap();
+    let e = run_fails(&["--steps", "5", "--resume", s(&run), "--save", s(&run)]);
+    assert!(
+        e.contains("step-000005") && e.contains("--overwrite"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -102,6 +102,12 @@ pub(super) fn meta_json(dir: &Path) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(dir.join(META)).ok()?).ok()
 }
 
+/// The SHA-256 of the metadata file of the checkpoint at `dir`: its identity (the metadata
+/// holds the step and every other file's SHA-256).
+pub(super) fn meta_sha(dir: &Path) -> Option<String> {
+    Some(sha256_hex(&std::fs::read(dir.join(META)).ok()?))
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -147,10 +153,20 @@ pub fn is_ours(dir: &Path, partial: bool) -> Result<(), String> {
         return Err("it holds checkpoint files but no checkpoint.json".into());
     }
     let format = meta_json(dir).and_then(|v| Some(v.get("format")?.as_str()?.to_string()));
-    if has_meta && format.as_deref() != Some(FORMAT) {
+    if has_meta && format.as_deref() != Some(FORMAT) && !(partial && cut_short_meta(dir)) {
         return Err(format!("its {META} is not a nobubble checkpoint's"));
     }
     Ok(())
+}
+
+/// Whether `dir`'s `checkpoint.json` is one of ours whose writing a kill cut short: what
+/// [`write_files`] writes first (it begins with the format), or a beginning of that.
+fn cut_short_meta(dir: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(dir.join(META)) else {
+        return false;
+    };
+    let head = format!("{{\n  \"format\": \"{FORMAT}\"");
+    bytes.starts_with(head.as_bytes()) || head.as_bytes().starts_with(&bytes)
 }
 
 /// Refuses a `--save` target that is not ours: an existing file, a symlink, or a directory
@@ -207,6 +223,15 @@ pub fn check_save_model(
 /// Writes `ckpt` to `dir` atomically (see the module docs): either the new checkpoint is
 /// complete at `dir`, or the previous one is still loadable.
 pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
+    save_following(dir, ckpt, ckpt.meta.follows.clone())
+}
+
+/// [`save`] with the checkpoint's `follows` set to `follows` (see [`CheckpointMeta`]).
+pub(super) fn save_following(
+    dir: &Path,
+    ckpt: &Checkpoint,
+    follows: Option<String>,
+) -> Result<(), RuntimeError> {
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -222,7 +247,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
         std::fs::remove_dir_all(&tmp).map_err(|e| io_err("remove stale", &tmp, e))?;
     }
     std::fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
-    if let Err(e) = write_files(&tmp, ckpt) {
+    if let Err(e) = write_files(&tmp, ckpt, follows) {
         // A full disk: the partial copy would keep it full (and fail the next save, and a
         // resume, the same way); the previous checkpoints are untouched.
         let _ = std::fs::remove_dir_all(&tmp);
@@ -257,7 +282,7 @@ fn check_finite(s: &TrainingState) -> Result<(), RuntimeError> {
 
 /// Writes the weights, the optimizer's moments and, last, the metadata with their sizes and
 /// checksums into the staging directory `tmp`: a directory with checkpoint.json is complete.
-fn write_files(tmp: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
+fn write_files(tmp: &Path, ckpt: &Checkpoint, follows: Option<String>) -> Result<(), RuntimeError> {
     let s = &ckpt.state;
     let model = serialize(
         s.params
@@ -277,6 +302,7 @@ fn write_files(tmp: &Path, ckpt: &Checkpoint) -> Result<(), RuntimeError> {
     }
     let optimizer = serialize(moments)?;
     let mut manifest = ckpt.meta.clone();
+    manifest.follows = follows;
     for (name, bytes) in [(MODEL, &model), (OPTIMIZER, &optimizer)] {
         manifest.files.insert(
             name.to_string(),

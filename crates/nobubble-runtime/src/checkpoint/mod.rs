@@ -85,6 +85,11 @@ pub struct CheckpointMeta {
     /// The `tokenizer.json` the run's data was tokenized with (`None`: bytes are the ids).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<String>,
+    /// In a run directory: the SHA-256 of the `checkpoint.json` of the checkpoint `latest`
+    /// named when this one was saved. A save killed after its step directory was in place but before
+    /// `latest` moved is thereby known as the successor of `latest`, and is resumed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
 }
 
 /// A file's size and SHA-256, hex.
@@ -181,6 +186,7 @@ impl Checkpoint {
                 data: None,
                 tokenizer: None,
                 files: BTreeMap::new(),
+                follows: None,
             },
             state,
         }

@@ -3,7 +3,8 @@
 //! Re-exported from [`super::fs`], its old home, so `checkpoint_fs::save_run` still works.
 
 use super::fs::{
-    check_save_target, io_err, is_ours, load, meta_json, previous_dir, save, sync_dir, META,
+    check_save_target, io_err, is_ours, load, meta_json, meta_sha, previous_dir, save_following,
+    sync_dir, META,
 };
 use super::Checkpoint;
 use crate::error::RuntimeError;
@@ -180,7 +181,13 @@ pub fn save_run(
     std::fs::create_dir_all(run).map_err(|e| io_err("create", run, e))?;
     let name = step_dir_name(ckpt.meta.step);
     let dir = run.join(&name);
-    save(&dir, ckpt)?;
+    // What `latest` stands for (itself, or a save killed before it moved).
+    let follows = match latest_step(run)? {
+        Some(_) => resolve(run).ok().and_then(|at| meta_sha(&at)),
+        None => None,
+    };
+    save_following(&dir, ckpt, follows)?;
+    // A kill here leaves `latest` one save behind: `resolve` finds the new one by `follows`.
     replace_latest(run, &name)?;
     if keep_last > 0 {
         let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(run)
@@ -209,6 +216,18 @@ pub fn save_run(
 /// never through a symlink) renamed over the old pointer, which [`latest_step`] checked is
 /// nobubble's.
 fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
+    // New pointers of saves killed before their rename: the saver holds the run's lock, so
+    // no other process is writing one.
+    for e in std::fs::read_dir(run)
+        .map_err(|e| io_err("list", run, e))?
+        .flatten()
+    {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let small_file = e.metadata().is_ok_and(|m| m.is_file() && m.len() < 64);
+        if n.starts_with(&format!(".{LATEST}.")) && n.ends_with(".tmp") && small_file {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
     let mut attempt = 0u32;
     let (tmp, mut f) = loop {
         let tmp = run.join(format!(".{LATEST}.{}.{attempt}.tmp", std::process::id()));
@@ -244,7 +263,8 @@ pub fn peek_tokenizer(dir: &Path) -> Option<String> {
 }
 
 /// The checkpoint directory `dir` names: `dir` itself when it is one (a step directory, or
-/// the single-directory layout), else the step `dir/latest` points to.
+/// the single-directory layout), else the step `dir/latest` points to — or its successor, a
+/// complete checkpoint saved after it whose save was killed before `latest` moved.
 pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
     if dir.join(META).is_file() || (!dir.exists() && previous_dir(dir).join(META).is_file()) {
         return Ok(dir.to_path_buf());
@@ -274,7 +294,7 @@ pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
                     )));
                 }
             }
-            Ok(at)
+            Ok(newest_successor(dir, at))
         }
         Err(_) if dir.is_dir() => Err(RuntimeError::Config(match saved_steps(dir).last() {
             Some(&newest) => format!(
@@ -296,6 +316,30 @@ pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
             dir.display()
         ))),
     }
+}
+
+/// The end of the chain of checkpoints in run directory `run` that follow `at` (each saved
+/// while `latest` named the one before, see `CheckpointMeta::follows`): `at` itself unless a
+/// save was killed between putting its step directory in place and moving `latest`. Where
+/// two follow one (a resume that re-saved a step), the later step wins.
+fn newest_successor(run: &Path, mut at: PathBuf) -> PathBuf {
+    let follows: Vec<(PathBuf, String)> = saved_steps(run)
+        .into_iter()
+        .map(|s| run.join(step_dir_name(s)))
+        .filter_map(|d| {
+            let f = meta_json(&d)?.get("follows")?.as_str()?.to_string();
+            Some((d, f))
+        })
+        .collect();
+    // Each link is a distinct checkpoint: the chain is at most this long (no cycle can hang).
+    for _ in 0..follows.len() {
+        let Some(sha) = meta_sha(&at) else { break };
+        match follows.iter().rev().find(|(d, f)| *f == sha && *d != at) {
+            Some((d, _)) => at = d.clone(),
+            None => break,
+        }
+    }
+    at
 }
 
 /// The step of the checkpoint `dir` names ([`resolve`]), from its metadata alone.

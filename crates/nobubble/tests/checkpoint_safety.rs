@@ -308,14 +308,7 @@ fn a_save_killed_before_latest_moved_is_resumed_from() {
     run_ok(&["--steps", "3", "--save-every", "1", "--save", s(&run)]);
     // Two saves killed after their step directory was in place, before `latest` moved.
     std::fs::write(run.join("latest"), "step-000001\n").unwrap();
-    let out = common::nobubble(&[
-        "train",
-        "--model",
-        "micro",
-        "-m",
-        "2",
-        "--eval-sets",
-        "1",
+    let args = train(&[
         "--steps",
         "5",
         "--save-every",
@@ -325,6 +318,7 @@ fn a_save_killed_before_latest_moved_is_resumed_from() {
         "--save",
         s(&run),
     ]);
+    let out = common::nobubble(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(

@@ -341,13 +341,13 @@ impl Plan {
 /// `microbatches` microbatches: the same planner, and so the same schedule, as
 /// `nobubble plan`.
 ///
-/// cost: (F, I, W) pass times of one rank's share of the model, or one tuple per rank or
-///     per stage; any unit (default 1, 1, 1). A fourth number B is the fused backward's time
+/// cost: (F, I, W) pass times of one rank's share of the model, or, in model order, one
+///     tuple per 1F1B stage (the model in `stages` parts) or per schedule stage; any unit (default 1, 1, 1). A fourth number B is the fused backward's time
 ///     where it is not I + W (PyTorch's split backward costs extra): zb-auto then also weighs
 ///     plans that fuse backward passes.
 /// comm: time of one transfer between ranks (default 0).
-/// mem: (M_B, M_W) activation memory held after F, and after I until W, or one per rank or
-///     stage (default 1, 0.5).
+/// mem: (M_B, M_W) activation memory held after F, and after I until W, or one per 1F1B
+///     stage or per schedule stage, as cost (default 1, 0.5).
 /// mem_limit: a number is a multiple of each rank's M_B; a string with a unit ("20GiB",
 ///     "1609728B", in mem's unit) or a list of them, one per rank, is a budget in memory.
 /// placement: zb-auto's layout, "auto" (plans linear and V, keeps the better), "linear"

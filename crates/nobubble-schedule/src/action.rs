@@ -96,7 +96,18 @@ pub struct ParseActionError {
 
 impl fmt::Display for ParseActionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot read action `{}`: {}", self.text, self.reason)
+        // A cell of a damaged file can be megabytes: quote its start.
+        let t = &self.text;
+        match t.char_indices().nth(40) {
+            Some((end, _)) => write!(
+                f,
+                "cannot read action `{}…` ({} bytes): {}",
+                &t[..end],
+                t.len(),
+                self.reason
+            ),
+            None => write!(f, "cannot read action `{t}`: {}", self.reason),
+        }
     }
 }
 
@@ -171,5 +182,12 @@ mod tests {
         assert!("0F3x".parse::<Action>().is_err());
         let e = "0SEND_F3".parse::<Action>().unwrap_err();
         assert!(e.to_string().contains("compute-only"), "{e}");
+        // A megabyte cell is quoted by its start and its size.
+        let e = "é"
+            .repeat(500_000)
+            .parse::<Action>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 300 && e.contains("(1000000 bytes)"), "{e}");
     }
 }

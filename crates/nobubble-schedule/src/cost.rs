@@ -167,15 +167,15 @@ impl RankCost {
     }
 }
 
-/// Costs as the user describes them: per 1F1B stage (one entry for all, one per rank, or one
-/// per schedule stage) plus the transfer time. This is the `--costs FILE.json` format.
+/// Costs as the user describes them, in model order: one entry for all, one per 1F1B stage
+/// (the model in p consecutive parts), or one per schedule stage — plus the transfer time. This is the `--costs FILE.json` format.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostSpec {
     /// Time of one transfer between stages on different ranks.
     #[serde(default)]
     pub comm: f64,
-    /// One entry (all ranks alike), one per rank (1F1B stage), or one per schedule stage.
+    /// One entry (all alike), one per 1F1B stage, or one per schedule stage, in model order.
     pub stages: Vec<RankCost>,
 }
 
@@ -205,7 +205,7 @@ impl CostSpec {
     pub fn check(&self) -> Result<(), Error> {
         if self.stages.is_empty() {
             return Err(Error::Input(
-                "costs: `stages` is empty; give one entry for all ranks or one per rank".into(),
+                "costs: `stages` is empty; give one entry for all stages or one per stage".into(),
             ));
         }
         if !in_range(self.comm, true) {
@@ -302,8 +302,11 @@ impl CostModel {
             k => {
                 return Err(Error::Input(format!(
                     "the costs list {k} stages but this schedule has {p} ranks and {n} stages: \
-                     give 1 entry for all, {p} (one per rank, split evenly over its chunks), \
-                     {n}, or a multiple of {n} (consecutive model chunks summed into each stage)"
+                     give 1 entry for all, {p} (the model in {p} consecutive parts, in model \
+                     order, each split evenly over the {} stages it becomes — under a V not \
+                     one per rank), {n}, or a multiple of {n} (consecutive model chunks summed \
+                     into each stage)",
+                    n / p
                 )))
             }
         };

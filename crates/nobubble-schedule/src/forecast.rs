@@ -3,8 +3,9 @@
 //! and simulated, and the job's GPU-hours, days and price against 1F1B.
 //!
 //!
-//! The model: every rank holds `layers / p` transformer layers (fractional when it does not
-//! divide: the split is taken as perfectly even), a pass runs at `mfu × peak`, and an
+//! The model: the layers are split over the stages as the runtime splits them
+//! ([`crate::split::even_counts`]: where they do not divide, the middle stages hold one more,
+//! and the busiest stage sets the pace), a pass runs at `mfu × peak`, and an
 //! iteration lasts the longest rank span (post-validated optimizer steps overlap iterations)
 //! or the makespan (a synchronous step), as asked. With a vocabulary,
 //! the LM head's three matrix products are added to the last rank — which is what unbalances
@@ -126,7 +127,8 @@ pub fn rank_costs(x: &ForecastInput) -> Result<CostSpec, Error> {
     stage_costs(x, x.stages)
 }
 
-/// Pass costs of `n` stages that split the layers evenly, the LM head in the last one: for a
+/// Pass costs of `n` stages that split the layers as evenly as whole layers allow
+/// ([`crate::split::even_counts`]), the LM head in the last one: for a
 /// V placement (`n` = 2p) the head then sits on rank 0, with the last stage, as in a real
 /// model — not halved over a rank's two chunks.
 pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
@@ -140,22 +142,21 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
             heads,
             vocab,
         } => {
-            let per_layer = layers as f64 / p;
-            let [f, i, w] = flops::block_pass_flops(hidden, x.seq_len, x.microbatch_size)
-                .map(|v| v * per_layer);
+            let [f, i, w] = flops::block_pass_flops(hidden, x.seq_len, x.microbatch_size);
             let (mem_b, mem_w) =
                 flops::block_activation_bytes(hidden, heads, x.seq_len, x.microbatch_size, 2.0);
-            let (mem_b, mem_w) = (mem_b * per_layer, mem_w * per_layer);
             let head = flops::head_pass_flops(hidden, vocab, x.seq_len, x.microbatch_size);
-            (0..n)
-                .map(|r| {
+            let counts = crate::split::even_counts(layers, n);
+            (counts.iter().enumerate())
+                .map(|(r, &k)| {
+                    let k = k as f64;
                     let extra = if r + 1 == n { head } else { 0.0 };
                     RankCost {
-                        f: (f + extra) / speed,
-                        i: (i + extra) / speed,
-                        w: (w + extra) / speed,
-                        mem_b,
-                        mem_w: mem_w.min(mem_b),
+                        f: (k * f + extra) / speed,
+                        i: (k * i + extra) / speed,
+                        w: (k * w + extra) / speed,
+                        mem_b: k * mem_b,
+                        mem_w: (k * mem_w).min(k * mem_b),
                         b: None,
                     }
                 })
@@ -559,6 +560,37 @@ mod tests {
             .omitted
             .iter()
             .any(|(k, why)| k == "zb-v" && why.contains("16 in all")));
+    }
+
+    #[test]
+    fn layers_that_do_not_divide_are_priced_at_the_busiest_stage() {
+        let mut x = seed_example();
+        let shape = |layers| ModelShape::Layers {
+            layers,
+            hidden: 4096,
+            heads: 32,
+            vocab: 0,
+        };
+        x.model = shape(9);
+        let nine = rank_costs(&x).unwrap();
+        x.model = shape(16);
+        let sixteen = rank_costs(&x).unwrap();
+        // 9 layers over 8 stages: one stage holds 2, as a real split does, not 1.125 each.
+        let most = nine.stages.iter().map(|c| c.f).fold(0.0, f64::max);
+        assert!((most - sixteen.stages[0].f).abs() < 1e-15);
+        let total: f64 = nine.stages.iter().map(|c| c.f).sum();
+        assert!((total - 4.5 * sixteen.stages[0].f).abs() < 1e-12);
+        let heaviest = nine.stages.iter().map(|c| c.mem_b).fold(0.0, f64::max);
+        assert_eq!(heaviest, sixteen.stages[0].mem_b);
+        // The iteration is no shorter than the busiest stage's m·(F+I+W).
+        let f = forecast(&x).unwrap().rows[0].step_seconds;
+        x.model = shape(9);
+        let g = forecast(&x).unwrap().rows[0].step_seconds;
+        let c = sixteen.stages[0];
+        assert!(
+            g >= x.microbatches as f64 * (c.f + c.i + c.w) && g <= f,
+            "{g} {f}"
+        );
     }
 
     #[test]

@@ -84,8 +84,16 @@ impl MemLimit {
     /// (`20MiB`, `1609728B`), or a comma-separated list of sizes, one per rank.
     pub fn parse(text: &str) -> Result<MemLimit, Error> {
         let t = text.trim();
-        if t.is_empty() || t.eq_ignore_ascii_case("none") {
+        if t.eq_ignore_ascii_case("none") {
             return Ok(MemLimit::None);
+        }
+        if t.is_empty() {
+            // `--mem-limit "$LIMIT"` with the variable unset: not a choice of no limit.
+            return Err(invalid(
+                "is empty: give a multiple of M_B (e.g. 8) or a size (e.g. 20MiB), or `none` \
+                 for no limit"
+                    .into(),
+            ));
         }
         let parts: Vec<&str> = t.split(',').map(str::trim).collect();
         if parts.len() > 1 {
@@ -281,6 +289,8 @@ mod tests {
         assert!(e.contains("268435456B") && e.contains("mem_limit"), "{e}");
         let e = "8,16".parse::<MemLimit>().unwrap_err().to_string();
         assert!(e.contains("needs a unit"), "{e}");
+        let e = " ".parse::<MemLimit>().unwrap_err().to_string();
+        assert!(e.contains("is empty") && e.contains("`none`"), "{e}");
         for bad in ["0", "-1", "abc", "0MiB", "NaN"] {
             assert!(bad.parse::<MemLimit>().is_err(), "{bad}");
         }

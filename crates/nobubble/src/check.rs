@@ -12,7 +12,8 @@ use std::path::PathBuf;
 // `--layer-costs` is `plan`'s alone (it chooses the layer split): refused here, so not listed.
 #[command(mut_arg("layer_costs", |a| a.hide(true)))]
 pub struct CheckArgs {
-    /// Schedule file in PyTorch's compute-only CSV format (one row per rank).
+    /// Schedule file in PyTorch's compute-only CSV format (one row per rank); `-` reads
+    /// standard input.
     pub file: PathBuf,
     #[command(flatten)]
     pub costs: CostArgs,
@@ -26,16 +27,18 @@ pub struct CheckArgs {
 
 /// Runs `check`: exits non-zero with the validator's message when the file is invalid.
 pub fn run(args: &CheckArgs) -> Result<(), String> {
-    let text = std::fs::read_to_string(&args.file)
-        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
-    let name = args
-        .file
-        .file_stem()
-        .and_then(|s| s.to_str())
+    let text = crate::input::read_text(&args.file, "schedule", crate::input::SCHEDULE_BYTES)?;
+    let stdin = args.file == std::path::Path::new("-");
+    let name = (args.file.file_stem().and_then(|s| s.to_str()))
+        .filter(|_| !stdin)
         .unwrap_or("custom")
         .to_string();
-    let invalid =
-        |e: nobubble_schedule::Error| format!("{}: invalid schedule: {e}", args.file.display());
+    let shown = if stdin {
+        "standard input".to_string()
+    } else {
+        args.file.display().to_string()
+    };
+    let invalid = |e: nobubble_schedule::Error| format!("{shown}: invalid schedule: {e}");
     let schedule = csv::read(&text, &name).map_err(invalid)?;
     let spec = args.costs.spec()?;
     let planned = planner::evaluate(schedule, &spec, &args.costs.limit(), Objective::default())
@@ -45,7 +48,9 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
             e => cli_error(e),
         })?;
     planned.check_limit().map_err(|e| {
-        let hint = linear_layout_budgets(&planned, &spec, &args.costs.limit());
+        // Budgets in memory need --mem given: the default's, if it was not.
+        let mem = (args.costs.mem.is_none() && args.costs.costs.is_none()).then_some("1,0.5");
+        let hint = linear_layout_budgets(&planned, &spec, &args.costs.limit(), mem);
         invalid(e) + &hint.unwrap_or_default()
     })?;
     let Planned {
@@ -62,7 +67,7 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
     };
     let mut out = String::new();
     if !args.json {
-        out.push_str(&format!("{}: valid\n", args.file.display()));
+        out.push_str(&format!("{shown}: valid\n"));
         if let Err(e) = nobubble_schedule::check_weight_order(schedule) {
             out.push_str(&format!("note: `nobubble train` would refuse it: {e}\n"));
         }
@@ -83,7 +88,12 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
 /// For a file over a multiple of M_B on a layout of several stages per rank (a V plan): the
 /// per-rank budgets that multiple means on the one-stage-per-rank layout, which is how
 /// `plan -s zb-auto` (placement `auto`) reads it, so that the user can re-check with those.
-fn linear_layout_budgets(planned: &Planned, spec: &CostSpec, limit: &MemLimit) -> Option<String> {
+fn linear_layout_budgets(
+    planned: &Planned,
+    spec: &CostSpec,
+    limit: &MemLimit,
+    mem: Option<&str>,
+) -> Option<String> {
     let (MemLimit::Multiple(x), s) = (limit, &planned.schedule) else {
         return None;
     };
@@ -94,9 +104,10 @@ fn linear_layout_budgets(planned: &Planned, spec: &CostSpec, limit: &MemLimit) -
     Some(format!(
         "\nnote: a multiple of M_B is read on this file's own layout ({} stages on {} ranks); \
          `plan -s zb-auto` reads it on one stage per rank, where {x} × M_B is \
-         --mem-limit {}: if zb-auto planned this file, re-check with that",
+         --mem-limit {}{}: if zb-auto planned this file, re-check with that",
         s.stages,
         s.ranks,
-        MemLimit::PerRank(budgets)
+        MemLimit::PerRank(budgets),
+        mem.map(|m| format!(" --mem {m}")).unwrap_or_default()
     ))
 }

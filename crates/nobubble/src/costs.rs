@@ -80,12 +80,16 @@ pub struct CostArgs {
         allow_hyphen_values = true
     )]
     pub cost: String,
-    /// Per-rank (or per-stage) costs from a JSON file; overrides --cost/--comm/--mem (see README).
-    #[arg(long, value_name = "FILE.json")]
+    /// Per-stage costs from a JSON file, instead of --cost/--comm/--mem (see README).
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["cost", "comm", "mem"])]
     pub costs: Option<PathBuf>,
     /// Per-layer costs (embedding, blocks, head) from a JSON file: the planner also chooses
-    /// how many blocks each stage holds (see README); overrides --cost/--costs/--comm/--mem.
-    #[arg(long, value_name = "FILE.json", conflicts_with = "costs")]
+    /// how many blocks each stage holds (see README); instead of --cost/--costs/--comm/--mem.
+    #[arg(
+        long,
+        value_name = "FILE.json",
+        conflicts_with_all = ["costs", "cost", "comm", "mem"]
+    )]
     pub layer_costs: Option<PathBuf>,
     /// Time of one transfer between stages on different ranks.
     #[arg(
@@ -95,14 +99,10 @@ pub struct CostArgs {
         allow_negative_numbers = true
     )]
     pub comm: f64,
-    /// Activation memory MB,MW: what a microbatch holds after F, and after I until W.
-    #[arg(
-        long,
-        value_name = "MB,MW",
-        default_value = "1,0.5",
-        allow_hyphen_values = true
-    )]
-    pub mem: String,
+    /// Activation memory MB,MW: what a microbatch holds after F, and after I until W
+    /// [default: 1,0.5].
+    #[arg(long, value_name = "MB,MW", allow_hyphen_values = true)]
+    pub mem: Option<String>,
     /// Activation memory limit per rank: a bare number is always a multiple of each rank's
     /// MB; a size (`20MiB`, `1609728B`) or a comma-separated list of sizes, one per rank, is
     /// a budget in --mem's unit that zb-auto, zb-paper and v-auto plan each rank within.
@@ -213,7 +213,7 @@ impl CostArgs {
     fn stage_spec(&self) -> Result<CostSpec, String> {
         // A size needs memory in bytes: with the unitless default --mem it would mean
         // millions of microbatches, that is no limit at all.
-        if !self.limit().budgets().is_empty() && self.costs.is_none() && self.mem == "1,0.5" {
+        if !self.limit().budgets().is_empty() && self.costs.is_none() && self.mem.is_none() {
             return Err(
                 "--mem-limit as a size needs --mem (or --costs) in bytes, e.g. --mem \
                  201216,73728; or give a multiple of MB, e.g. --mem-limit 8"
@@ -221,12 +221,16 @@ impl CostArgs {
             );
         }
         if let Some(path) = &self.costs {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --costs {}: {e}", path.display()))?;
+            let text = crate::input::read_text(path, "--costs", crate::input::COSTS_BYTES)?;
             return CostSpec::from_json(&text).map_err(|e| format!("{}: {e}", path.display()));
         }
         let t = numbers("--cost", &self.cost, 3..=4, "1,1,1")?;
-        let mem = numbers("--mem", &self.mem, 2..=2, "1,0.5")?;
+        let mem = numbers(
+            "--mem",
+            self.mem.as_deref().unwrap_or("1,0.5"),
+            2..=2,
+            "1,0.5",
+        )?;
         let spec = CostSpec::uniform(
             RankCost {
                 f: t[0],
@@ -248,8 +252,8 @@ impl CostArgs {
         match &self.layer_costs {
             None => self.stage_spec().map(PlanCosts::Stages),
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read --layer-costs {}: {e}", path.display()))?;
+                let text =
+                    crate::input::read_text(path, "--layer-costs", crate::input::COSTS_BYTES)?;
                 LayerCosts::from_json(&text)
                     .map(PlanCosts::Layers)
                     .map_err(|e| format!("{}: {e}", path.display()))

@@ -207,7 +207,14 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
             } else {
                 String::new()
             };
-            format!("{layers} layers, h {hidden}, {heads} heads{head}")
+            let counts = nobubble_schedule::split::even_counts(*layers, x.stages);
+            let split = if layers % x.stages == 0 {
+                String::new()
+            } else {
+                let c: Vec<String> = counts.iter().map(|c| c.to_string()).collect();
+                format!(" (split {} over the stages)", c.join(","))
+            };
+            format!("{layers} layers{split}, h {hidden}, {heads} heads{head}")
         }
         ModelShape::Parameters(n) => format!("{:.2} B parameters", n / 1e9),
     };

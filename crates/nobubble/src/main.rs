@@ -9,6 +9,7 @@ mod compare;
 mod costs;
 mod export;
 mod forecast;
+mod input;
 mod model_source;
 mod output;
 mod plan;

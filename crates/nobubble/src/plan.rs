@@ -25,7 +25,7 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub costs: CostArgs,
     /// Output format [default: from -o's extension (.csv, .svg, .json), else text].
-    #[arg(long, short = 'f', value_enum)]
+    #[arg(long, short = 'f', value_enum, ignore_case = true)]
     pub format: Option<Format>,
     /// Write to this file instead of stdout.
     #[arg(long, short = 'o')]
@@ -68,6 +68,19 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     }
     let planned = plan(kind, &args.pipeline, &args.costs)?;
     planned.check_limit().map_err(cli_error)?;
+    let (p, m) = (args.pipeline.stages, args.pipeline.microbatches);
+    if kind == ScheduleKind::ZbAuto
+        && args.costs.placement.placement().is_none()
+        && 6 * p * m > nobubble_schedule::generate::V_CHOICE_MAX_ACTIONS
+    {
+        eprintln!(
+            "note: zb-auto planned the linear placement only: the V search is left out above \
+             {} passes per iteration to keep planning fast (this one has {}); --placement v \
+             plans it",
+            nobubble_schedule::generate::V_CHOICE_MAX_ACTIONS,
+            6 * p * m
+        );
+    }
     let Planned {
         schedule,
         costs,

@@ -240,14 +240,14 @@ pub fn text_summary(
     ));
     let bound = lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     out.push_str(&format!(
-        "lower bound on the makespan {} (this schedule is {:.2}% above it)\n",
+        "lower bound on the makespan on this placement {} (this schedule is {:.2}% above it)\n",
         fmt_num(bound),
         100.0 * gap(m.makespan, bound)
     ));
     let span_bound = span_lower_bound(&schedule.placement, schedule.microbatches, costs, mem_limit);
     let max_span = m.span.iter().copied().fold(0.0, f64::max);
     out.push_str(&format!(
-        "lower bound on the longest rank span {} (this schedule is {:.2}% above it)\n",
+        "lower bound on the longest rank span on this placement {} (this schedule is {:.2}% above it)\n",
         fmt_num(span_bound),
         100.0 * gap(max_span, span_bound)
     ));

@@ -249,3 +249,144 @@ fn the_memory_prediction_holds_when_a_stage_keeps_more_for_w_than_after_f() {
         assert_eq!(nums[0], nums[1], "{l}");
     }
 }
+
+#[test]
+fn flags_that_would_be_ignored_or_misread_are_refused() {
+    let costs = file(
+        "one.json",
+        br#"{"stages": [{"f": 1, "i": 1, "w": 1, "mem_b": 1, "mem_w": 0.5}]}"#,
+    );
+    let c = costs.to_str().unwrap();
+    // --costs beside the flags it replaces: an error, not a silent choice.
+    let e = fails(&[
+        "plan", "-s", "zb-h1", "-p", "4", "-m", "8", "--costs", c, "--comm", "5",
+    ]);
+    assert!(e.contains("--costs") && e.contains("--comm"), "{e}");
+    // --mem given as its default's value is still given: a byte budget reads it.
+    let out = ok(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem",
+        "1,0.5",
+        "--mem-limit",
+        "8B",
+    ]);
+    assert!(out.contains("within each rank's budget"), "{out}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "zb-auto",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "8B",
+    ]);
+    assert!(e.contains("needs --mem"), "{e}");
+    // An empty limit (an unset shell variable) is not "no limit".
+    let e = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--mem-limit",
+        "",
+    ]);
+    assert!(e.contains("is empty"), "{e}");
+    // bench memory sweeps the limit and the placements itself.
+    let e = fails(&["bench", "memory", "-p", "4", "-m", "8", "--mem-limit", "3"]);
+    assert!(e.contains("leave out --mem-limit"), "{e}");
+    // A shape every schedule refuses is an error, not an empty table.
+    let e = fails(&["bench", "sim", "-p", "0", "-m", "1"]);
+    assert!(e.contains("stages"), "{e}");
+    let e = fails(&["plan", "-s", "gpip", "-p", "2", "-m", "2"]);
+    assert!(e.contains("did you mean gpipe?"), "{e}");
+}
+
+#[test]
+fn inputs_are_read_bounded_and_from_standard_input() {
+    let e = fails(&["check", "/dev/zero"]);
+    assert!(e.contains("larger than") && e.contains("/dev/zero"), "{e}");
+    let e = fails(&[
+        "plan",
+        "-s",
+        "1f1b",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--costs",
+        "/dev/zero",
+    ]);
+    assert!(e.contains("larger than 64 MiB"), "{e}");
+    // A damaged cell of a megabyte is quoted by its start.
+    let big = file("big.csv", &vec![b'x'; 1 << 20]);
+    let e = fails(&["check", big.to_str().unwrap()]);
+    assert!(
+        e.len() < 1000 && e.contains("(1048576 bytes)"),
+        "{}",
+        &e[..e.len().min(1000)]
+    );
+    // `check -` reads the schedule from a pipe; `-f CSV` is `-f csv`.
+    let csv = ok(&["plan", "-s", "1f1b", "-p", "2", "-m", "2", "-f", "CSV"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nobubble"))
+        .args(["check", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(csv.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.starts_with("standard input: valid"),
+        "{text}"
+    );
+}
+
+#[test]
+fn forecast_prices_layers_that_do_not_divide_at_the_busiest_stage() {
+    let run = |layers: &str| {
+        ok(&[
+            "forecast", "--tokens", "1T", "--layers", layers, "--hidden", "4096", "--heads", "32",
+            "-p", "8", "--json",
+        ])
+    };
+    // 1F1B's step and its busiest rank's busy time (step × (1 − bubble)).
+    let step = |text: &str| -> (f64, f64) {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let row = &v["schedules"][0];
+        let t = row["step_seconds"].as_f64().unwrap();
+        (t, t * (1.0 - row["bubble"].as_f64().unwrap()))
+    };
+    // 9 layers on 8 stages: one stage holds 2, as with 16 layers, so the step is at least
+    // that stage's busy time (an even 1.125 per stage would make it 9/16 of 16 layers').
+    let ((nine, _), (sixteen, busiest)) = (step(&run("9")), step(&run("16")));
+    assert!(
+        nine >= busiest * (1.0 - 1e-9) && nine < sixteen,
+        "{nine} {busiest} {sixteen}"
+    );
+    let text = ok(&[
+        "forecast", "--tokens", "1T", "--layers", "9", "--hidden", "4096", "--heads", "32", "-p",
+        "8",
+    ]);
+    assert!(
+        text.contains("9 layers (split 1,2,1,1,1,1,1,1 over the stages)"),
+        "{text}"
+    );
+}

@@ -605,7 +605,7 @@ fn a_users_schedule_file_trains_like_the_named_schedule() {
     let e = fails(&micro_train("1", &["--schedule", broken.to_str().unwrap()]));
     assert!(e.contains("invalid schedule"), "{e}");
     let e = fails(&micro_train("1", &["--schedule", "nope.csv"]));
-    assert!(e.contains("cannot read nope.csv"), "{e}");
+    assert!(e.contains("cannot read --schedule nope.csv"), "{e}");
 }
 
 #[test]

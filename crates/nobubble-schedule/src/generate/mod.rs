@@ -218,8 +218,14 @@ impl ScheduleKind {
             .into_iter()
             .find(|k| k.name() == alias)
             .ok_or_else(|| {
+                // A typo (one or two letters off a name) gets the name it meant.
+                let near = (ScheduleKind::ALL.iter().map(|k| k.name()))
+                    .map(|n| (edit_distance(key, n), n))
+                    .filter(|&(d, _)| d <= 2)
+                    .min();
+                let hint = near.map_or(String::new(), |(_, n)| format!(" (did you mean {n}?)"));
                 Error::Input(format!(
-                    "unknown schedule `{name}`; valid schedules: {} (and PyTorch's class \
+                    "unknown schedule `{name}`{hint}; valid schedules: {} (and PyTorch's class \
                      names, e.g. ScheduleZBVZeroBubble: `nobubble plan --help` and \
                      nobubble.schedule_names() list them all)",
                     ScheduleKind::ALL.map(|k| k.name()).join(", ")
@@ -353,6 +359,24 @@ impl Placement {
             None
         }
     }
+}
+
+/// Levenshtein distance between two short names (in characters).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// Largest pipeline (passes per iteration) on which `zb-auto` also plans the V placement
@@ -674,5 +698,11 @@ mod name_tests {
             e.contains("unknown schedule `ScheduleLoopedBFS`") && e.contains("zb-v"),
             "{e}"
         );
+        assert!(!e.contains("did you mean"), "{e}");
+        for (typo, meant) in [("gpip", "gpipe"), ("zb-h3", "zb-h1"), ("vmin", "v-min")] {
+            let e = ScheduleKind::from_name(typo).unwrap_err().to_string();
+            assert!(e.contains(&format!("(did you mean {meant}?)")), "{e}");
+        }
+        assert_eq!(super::edit_distance("kitten", "sitting"), 3);
     }
 }

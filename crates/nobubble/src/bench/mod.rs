@@ -46,6 +46,7 @@ pub enum BenchCommand {
 
 /// Arguments of `bench plan`.
 #[derive(Args, Debug)]
+#[command(mut_arg("layer_costs", |a| a.hide(true)))]
 pub struct PlanBenchArgs {
     /// Schedules to time (comma-separated).
     #[arg(long, default_value = "zb-auto,v-auto")]
@@ -76,8 +77,11 @@ pub struct BaselineBenchArgs {
     pub json: bool,
 }
 
-/// Arguments of `bench memory`.
+/// Arguments of `bench memory`: the limit and the placements are what it sweeps.
 #[derive(Args, Debug)]
+#[command(mut_arg("layer_costs", |a| a.hide(true)))]
+#[command(mut_arg("mem_limit", |a| a.hide(true)))]
+#[command(mut_arg("placement", |a| a.hide(true)))]
 pub struct MemoryBenchArgs {
     /// Pipeline stages.
     #[arg(long, short = 'p', default_value_t = 8)]
@@ -252,11 +256,13 @@ fn sim(a: &SimBenchArgs) -> Result<(), String> {
         return Err("--repeat must be at least 1".into());
     }
     let mut results = Vec::new();
+    let mut first_error = None;
     for kind in ScheduleKind::ALL {
         let spec = CostSpec::uniform(RankCost::default(), 0.1);
         let schedule = match generate(&Request::new(kind, a.stages, a.microbatches), &spec) {
             Ok(s) => s,
             Err(e) => {
+                first_error.get_or_insert_with(|| e.to_string());
                 eprintln!("skipping {}: {e}", kind.name());
                 continue;
             }
@@ -276,6 +282,10 @@ fn sim(a: &SimBenchArgs) -> Result<(), String> {
             times[times.len() / 2],
             times[0],
         ));
+    }
+    if results.is_empty() {
+        // Every schedule refused this shape: an error, not an empty table.
+        return Err(first_error.unwrap_or_default());
     }
     if a.json {
         let out: Vec<_> = results
@@ -326,11 +336,14 @@ fn parse_sizes(text: &str) -> Result<Vec<(usize, usize)>, String> {
 }
 
 fn plan(a: &PlanBenchArgs) -> Result<(), String> {
+    if a.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
+    }
     let spec = a.costs.spec()?;
     let sizes = parse_sizes(&a.sizes)?;
     println!(
         "planning time, median of {} runs (limit: each schedule's default or --mem-limit)",
-        a.repeat.max(1)
+        a.repeat
     );
     println!(
         "{:<10} {:>4} {:>5} {:>11} {:>12}",
@@ -349,7 +362,7 @@ fn plan(a: &PlanBenchArgs) -> Result<(), String> {
             };
             let mut times = Vec::new();
             let mut rate = 0.0;
-            for _ in 0..a.repeat.max(1) {
+            for _ in 0..a.repeat {
                 let t0 = Instant::now();
                 let s = generate(&req, &spec).map_err(crate::costs::cli_error)?;
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -377,6 +390,13 @@ fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
     if p == 0 || m == 0 {
         return Err("--stages and --microbatches must be at least 1".into());
     }
+    if a.costs.mem_limit.is_some() || a.costs.placement != crate::costs::PlacementArg::Auto {
+        return Err(
+            "bench memory sweeps the limit (1 to 2p × M_B) and plans both placements: leave \
+             out --mem-limit and --placement (nobubble plan takes them)"
+                .into(),
+        );
+    }
     println!("bubble rate against the memory limit (× M_B per rank), p={p} m={m}");
     println!("{:>6} {:>10} {:>10}", "limit", "zb-auto (linear)", "v-auto");
     for x in 1..=2 * p {
@@ -387,6 +407,7 @@ fn memory(a: &MemoryBenchArgs) -> Result<(), String> {
                 mem_limit: MemLimit::Multiple(x as f64),
                 placement: (kind == ScheduleKind::ZbAuto)
                     .then_some(nobubble_schedule::Placement::Linear),
+                objective: a.costs.objective.into(),
                 ..Request::new(kind, p, m)
             };
             let s = generate(&req, &spec).map_err(|e| e.to_string())?;

@@ -33,10 +33,11 @@ enum TokenizerSource {
 
 fn tokenizer_source(a: &TrainArgs) -> Result<TokenizerSource, String> {
     let given = match &a.tokenizer {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --tokenizer {}: {e}", path.display()))?,
-        ),
+        Some(path) => Some(crate::input::read_text(
+            path,
+            "--tokenizer",
+            crate::input::TOKENIZER_BYTES,
+        )?),
         None => None,
     };
     if let Some(dir) = &a.resume {
@@ -68,8 +69,7 @@ fn tokenizer_source(a: &TrainArgs) -> Result<TokenizerSource, String> {
     if let Some(dir) = &a.init_from {
         let path = dir.join("tokenizer.json");
         if path.is_file() {
-            let json = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let json = crate::input::read_text(&path, "tokenizer", crate::input::TOKENIZER_BYTES)?;
             return Ok(TokenizerSource::Json(json, path.display().to_string()));
         }
     }

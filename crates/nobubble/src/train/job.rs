@@ -483,8 +483,7 @@ fn schedule_choice(a: &TrainArgs) -> Result<(ScheduleKind, Option<Schedule>), St
             None,
         ));
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--schedule: cannot read {}: {e}", path.display()))?;
+    let text = crate::input::read_text(path, "--schedule", crate::input::SCHEDULE_BYTES)?;
     let name = path
         .file_stem()
         .and_then(|s| s.to_str())

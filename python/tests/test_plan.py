@@ -507,3 +507,32 @@ def test_measured_svg_draws_a_measured_timeline_above_the_plan() -> None:
             plan.measured_svg([row, []])
     with pytest.raises(TypeError, match="one list per rank"):
         plan.measured_svg("0F0")
+
+
+def test_a_damaged_pickled_plan_is_a_clear_error_not_a_panic_or_an_abort() -> None:
+    """A plan's state from another version, or edited, is checked before it is simulated
+    (what pickle.loads calls, given the edited state)."""
+    import pickle
+
+    plan = nobubble.plan("1f1b", stages=2, microbatches=2)
+    rebuild, (state,) = plan.__reduce__()
+    assert pickle.loads(pickle.dumps(plan)) == plan == rebuild(state)
+    assert '"microbatch":0,"stage":0' in state and '"microbatches":2' in state
+    for old, new in [
+        ('"microbatch":0,"stage":0', '"microbatch":7,"stage":0'),
+        ('"microbatches":2', '"microbatches":100000000'),
+        ('"microbatches":2', '"microbatches":18446744073709551615'),
+        ('"f":1.0', '"f":-1.0'),
+    ]:
+        damaged = state.replace(old, new, 1)
+        assert damaged != state
+        with pytest.raises(ValueError, match="not the state of a nobubble.Plan"):
+            rebuild(damaged)
+
+
+def test_numpy_arrays_and_tensors_are_costs_like_lists() -> None:
+    np = pytest.importorskip("numpy")
+    rows = [[1.0, 2.0, 1.0], [2.0, 2.0, 1.0]]
+    want = nobubble.plan("zb-h1", 2, 4, cost=rows, mem=[[1.0, 0.5]] * 2)
+    got = nobubble.plan("zb-h1", 2, 4, cost=np.array(rows), mem=np.array([[1.0, 0.5]] * 2))
+    assert got.makespan == want.makespan

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
+import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -520,3 +521,71 @@ def test_a_byte_budget_without_measured_memory_says_to_profile() -> None:
         "zb-auto", num_ranks=2, num_microbatches=4, mem=(1000, 400), mem_limit="8KB"
     )
     assert plan.schedule == "zb-auto"
+
+
+def test_a_profile_of_one_chunk_per_rank_fits_a_v_plan_and_its_replan() -> None:
+    """One profiled chunk per rank on a V plan of 2p stages: each chunk is shared out over
+    the two stages it becomes, as the planner reads it, and a re-plan on measured per-stage
+    times keeps the memory that way (it crashed at the re-plan step)."""
+    import nobubble
+    from nobubble.torch.plans import make_plan, replan
+
+    prof = nbt.Profile(
+        stages=(
+            nbt.StageProfile(2.0, 4.0, 2.0, 100, 40, b=6.0),
+            nbt.StageProfile(4.0, 8.0, 4.0, 200, 80),
+        )
+    )
+    v = prof.fit(4)
+    assert [s.f for s in v.stages] == [1.0, 1.0, 2.0, 2.0]
+    assert [s.mem for s in v.stages] == [(50.0, 20.0)] * 2 + [(100.0, 40.0)] * 2
+    assert v.stages[0].b == 3.0 and v.stages[2].b is None
+    assert prof.fit(2) is prof
+    assert prof.fit(1).stages[0].f == 6.0
+    with pytest.raises(ValueError, match="multiple of the stage count"):
+        prof.fit(3)
+    assert prof.regroup(np.int64(1)).stages[0].f == 6.0
+    plan = make_plan("zb-auto", num_ranks=2, num_microbatches=4, costs=prof, placement="v")
+    assert plan.num_stages == 4
+    measured = [(1.0, 2.0, 1.0)] * 4
+    again = replan(plan, measured)
+    assert again.inputs["mem"] == [(50.0, 20.0), (50.0, 20.0), (100.0, 40.0), (100.0, 40.0)]
+    direct = nobubble.plan("zb-auto", 2, 4, cost=measured, mem=again.inputs["mem"], placement="v")
+    assert again.makespan == direct.makespan
+
+
+def test_profile_does_not_charge_a_microbatch_for_the_batch_it_is_a_view_of() -> None:
+    """A sample sliced from a large tensor counts as the microbatch, not the whole storage
+    (the allocator does not count the caller's tensors on a GPU either)."""
+    torch.manual_seed(0)
+    chunks = [nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(2)]
+    big_x, big_y = torch.randn(10_000, 16), torch.randn(10_000, 16)
+    loss = torch.nn.functional.mse_loss
+    view = nbt.profile(chunks, (big_x[:4], big_y[:4]), loss, warmup=0, iterations=1)
+    own = nbt.profile(chunks, (big_x[:4].clone(), big_y[:4].clone()), loss, warmup=0, iterations=1)
+    assert [s.mem for s in view.stages] == [s.mem for s in own.stages]
+    # Each chunk holds a few 4 × 16 float tensors, far from the 640 KB of the storage.
+    assert all(0 < s.mem_b < 4096 for s in view.stages)
+
+
+def test_python_arguments_are_read_or_refused_not_truncated() -> None:
+    from nobubble.torch.plans import agreed_plan
+
+    assert nbt.FreeMemory(reserve="1GiB").reserve == 2**30
+    assert nbt.FreeMemory(reserve="1.5 KB").reserve == 1500
+    assert nbt.FreeMemory(reserve=np.int64(7)).reserve == 7
+    with pytest.raises(ValueError, match="a size with a unit"):
+        nbt.FreeMemory(reserve="lots")
+    with pytest.raises(TypeError, match="reserve"):
+        nbt.FreeMemory(reserve=float("nan"))
+    with pytest.raises(TypeError, match="fraction"):
+        nbt.FreeMemory(fraction="0.5")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="num_ranks must be a whole number"):
+        agreed_plan("1f1b", microbatches=4, num_ranks=2.7)
+    assert agreed_plan("1f1b", microbatches=4, num_ranks=np.int64(2)).num_ranks == 2
+    with pytest.raises(TypeError, match="decode bytes first"):
+        nbt.plan_from_csv(b"0F0,0B0\n")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="iterations must be a whole number"):
+        nbt.profile(gpt_chunks(CFG, 2), _example(2), lm_loss, iterations="3")  # type: ignore[arg-type]
+    with torch.no_grad(), pytest.raises(RuntimeError, match="outside torch.no_grad"):
+        nbt.profile(gpt_chunks(CFG, 2), _example(2), lm_loss, warmup=0, iterations=1)

@@ -48,12 +48,21 @@ pub(crate) fn rows(
         (a, b) if a == b => a.to_string(),
         (a, b) => format!("{a} or {b}"),
     };
+    // A numpy array or a torch tensor (of one entry or a row per stage) reads as its list.
+    let listed;
+    let obj = match obj.hasattr("tolist") {
+        Ok(true) if !obj.is_instance_of::<PyList>() => {
+            listed = obj.call_method0("tolist")?;
+            &listed
+        }
+        _ => obj,
+    };
     if let Some(one) = numbers(obj, lens.clone()) {
         return Ok(vec![one]);
     }
     let err = || {
         PyTypeError::new_err(format!(
-            "{what} takes {n} numbers {example}, or a list with one such entry per stage (or per rank)"
+            "{what} takes {n} numbers {example}, or a list with one such entry per stage in model order"
         ))
     };
     if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {

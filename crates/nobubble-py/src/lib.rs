@@ -342,9 +342,10 @@ impl Plan {
 /// `nobubble plan`.
 ///
 /// cost: (F, I, W) pass times of one rank's share of the model, or, in model order, one
-///     tuple per 1F1B stage (the model in `stages` parts) or per schedule stage; any unit (default 1, 1, 1). A fourth number B is the fused backward's time
-///     where it is not I + W (PyTorch's split backward costs extra): zb-auto then also weighs
-///     plans that fuse backward passes.
+///     tuple per 1F1B stage (the model in `stages` parts) or per schedule stage; any unit
+///     (default 1, 1, 1). A fourth number B is the fused backward's time where it is not
+///     I + W (PyTorch's split backward costs extra): zb-auto then also weighs plans that
+///     fuse backward passes.
 /// comm: time of one transfer between ranks (default 0).
 /// mem: (M_B, M_W) activation memory held after F, and after I until W, or one per 1F1B
 ///     stage or per schedule stage, as cost (default 1, 0.5).
@@ -616,7 +617,11 @@ fn action_rows(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
 /// A plan from the state `Plan.__reduce__` wrote (for pickle).
 #[pyfunction]
 fn _plan_from_state(state: &str) -> PyResult<Plan> {
-    let inner = state::plan(state).map_err(value_error)?;
+    // A state checked as far as the simulator needs; should another inconsistency reach it,
+    // its panic becomes the same ValueError (a PanicException escapes `except Exception`).
+    let inner = std::panic::catch_unwind(|| state::plan(state))
+        .unwrap_or_else(|_| Err("not the state of a nobubble.Plan: it is inconsistent".into()))
+        .map_err(value_error)?;
     Ok(Plan::new(inner))
 }
 

@@ -25,7 +25,25 @@ pub(crate) fn plan(text: &str) -> Result<Planned, String> {
     let bad = |e: &dyn std::fmt::Display| format!("not the state of a nobubble.Plan: {e}");
     let v: Value = serde_json::from_str(text).map_err(|e| bad(&e))?;
     let schedule: Schedule = serde_json::from_value(v["schedule"].clone()).map_err(|e| bad(&e))?;
+    // What the simulator indexes by, checked first (a state from another version, or edited).
+    schedule.check_shape().map_err(|e| bad(&e))?;
     let costs: CostModel = serde_json::from_value(v["costs"].clone()).map_err(|e| bad(&e))?;
+    if costs.stages.len() != schedule.stages {
+        return Err(bad(&format!(
+            "its costs list {} stages for a schedule of {}",
+            costs.stages.len(),
+            schedule.stages
+        )));
+    }
+    let finite = |x: f64| x.is_finite() && x >= 0.0;
+    let entries = costs.stages.iter();
+    if !finite(costs.comm)
+        || !entries
+            .flat_map(|c| [c.f, c.i, c.w, c.mem_b, c.mem_w])
+            .all(finite)
+    {
+        return Err(bad(&"its costs hold a negative or non-finite number"));
+    }
     let limit: Option<f64> = serde_json::from_value(v["limit"].clone()).map_err(|e| bad(&e))?;
     let mem_limit =
         MemLimit::parse(v["mem_limit"].as_str().unwrap_or("none")).map_err(|e| bad(&e))?;

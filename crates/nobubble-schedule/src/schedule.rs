@@ -125,7 +125,11 @@ impl Schedule {
         Ok(s)
     }
 
-    fn check_shape(&self) -> Result<(), Error> {
+    /// Checks what the validator and the simulator index by before they run: sizes within
+    /// the planner's, a placement and an order per stage and rank, every action's stage,
+    /// microbatch and rank in range. A schedule from outside (JSON, a pickled plan) passes
+    /// here first.
+    pub fn check_shape(&self) -> Result<(), Error> {
         if self.stages == 0 || self.ranks == 0 || self.microbatches == 0 {
             return Err(Error::Input(format!(
                 "a schedule needs at least one stage, rank and microbatch (got stages={}, ranks={}, microbatches={})",
@@ -133,6 +137,14 @@ impl Schedule {
             )));
         }
         check_size(self.ranks, self.stages)?;
+        let max = crate::generate::MAX_ACTIONS;
+        if (self.stages.saturating_mul(self.microbatches)).saturating_mul(3) > max {
+            return Err(Error::Input(format!(
+                "{} stages × {} microbatches is more than the planner handles ({max} passes); \
+                 is a digit too many?",
+                self.stages, self.microbatches
+            )));
+        }
         if self.placement.len() != self.stages {
             return Err(Error::Input(format!(
                 "placement lists {} stages but the schedule has {}",

@@ -11,7 +11,10 @@ allocator's slack, a pass's temporaries).
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,14 +57,20 @@ class FreeMemory:
     Measure once the model is on its device; ``reserve`` is what each rank will still
     allocate outside activations: AdamW's two moments (2 × the stage's parameter bytes,
     allocated by the first ``opt.step()``) and the gradients if they do not exist yet
-    (1 × more).
+    (1 × more), in bytes or as a size (``"1GiB"``; read into bytes).
     """
 
     fraction: float = 0.8
-    reserve: int = 0
+    reserve: int | str = 0
     device: str | torch.device | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, numbers.Real):
+            raise TypeError(
+                f"FreeMemory(fraction={self.fraction!r}): give a number, e.g. 0.8 (not a string)"
+            )
+        # A size with a unit reads as the `mem_limit` strings do ("1GiB").
+        object.__setattr__(self, "reserve", _reserve_bytes(self.reserve))
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(
                 f"FreeMemory(fraction={self.fraction}): give the share of the free memory to "
@@ -163,6 +172,36 @@ def _default_device() -> torch.device:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def _reserve_bytes(value: object) -> int:
+    """``FreeMemory(reserve=…)`` in bytes: a whole number, or a size such as "1GiB"."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]+)\s*", value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"FreeMemory(reserve={value!r}): give bytes (an int) or a size with a unit, "
+                "e.g. '1GiB' or '512MB'"
+            )
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(
+            f"FreeMemory(reserve={value!r}): give bytes (an int) or a size such as '1GiB'"
+        )
+    return int(value)
 
 
 def _size(nbytes: float) -> str:

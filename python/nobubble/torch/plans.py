@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union, runtime_checkable
@@ -156,6 +157,11 @@ def plan_from_csv(text: str, schedule: str = "csv") -> PlanSnapshot:
     largest microbatch number plus one. Empty cells (idle slots) are dropped: the runtime
     orders by dependencies, not by columns.
     """
+    if not isinstance(text, str):
+        raise TypeError(
+            f"plan_from_csv takes the CSV's text, got {type(text).__name__}; read a file with "
+            "Path(...).read_text()" + (", or decode bytes first" if isinstance(text, bytes) else "")
+        )
     rows: list[tuple[str, ...]] = []
     for line in text.lstrip("\ufeff").splitlines():
         rows.append(tuple(c.strip().strip('"') for c in line.split(",") if c.strip()))
@@ -382,7 +388,7 @@ def agreed_plan(
     reads its own (gathered with the profiles) and rank 0 plans within one budget per rank.
     """
     if not dist.is_available() or not dist.is_initialized():
-        num_ranks = int(plan_kwargs.pop("num_ranks", 1))
+        num_ranks = _whole("num_ranks", plan_kwargs.pop("num_ranks", 1))
         return make_plan(
             schedule,
             num_ranks=num_ranks,
@@ -391,7 +397,7 @@ def agreed_plan(
             layers=layers,
             **plan_kwargs,
         )
-    num_ranks = int(plan_kwargs.pop("num_ranks", dist.get_world_size(group)))
+    num_ranks = _whole("num_ranks", plan_kwargs.pop("num_ranks", dist.get_world_size(group)))
     if num_ranks != dist.get_world_size(group):
         raise ValueError(
             f"num_ranks={num_ranks} but the process group has {dist.get_world_size(group)} "
@@ -522,6 +528,17 @@ def _digest(actions: Sequence[Sequence[str]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _whole(name: str, value: Any) -> int:
+    """``value`` as an int (numpy integers too); a float or a string is a TypeError, not
+    silently truncated."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
+
+
 def _stage_count(placement: str, num_ranks: int, chunks: int | None) -> int | None:
     if placement == "linear":
         return num_ranks
@@ -589,16 +606,20 @@ def replan(
     elif unit != "ms":
         kwargs.pop("comm", None)
     # The planner took one entry per model chunk, which may be finer than the stages (2p
-    # chunks for a linear pipeline): sum the memory of consecutive chunks into each stage,
-    # as the planner summed them, to go with the measured per-stage times.
+    # chunks for a linear pipeline) or coarser (one per rank of a V): sum the memory of
+    # consecutive chunks into each stage, or share a chunk's out over its stages, as the
+    # planner did, to go with the measured per-stage times.
     mem = kwargs.get("mem")
     per_chunk = isinstance(mem, (list, tuple)) and all(isinstance(m, (list, tuple)) for m in mem)
-    if per_chunk and len(mem) != len(cost) and len(mem) % len(cost) == 0:
+    if per_chunk and len(mem) > len(cost) and len(mem) % len(cost) == 0:
         k = len(mem) // len(cost)
         kwargs["mem"] = [
             tuple(float(sum(m[j] for m in mem[s * k : (s + 1) * k])) for j in range(2))
             for s in range(len(cost))
         ]
+    elif per_chunk and len(mem) > 1 and len(mem) < len(cost) and len(cost) % len(mem) == 0:
+        k = len(cost) // len(mem)
+        kwargs["mem"] = [tuple(float(x) / k for x in mem[s // k]) for s in range(len(cost))]
     # The stages are built: keep their placement (and, with a layer split, their cut).
     if plan.placement_kind is None:
         kwargs.pop("placement", None)

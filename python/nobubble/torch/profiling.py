@@ -15,6 +15,7 @@ planner sees what fusing saves. Medians over several iterations after warm-up.
 from __future__ import annotations
 
 import json
+import operator
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,17 @@ class StageProfile:
         )
 
 
+def _stage_count(num_stages: Any) -> int:
+    """``num_stages`` as a positive int (numpy integers too), else a ValueError."""
+    try:
+        n = operator.index(num_stages)
+    except TypeError:
+        n = 0
+    if isinstance(num_stages, bool) or n < 1:
+        raise ValueError(f"num_stages must be a positive whole number, got {num_stages!r}")
+    return n
+
+
 @dataclass(frozen=True)
 class Profile:
     """Measured costs of a model cut into chunks, in pipeline order.
@@ -115,8 +127,7 @@ class Profile:
         Consecutive chunks are summed (times and memory add when chunks run back to back on
         one device); the chunk count must be a multiple of ``num_stages``.
         """
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-            raise ValueError(f"num_stages must be a positive whole number, got {num_stages!r}")
+        num_stages = _stage_count(num_stages)
         n = self.num_chunks
         if num_stages == n:
             return self
@@ -134,6 +145,31 @@ class Profile:
                 total = total + extra
             grouped.append(total)
         return replace(self, stages=tuple(grouped), raw_ms=())
+
+    def fit(self, num_stages: int) -> Profile:
+        """This profile read as the planner reads it for a plan of ``num_stages`` stages:
+        :meth:`regroup`-ed when the chunks are finer than the stages, or each chunk split
+        evenly over the stages it becomes when they are coarser (one entry per rank of a V
+        or interleaved plan: a chunk of the model in order, times and memory shared out)."""
+        num_stages = _stage_count(num_stages)
+        n = self.num_chunks
+        if num_stages <= n or num_stages % n != 0:
+            return self.regroup(num_stages)
+        k = num_stages // n
+
+        def share(s: StageProfile) -> StageProfile:
+            return StageProfile(
+                f=s.f / k,
+                i=s.i / k,
+                w=s.w / k,
+                mem_b=round(s.mem_b / k),
+                mem_w=round(s.mem_w / k),
+                param_bytes=round(s.param_bytes / k),
+                b=None if s.b is None else s.b / k,
+            )
+
+        split = tuple(share(s) for s in self.stages for _ in range(k))
+        return replace(self, stages=split, raw_ms=())
 
     @staticmethod
     def average(profiles: Sequence[Profile]) -> Profile:
@@ -242,8 +278,16 @@ def profile(
             "example_microbatch must be (inputs, target) for one microbatch, e.g. "
             "(tokens[:8], targets[:8])"
         )
+    for name, value in (("warmup", warmup), ("iterations", iterations)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number, got {value!r}")
     if warmup < 0 or iterations < 1:
         raise ValueError("warmup must be >= 0 and iterations >= 1")
+    if not torch.is_grad_enabled():
+        raise RuntimeError(
+            "nobubble.torch.profile measures backward passes and needs autograd: call it "
+            "outside torch.no_grad() / torch.inference_mode()"
+        )
     dev = _resolve_device(device, chunk_list)
     inputs, target = example_microbatch
     inputs = tuple(
@@ -349,11 +393,18 @@ class _Clock:
 class _Memory:
     """M_B/M_W of one chunk: CUDA allocator deltas on GPUs, saved tensors elsewhere."""
 
-    def __init__(self, device: torch.device, chunk: nn.Module, enabled: bool) -> None:
+    def __init__(
+        self, device: torch.device, chunk: nn.Module, enabled: bool, given: Sequence[Any] = ()
+    ) -> None:
         self.enabled = enabled
         self.cuda = device.type == "cuda"
         self.device = device
-        self.tracker = ActivationMemoryTracker(exclude=chunk.parameters())
+        # The caller's tensors (the first chunk's input, the loss's target) are not allocated
+        # by the forward, and are often views of a whole batch or dataset: counting their
+        # storage would charge every microbatch for all of it. The allocator does not count
+        # them on a GPU either.
+        given_tensors = [t for t in given if isinstance(t, torch.Tensor)]
+        self.tracker = ActivationMemoryTracker(exclude=[*chunk.parameters(), *given_tensors])
         self.base = 0
         self.mem_b = 0
         self.before_i = 0
@@ -425,7 +476,9 @@ def _run(
     w_ms = [0.0] * n
     mem_b = [0] * n
     mem_w = [0] * n
-    meters = [_Memory(device, c, memory) for c in chunks]
+    given = [inputs if k == 0 else () for k in range(n)]
+    given[-1] = (*given[-1], *_as_tuple(target))
+    meters = [_Memory(device, c, memory, g) for c, g in zip(chunks, given)]
     stage_inputs: list[tuple[Any, ...]] = []
     roots: list[tuple[Any, ...]] = []
     values: tuple[Any, ...] = inputs

@@ -115,6 +115,15 @@ impl Error {
     }
 }
 
+/// `n` and its noun, plural unless one: "1 rank", "2 ranks", "3 microbatches".
+pub fn count(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ if noun.ends_with("ch") || noun.ends_with('s') => format!("{n} {noun}es"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 /// Prints a number without float noise (`3` rather than `3.0000000001`).
 pub fn fmt_num(x: f64) -> String {
     let r = (x * 1e6).round() / 1e6;
@@ -122,5 +131,17 @@ pub fn fmt_num(x: f64) -> String {
         format!("{}", r as i64)
     } else {
         format!("{r}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_read_as_english() {
+        let c = super::count;
+        assert_eq!(c(1, "rank"), "1 rank");
+        assert_eq!(c(0, "stage"), "0 stages");
+        assert_eq!(c(3, "microbatch"), "3 microbatches");
+        assert_eq!(c(1, "microbatch"), "1 microbatch");
     }
 }

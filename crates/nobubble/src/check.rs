@@ -39,6 +39,16 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         args.file.display().to_string()
     };
     let invalid = |e: nobubble_schedule::Error| format!("{shown}: invalid schedule: {e}");
+    if text
+        .trim_start_matches('\u{feff}')
+        .trim_start()
+        .starts_with('{')
+    {
+        return Err(format!(
+            "{shown} is JSON (a `plan -f json` report?); check reads PyTorch's compute-only CSV: \
+             write the schedule with `nobubble plan ... -f csv`"
+        ));
+    }
     let schedule = csv::read(&text, &name).map_err(invalid)?;
     let spec = args.costs.spec()?;
     let planned = planner::evaluate(schedule, &spec, &args.costs.limit(), Objective::default())

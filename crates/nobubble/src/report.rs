@@ -290,9 +290,13 @@ pub fn render(
                 Some(Placement::V) => " (V placement)",
                 _ => "",
             };
+            use nobubble_schedule::error::count;
             let mut out = format!(
-                "{} — {} stages on {} ranks{placement}, {} microbatches\n",
-                schedule.name, schedule.stages, schedule.ranks, schedule.microbatches
+                "{} — {} on {}{placement}, {}\n",
+                schedule.name,
+                count(schedule.stages, "stage"),
+                count(schedule.ranks, "rank"),
+                count(schedule.microbatches, "microbatch")
             );
             out.push_str(&text::render(schedule, sim, width, colour));
             out.push('\n');

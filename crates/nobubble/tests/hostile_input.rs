@@ -390,3 +390,17 @@ fn forecast_prices_layers_that_do_not_divide_at_the_busiest_stage() {
         "{text}"
     );
 }
+
+#[test]
+fn check_names_a_json_report_given_for_a_csv() {
+    let d = std::env::temp_dir().join(format!("nobubble-hostile-json-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let report = d.join("plan.json");
+    let r = report.to_str().unwrap();
+    ok(&[
+        "plan", "-s", "1f1b", "-p", "2", "-m", "2", "-f", "json", "-o", r,
+    ]);
+    let e = fails(&["check", r]);
+    assert!(e.contains("is JSON") && e.contains("-f csv"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -111,11 +111,11 @@ fn open(schedule: &Schedule, height: f64, suffix: &str) -> String {
     let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         svg,
-        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} stages on {} ranks, {} microbatches{}</text>"#,
+        r#"<text x="{LEFT}" y="22" font-size="16" font-weight="bold">{} — {} on {}, {}{}</text>"#,
         escape(&schedule.name),
-        schedule.stages,
-        schedule.ranks,
-        schedule.microbatches,
+        crate::error::count(schedule.stages, "stage"),
+        crate::error::count(schedule.ranks, "rank"),
+        crate::error::count(schedule.microbatches, "microbatch"),
         escape(suffix)
     );
     svg

@@ -99,6 +99,22 @@ pub fn head_pass_flops(hidden: usize, vocab: usize, seq_len: usize, microbatch_s
     2.0 * (seq_len * microbatch_size) as f64 * hidden as f64 * vocab as f64
 }
 
+/// Activation memory the LM head and its loss hold per microbatch after F (M_B) and from I
+/// until W (M_W): the final LayerNorm's input and output (`bytes_per_value` each per hidden
+/// value) and the softmax the cross-entropy's backward reads (fp32, 4 bytes per vocabulary
+/// entry); after I only the projection's input is left for its weight gradient.
+pub fn head_activation_bytes(
+    hidden: usize,
+    vocab: usize,
+    seq_len: usize,
+    microbatch_size: usize,
+    bytes_per_value: f64,
+) -> (f64, f64) {
+    let tokens = (seq_len * microbatch_size) as f64;
+    let h = hidden as f64 * bytes_per_value;
+    (tokens * (2.0 * h + 4.0 * vocab as f64), tokens * h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,13 +2,13 @@
 //! paper's FLOP counts (REFERENCE §1) and an achieved-MFU assumption, each schedule planned
 //! and simulated, and the job's GPU-hours, days and price against 1F1B.
 //!
-//!
 //! The model: the layers are split over the stages as the runtime splits them
 //! ([`crate::split::even_counts`]: where they do not divide, the middle stages hold one more,
 //! and the busiest stage sets the pace), a pass runs at `mfu × peak`, and an
 //! iteration lasts the longest rank span (post-validated optimizer steps overlap iterations)
 //! or the makespan (a synchronous step), as asked. With a vocabulary,
-//! the LM head's three matrix products are added to the last rank — which is what unbalances
+//! the LM head's three matrix products and its activations
+//! ([`flops::head_activation_bytes`]) are added to the last rank — which is what unbalances
 //! real pipelines. Data parallelism multiplies the tokens per step; its gradient all-reduce is
 //! taken as overlapped (not modelled).
 
@@ -146,17 +146,23 @@ pub fn stage_costs(x: &ForecastInput, n: usize) -> Result<CostSpec, Error> {
             let (mem_b, mem_w) =
                 flops::block_activation_bytes(hidden, heads, x.seq_len, x.microbatch_size, 2.0);
             let head = flops::head_pass_flops(hidden, vocab, x.seq_len, x.microbatch_size);
+            let (head_b, head_w) = match vocab {
+                0 => (0.0, 0.0),
+                v => flops::head_activation_bytes(hidden, v, x.seq_len, x.microbatch_size, 2.0),
+            };
             let counts = crate::split::even_counts(layers, n);
             (counts.iter().enumerate())
                 .map(|(r, &k)| {
                     let k = k as f64;
-                    let extra = if r + 1 == n { head } else { 0.0 };
+                    let last = r + 1 == n;
+                    let extra = if last { head } else { 0.0 };
+                    let (hb, hw) = if last { (head_b, head_w) } else { (0.0, 0.0) };
                     RankCost {
                         f: (k * f + extra) / speed,
                         i: (k * i + extra) / speed,
                         w: (k * w + extra) / speed,
-                        mem_b: k * mem_b,
-                        mem_w: (k * mem_w).min(k * mem_b),
+                        mem_b: k * mem_b + hb,
+                        mem_w: (k * mem_w + hw).min(k * mem_b + hb),
                         b: None,
                     }
                 })
@@ -544,6 +550,13 @@ mod tests {
         assert!((v.stages[15].f - v.stages[0].f - head).abs() < 1e-12);
         assert!((2.0 * v.stages[0].f - linear.stages[0].f).abs() < 1e-12);
         assert!((v.stages[14].f - v.stages[0].f).abs() < 1e-15);
+        // Its activations too: the fp32 softmax over the vocabulary and the head's input.
+        let tokens = 1024.0;
+        let held = tokens * (2.0 * 2.0 * 4096.0 + 4.0 * 50000.0);
+        assert!((linear.stages[7].mem_b - linear.stages[0].mem_b - held).abs() < 1e-3);
+        let after_i = tokens * 2.0 * 4096.0;
+        assert!((linear.stages[7].mem_w - linear.stages[0].mem_w - after_i).abs() < 1e-3);
+        assert_eq!(v.stages[14].mem_b, v.stages[0].mem_b);
         let f = forecast(&x).unwrap();
         assert!(f.rows.iter().any(|r| r.schedule == "zb-v"));
         assert!(f.omitted.is_empty());

@@ -545,6 +545,11 @@ def test_a_profile_of_one_chunk_per_rank_fits_a_v_plan_and_its_replan() -> None:
     with pytest.raises(ValueError, match="multiple of the stage count"):
         prof.fit(3)
     assert prof.regroup(np.int64(1)).stages[0].f == 6.0
+    # One chunk is one rank's share (as the planner reads one entry): 2 ranks × 2 stages.
+    one = nbt.Profile(stages=(nbt.StageProfile(4.0, 4.0, 4.0, 800, 400),))
+    assert [s.f for s in one.fit(4, 2).stages] == [2.0] * 4
+    assert [s.mem_b for s in one.fit(4, 2).stages] == [400] * 4
+    assert one.fit(4).stages[3].f == 4.0
     plan = make_plan("zb-auto", num_ranks=2, num_microbatches=4, costs=prof, placement="v")
     assert plan.num_stages == 4
     measured = [(1.0, 2.0, 1.0)] * 4
@@ -585,6 +590,8 @@ def test_python_arguments_are_read_or_refused_not_truncated() -> None:
     assert agreed_plan("1f1b", microbatches=4, num_ranks=np.int64(2)).num_ranks == 2
     with pytest.raises(TypeError, match="decode bytes first"):
         nbt.plan_from_csv(b"0F0,0B0\n")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a finite size"):
+        nbt.FreeMemory(reserve="1e400GiB")
     with pytest.raises(TypeError, match="iterations must be a whole number"):
         nbt.profile(gpt_chunks(CFG, 2), _example(2), lm_loss, iterations="3")  # type: ignore[arg-type]
     with torch.no_grad(), pytest.raises(RuntimeError, match="outside torch.no_grad"):

@@ -383,10 +383,15 @@ pub fn forecast(x: &ForecastInput) -> Result<Forecast, Error> {
         // A pattern that does not apply to this shape (e.g. ZB-V with one rank) is left out,
         // and says why.
         let req = PlanRequest {
-            // No rank holds more than all its microbatches: a larger limit plans like m.
-            mem_limit: limit_x.map_or(MemLimit::None, |l| {
-                MemLimit::Multiple(l.min(x.microbatches as f64))
-            }),
+            mem_limit: match (&x.mem_limit, limit_x) {
+                // Bytes stay bytes: stages of uneven layer counts each get all of them (a
+                // multiple of the heaviest stage's M_B would hold the lighter ones to less).
+                (MemLimit::Bytes(b), _) => MemLimit::Bytes(*b),
+                // No rank holds more than all its microbatches: a larger limit plans like m.
+                (_, l) => l.map_or(MemLimit::None, |l| {
+                    MemLimit::Multiple(l.min(x.microbatches as f64))
+                }),
+            },
             ..PlanRequest::new(kind, x.stages, x.microbatches, spec)
         };
         let Planned { schedule, sim, .. } = match crate::planner::plan(&req) {

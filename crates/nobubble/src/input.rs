@@ -11,27 +11,37 @@ pub const SCHEDULE_BYTES: u64 = 1 << 30;
 pub const COSTS_BYTES: u64 = 64 << 20;
 /// The largest `tokenizer.json`: real ones are a few to a few tens of megabytes.
 pub const TOKENIZER_BYTES: u64 = 512 << 20;
+/// The most read from something that is not a regular file (a pipe, `-`, a device), whose
+/// size is not known before reading: a schedule or a tokenizer that large is a file.
+pub const STREAM_BYTES: u64 = 64 << 20;
 
 /// The text of `path` (`-`: standard input), at most `limit` bytes; `what` names it in
 /// errors ("--costs").
 pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> {
     let fail = |e: std::io::Error| format!("cannot read {what} {}: {e}", path.display());
-    let source: Box<dyn Read> = if path == Path::new("-") {
-        Box::new(std::io::stdin())
-    } else {
-        Box::new(std::fs::File::open(path).map_err(fail)?)
-    };
-    let mut bytes = Vec::new();
-    source
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(fail)?;
-    if bytes.len() as u64 > limit {
-        return Err(format!(
+    let too_large = |limit: u64| {
+        format!(
             "{what} {} is larger than {} MiB, more than any such file needs; check the path",
             path.display(),
             limit >> 20
-        ));
+        )
+    };
+    // A regular file's size is known: refuse it before reading. Anything else is read up to
+    // a smaller bound (`/dev/zero` never ends).
+    let (source, limit): (Box<dyn Read>, u64) = if path == Path::new("-") {
+        (Box::new(std::io::stdin()), limit.min(STREAM_BYTES))
+    } else {
+        let file = std::fs::File::open(path).map_err(fail)?;
+        match file.metadata() {
+            Ok(m) if m.is_file() && m.len() > limit => return Err(too_large(limit)),
+            Ok(m) if m.is_file() => (Box::new(file), limit),
+            _ => (Box::new(file), limit.min(STREAM_BYTES)),
+        }
+    };
+    let mut bytes = Vec::new();
+    (source.take(limit + 1).read_to_end(&mut bytes)).map_err(fail)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(limit));
     }
     String::from_utf8(bytes).map_err(|e| {
         format!(

@@ -314,8 +314,22 @@ fn flags_that_would_be_ignored_or_misread_are_refused() {
 
 #[test]
 fn inputs_are_read_bounded_and_from_standard_input() {
+    // A device is read up to 64 MiB; a regular file is refused by its size before reading.
     let e = fails(&["check", "/dev/zero"]);
-    assert!(e.contains("larger than") && e.contains("/dev/zero"), "{e}");
+    assert!(
+        e.contains("larger than 64 MiB") && e.contains("/dev/zero"),
+        "{e}"
+    );
+    let sparse = file("sparse.csv", b"");
+    std::fs::File::options()
+        .write(true)
+        .open(&sparse)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let e = fails(&["check", sparse.to_str().unwrap()]);
+    assert!(e.contains("larger than 1024 MiB"), "{e}");
+    let _ = std::fs::remove_file(&sparse);
     let e = fails(&[
         "plan",
         "-s",

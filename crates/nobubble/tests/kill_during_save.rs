@@ -4,7 +4,7 @@
 mod common;
 use common::ok;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 #[test]
 fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
@@ -37,6 +37,7 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
             .wrapping_add(1442695040888963407);
         let delay = Duration::from_millis((seed >> 33) % 40);
         let logged_before = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        let stale = tmp_entries(&run);
         let mut child = Command::new(env!("CARGO_BIN_EXE_nobubble"))
             .args([
                 "train",
@@ -69,14 +70,9 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
         // the run has logged a step, either the moment a staging directory appears (even
         // trials: a kill inside a save) or after a random delay (odd trials: anywhere).
         let started = Instant::now();
-        let in_save = |run: &std::path::Path| {
-            std::fs::read_dir(run)
-                .map(|d| {
-                    d.flatten()
-                        .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-                })
-                .unwrap_or(false)
-        };
+        // A save in progress: a staging directory or a new `latest` that was not there
+        // before this run started (a killed save leaves its own behind: a name and time).
+        let in_save = |run: &std::path::Path| !tmp_entries(run).is_subset(&stale);
         let mut training = false;
         while started.elapsed() < Duration::from_secs(120) {
             if !training {
@@ -152,4 +148,20 @@ fn a_save_killed_at_random_points_leaves_a_loadable_checkpoint() {
     assert!(pointers <= 1, "{pointers} stale pointers");
     assert!(killed_in_save > 0, "no kill landed during a save");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The `.tmp` entries of `run` (a save's staging directory or new pointer), each with its
+/// modification time: one re-created under the same name is a new entry.
+fn tmp_entries(run: &std::path::Path) -> std::collections::BTreeSet<(String, SystemTime)> {
+    std::fs::read_dir(run)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+                .filter_map(|e| {
+                    let t = e.metadata().ok()?.modified().ok()?;
+                    Some((e.file_name().to_string_lossy().into_owned(), t))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -196,7 +196,10 @@ def _reserve_bytes(value: object) -> int:
                 f"FreeMemory(reserve={value!r}): give bytes (an int) or a size with a unit, "
                 "e.g. '1GiB' or '512MB'"
             )
-        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        nbytes = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if not math.isfinite(nbytes):
+            raise ValueError(f"FreeMemory(reserve={value!r}): not a finite size")
+        return int(nbytes)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TypeError(
             f"FreeMemory(reserve={value!r}): give bytes (an int) or a size such as '1GiB'"

@@ -80,6 +80,21 @@ class StageProfile:
         )
 
 
+def _shared(s: StageProfile, k: int) -> StageProfile:
+    """A chunk's share when it becomes ``k`` stages: times and memory over ``k``."""
+    if k == 1:
+        return s
+    return StageProfile(
+        f=s.f / k,
+        i=s.i / k,
+        w=s.w / k,
+        mem_b=round(s.mem_b / k),
+        mem_w=round(s.mem_w / k),
+        param_bytes=round(s.param_bytes / k),
+        b=None if s.b is None else s.b / k,
+    )
+
+
 def _stage_count(num_stages: Any) -> int:
     """``num_stages`` as a positive int (numpy integers too), else a ValueError."""
     try:
@@ -146,29 +161,27 @@ class Profile:
             grouped.append(total)
         return replace(self, stages=tuple(grouped), raw_ms=())
 
-    def fit(self, num_stages: int) -> Profile:
-        """This profile read as the planner reads it for a plan of ``num_stages`` stages:
-        :meth:`regroup`-ed when the chunks are finer than the stages, or each chunk split
-        evenly over the stages it becomes when they are coarser (one entry per rank of a V
-        or interleaved plan: a chunk of the model in order, times and memory shared out)."""
+    def fit(self, num_stages: int, num_ranks: int | None = None) -> Profile:
+        """This profile read as the planner reads it for a plan of ``num_stages`` stages on
+        ``num_ranks`` ranks: :meth:`regroup`-ed when the chunks are finer than the stages, or
+        each chunk split evenly over the stages it becomes when they are coarser (one entry
+        per rank of a V or interleaved plan: a chunk of the model in order, times and memory
+        shared out). A single chunk is one rank's share, as the planner takes one entry: each
+        stage gets it over the rank's ``num_stages / num_ranks`` stages (default: the
+        stages are the ranks)."""
         num_stages = _stage_count(num_stages)
         n = self.num_chunks
+        if n == 1 and num_stages > 1:
+            ranks = num_stages if num_ranks is None else _stage_count(num_ranks)
+            if num_stages % ranks != 0:
+                raise ValueError(f"{num_stages} stages do not share out over {ranks} ranks")
+            k = num_stages // ranks
+            one = self.stages[0]
+            return replace(self, stages=(_shared(one, k),) * num_stages, raw_ms=())
         if num_stages <= n or num_stages % n != 0:
             return self.regroup(num_stages)
         k = num_stages // n
-
-        def share(s: StageProfile) -> StageProfile:
-            return StageProfile(
-                f=s.f / k,
-                i=s.i / k,
-                w=s.w / k,
-                mem_b=round(s.mem_b / k),
-                mem_w=round(s.mem_w / k),
-                param_bytes=round(s.param_bytes / k),
-                b=None if s.b is None else s.b / k,
-            )
-
-        split = tuple(share(s) for s in self.stages for _ in range(k))
+        split = tuple(_shared(s, k) for s in self.stages for _ in range(k))
         return replace(self, stages=split, raw_ms=())
 
     @staticmethod
@@ -279,8 +292,13 @@ def profile(
             "(tokens[:8], targets[:8])"
         )
     for name, value in (("warmup", warmup), ("iterations", iterations)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            index = operator.index(value)
+        except TypeError:
+            index = None
+        if isinstance(value, bool) or index is None:
             raise TypeError(f"{name} must be a whole number, got {value!r}")
+    warmup, iterations = operator.index(warmup), operator.index(iterations)
     if warmup < 0 or iterations < 1:
         raise ValueError("warmup must be >= 0 and iterations >= 1")
     if not torch.is_grad_enabled():

@@ -377,7 +377,11 @@ class PlannedSchedule(_PipelineScheduleRuntime):
         steps = self._settled()
         times = pass_times(steps)
         fused = fused_times(steps)
-        base = self._costs.fit(self.plan.num_stages) if self._costs is not None else None
+        base = (
+            self._costs.fit(self.plan.num_stages, self.plan.num_ranks)
+            if self._costs is not None
+            else None
+        )
         planned = self._planned_stage_costs()
         split = {a.stage for m in steps for a in m.actions if a.kind == "I"}
         stages = []

@@ -183,7 +183,7 @@ pub fn save_run(
     let dir = run.join(&name);
     // What `latest` stands for (itself, or a save killed before it moved).
     let follows = match latest_step(run)? {
-        Some(_) => resolve(run).ok().and_then(|at| meta_sha(&at)),
+        Some(_) => resolve(run).ok().and_then(|at| identity(&at)),
         None => None,
     };
     save_following(&dir, ckpt, follows)?;
@@ -223,9 +223,22 @@ fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
         .flatten()
     {
         let n = e.file_name().to_string_lossy().into_owned();
+        // Exactly the names below (`.latest.<pid>.<attempt>.tmp`), holding a step name or
+        // nothing yet: what this function writes, nothing of the user's.
+        let ours_by_name = (n.strip_prefix(&format!(".{LATEST}.")))
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|ids| ids.split_once('.'))
+            .is_some_and(|(pid, attempt)| {
+                [pid, attempt]
+                    .iter()
+                    .all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            });
         let small_file = e.metadata().is_ok_and(|m| m.is_file() && m.len() < 64);
-        if n.starts_with(&format!(".{LATEST}.")) && n.ends_with(".tmp") && small_file {
-            let _ = std::fs::remove_file(e.path());
+        if ours_by_name && small_file {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            if text.trim().is_empty() || step_of(text.trim()).is_some() {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
     }
     let mut attempt = 0u32;
@@ -318,6 +331,12 @@ pub fn resolve(dir: &Path) -> Result<PathBuf, RuntimeError> {
     }
 }
 
+/// [`meta_sha`] of the checkpoint at `at`, or of the previous one kept beside it while a
+/// replacing save was cut short (what a load of `at` reads then).
+fn identity(at: &Path) -> Option<String> {
+    meta_sha(at).or_else(|| meta_sha(&previous_dir(at)))
+}
+
 /// The end of the chain of checkpoints in run directory `run` that follow `at` (each saved
 /// while `latest` named the one before, see `CheckpointMeta::follows`): `at` itself unless a
 /// save was killed between putting its step directory in place and moving `latest`. Where
@@ -333,7 +352,7 @@ fn newest_successor(run: &Path, mut at: PathBuf) -> PathBuf {
         .collect();
     // Each link is a distinct checkpoint: the chain is at most this long (no cycle can hang).
     for _ in 0..follows.len() {
-        let Some(sha) = meta_sha(&at) else { break };
+        let Some(sha) = identity(&at) else { break };
         match follows.iter().rev().find(|(d, f)| *f == sha && *d != at) {
             Some((d, _)) => at = d.clone(),
             None => break,

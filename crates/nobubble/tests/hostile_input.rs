@@ -250,6 +250,11 @@ fn the_memory_prediction_holds_when_a_stage_keeps_more_for_w_than_after_f() {
     }
 }
 
+/// A command line written as one string (no argument holds a space).
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 #[test]
 fn flags_that_would_be_ignored_or_misread_are_refused() {
     let costs = file(
@@ -258,57 +263,29 @@ fn flags_that_would_be_ignored_or_misread_are_refused() {
     );
     let c = costs.to_str().unwrap();
     // --costs beside the flags it replaces: an error, not a silent choice.
-    let e = fails(&[
-        "plan", "-s", "zb-h1", "-p", "4", "-m", "8", "--costs", c, "--comm", "5",
-    ]);
+    let e = fails(&words(&format!(
+        "plan -s zb-h1 -p 4 -m 8 --costs {c} --comm 5"
+    )));
     assert!(e.contains("--costs") && e.contains("--comm"), "{e}");
     // --mem given as its default's value is still given: a byte budget reads it.
-    let out = ok(&[
-        "plan",
-        "-s",
-        "zb-auto",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--mem",
-        "1,0.5",
-        "--mem-limit",
-        "8B",
-    ]);
+    let out = ok(&words(
+        "plan -s zb-auto -p 4 -m 8 --mem 1,0.5 --mem-limit 8B",
+    ));
     assert!(out.contains("within each rank's budget"), "{out}");
-    let e = fails(&[
-        "plan",
-        "-s",
-        "zb-auto",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--mem-limit",
-        "8B",
-    ]);
+    let e = fails(&words("plan -s zb-auto -p 4 -m 8 --mem-limit 8B"));
     assert!(e.contains("needs --mem"), "{e}");
     // An empty limit (an unset shell variable) is not "no limit".
-    let e = fails(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--mem-limit",
-        "",
-    ]);
+    let mut empty = words("plan -s 1f1b -p 4 -m 8 --mem-limit");
+    empty.push("");
+    let e = fails(&empty);
     assert!(e.contains("is empty"), "{e}");
     // bench memory sweeps the limit and the placements itself.
-    let e = fails(&["bench", "memory", "-p", "4", "-m", "8", "--mem-limit", "3"]);
+    let e = fails(&words("bench memory -p 4 -m 8 --mem-limit 3"));
     assert!(e.contains("leave out --mem-limit"), "{e}");
     // A shape every schedule refuses is an error, not an empty table.
-    let e = fails(&["bench", "sim", "-p", "0", "-m", "1"]);
+    let e = fails(&words("bench sim -p 0 -m 1"));
     assert!(e.contains("stages"), "{e}");
-    let e = fails(&["plan", "-s", "gpip", "-p", "2", "-m", "2"]);
+    let e = fails(&words("plan -s gpip -p 2 -m 2"));
     assert!(e.contains("did you mean gpipe?"), "{e}");
 }
 
@@ -321,26 +298,12 @@ fn inputs_are_read_bounded_and_from_standard_input() {
         "{e}"
     );
     let sparse = file("sparse.csv", b"");
-    std::fs::File::options()
-        .write(true)
-        .open(&sparse)
-        .unwrap()
-        .set_len(2 << 30)
-        .unwrap();
+    let f = std::fs::File::options().write(true).open(&sparse).unwrap();
+    f.set_len(2 << 30).unwrap();
     let e = fails(&["check", sparse.to_str().unwrap()]);
     assert!(e.contains("larger than 1024 MiB"), "{e}");
     let _ = std::fs::remove_file(&sparse);
-    let e = fails(&[
-        "plan",
-        "-s",
-        "1f1b",
-        "-p",
-        "2",
-        "-m",
-        "2",
-        "--costs",
-        "/dev/zero",
-    ]);
+    let e = fails(&words("plan -s 1f1b -p 2 -m 2 --costs /dev/zero"));
     assert!(e.contains("larger than 64 MiB"), "{e}");
     // A damaged cell of a megabyte is quoted by its start.
     let big = file("big.csv", &vec![b'x'; 1 << 20]);
@@ -351,7 +314,7 @@ fn inputs_are_read_bounded_and_from_standard_input() {
         &e[..e.len().min(1000)]
     );
     // `check -` reads the schedule from a pipe; `-f CSV` is `-f csv`.
-    let csv = ok(&["plan", "-s", "1f1b", "-p", "2", "-m", "2", "-f", "CSV"]);
+    let csv = ok(&words("plan -s 1f1b -p 2 -m 2 -f CSV"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_nobubble"))
         .args(["check", "-"])
         .stdin(std::process::Stdio::piped())
@@ -376,10 +339,9 @@ fn inputs_are_read_bounded_and_from_standard_input() {
 #[test]
 fn forecast_prices_layers_that_do_not_divide_at_the_busiest_stage() {
     let run = |layers: &str| {
-        ok(&[
-            "forecast", "--tokens", "1T", "--layers", layers, "--hidden", "4096", "--heads", "32",
-            "-p", "8", "--json",
-        ])
+        ok(&words(&format!(
+            "forecast --tokens 1T --layers {layers} --hidden 4096 --heads 32 -p 8 --json"
+        )))
     };
     // 1F1B's step and its busiest rank's busy time (step × (1 − bubble)).
     let step = |text: &str| -> (f64, f64) {
@@ -395,10 +357,9 @@ fn forecast_prices_layers_that_do_not_divide_at_the_busiest_stage() {
         nine >= busiest * (1.0 - 1e-9) && nine < sixteen,
         "{nine} {busiest} {sixteen}"
     );
-    let text = ok(&[
-        "forecast", "--tokens", "1T", "--layers", "9", "--hidden", "4096", "--heads", "32", "-p",
-        "8",
-    ]);
+    let text = ok(&words(
+        "forecast --tokens 1T --layers 9 --hidden 4096 --heads 32 -p 8",
+    ));
     assert!(
         text.contains("9 layers (split 1,2,1,1,1,1,1,1 over the stages)"),
         "{text}"

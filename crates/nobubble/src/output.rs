@@ -179,7 +179,7 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 
 /// Whether `path` is written through rather than replaced: stdout, stderr, an open
 /// descriptor.
-fn written_through(path: &Path) -> bool {
+pub(crate) fn written_through(path: &Path) -> bool {
     let text = path.to_string_lossy();
     ["-", "/dev/stdout", "/dev/stderr"].contains(&text.as_ref())
         || text.starts_with("/dev/fd/")

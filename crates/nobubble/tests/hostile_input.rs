@@ -3,7 +3,7 @@
 //! fields, missing passes, and memory predictions when a stage holds more after I than F.
 
 mod common;
-use common::{fails, ok};
+use common::{fails, ok, words};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -157,17 +157,9 @@ fn negative_numbers_and_unknown_fields_get_our_messages() {
     ]);
     assert!(e.contains("time `f` must be a positive number"), "{e}");
     // A subnormal time (it planned three times worse) is out of range too, shown briefly.
-    let e = fails(&[
-        "plan",
-        "-s",
-        "zb-auto",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--cost",
-        "1e-320,1e-320,1e-320",
-    ]);
+    let e = fails(&words(
+        "plan -s zb-auto -p 4 -m 8 --cost 1e-320,1e-320,1e-320",
+    ));
     assert!(e.contains("from 1e-15 to 1e15, got 1e-320"), "{e}");
     let e = fails(&[
         "plan",
@@ -248,11 +240,6 @@ fn the_memory_prediction_holds_when_a_stage_keeps_more_for_w_than_after_f() {
         assert_eq!(nums.len(), 2, "{l}");
         assert_eq!(nums[0], nums[1], "{l}");
     }
-}
-
-/// A command line written as one string (no argument holds a space).
-fn words(line: &str) -> Vec<&str> {
-    line.split_whitespace().collect()
 }
 
 #[test]

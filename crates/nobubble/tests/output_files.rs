@@ -3,7 +3,7 @@
 //! failure; a full stdout is an error, not a panic.
 
 mod common;
-use common::{fails, nobubble, ok};
+use common::{fails, micro_train, nobubble, ok};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -305,32 +305,19 @@ fn two_train_outputs_naming_one_file_are_refused_before_training() {
         ("--trace", &link),
         ("--timeline-svg", &hard),
     ] {
-        let err = fails(&[
-            "train",
-            "--model",
-            "micro",
-            "--steps",
+        let r = report.to_str().unwrap();
+        let err = fails(&micro_train(
             "1",
-            "--report",
-            report.to_str().unwrap(),
-            flag,
-            path.to_str().unwrap(),
-        ]);
+            &["--report", r, flag, path.to_str().unwrap()],
+        ));
         assert!(err.contains("name the same file"), "{err}");
         assert!(err.contains(flag) && err.contains("--report"), "{err}");
     }
     assert_eq!(std::fs::read_to_string(&report).unwrap(), "mine");
     // Devices take any number of writers.
-    ok(&[
-        "train",
-        "--model",
-        "micro",
-        "--steps",
+    ok(&micro_train(
         "1",
-        "--report",
-        "/dev/null",
-        "--trace",
-        "/dev/null",
-    ]);
+        &["--report", "/dev/null", "--trace", "/dev/null"],
+    ));
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union, runtime_checkable
@@ -21,7 +20,7 @@ import torch.distributed as dist
 
 from nobubble.torch._compat import parse_action
 from nobubble.torch.free_memory import FreeMemory, MemoryReading
-from nobubble.torch.profiling import Profile
+from nobubble.torch.profiling import Profile, whole_number
 
 #: ``nobubble.plan``'s ``mem_limit``: a number is a multiple of each rank's M_B; a size with
 #: a unit (``"20GiB"``, ``"1609728B"``) or a list of sizes (one per rank) is a byte budget
@@ -388,7 +387,7 @@ def agreed_plan(
     reads its own (gathered with the profiles) and rank 0 plans within one budget per rank.
     """
     if not dist.is_available() or not dist.is_initialized():
-        num_ranks = _whole("num_ranks", plan_kwargs.pop("num_ranks", 1))
+        num_ranks = whole_number("num_ranks", plan_kwargs.pop("num_ranks", 1))
         return make_plan(
             schedule,
             num_ranks=num_ranks,
@@ -397,7 +396,7 @@ def agreed_plan(
             layers=layers,
             **plan_kwargs,
         )
-    num_ranks = _whole("num_ranks", plan_kwargs.pop("num_ranks", dist.get_world_size(group)))
+    num_ranks = whole_number("num_ranks", plan_kwargs.pop("num_ranks", dist.get_world_size(group)))
     if num_ranks != dist.get_world_size(group):
         raise ValueError(
             f"num_ranks={num_ranks} but the process group has {dist.get_world_size(group)} "
@@ -526,17 +525,6 @@ def check_same_plan(plan: PlanSnapshot, group: dist.ProcessGroup | None = None) 
 def _digest(actions: Sequence[Sequence[str]]) -> str:
     text = "\n".join(",".join(row) for row in actions)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _whole(name: str, value: Any) -> int:
-    """``value`` as an int (numpy integers too); a float or a string is a TypeError, not
-    silently truncated."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
 
 
 def _stage_count(placement: str, num_ranks: int, chunks: int | None) -> int | None:

@@ -95,14 +95,25 @@ def _shared(s: StageProfile, k: int) -> StageProfile:
     )
 
 
-def _stage_count(num_stages: Any) -> int:
-    """``num_stages`` as a positive int (numpy integers too), else a ValueError."""
+def whole_number(name: str, value: Any) -> int:
+    """``value`` as an int (numpy integers too); a float, a string or a bool is a TypeError
+    naming ``name``, not silently truncated."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
     try:
-        n = operator.index(num_stages)
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
+
+
+def _positive_count(name: str, value: Any) -> int:
+    """``value`` as a positive int, else a ValueError naming ``name``."""
+    try:
+        n = whole_number(name, value)
     except TypeError:
         n = 0
-    if isinstance(num_stages, bool) or n < 1:
-        raise ValueError(f"num_stages must be a positive whole number, got {num_stages!r}")
+    if n < 1:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
     return n
 
 
@@ -142,7 +153,7 @@ class Profile:
         Consecutive chunks are summed (times and memory add when chunks run back to back on
         one device); the chunk count must be a multiple of ``num_stages``.
         """
-        num_stages = _stage_count(num_stages)
+        num_stages = _positive_count("num_stages", num_stages)
         n = self.num_chunks
         if num_stages == n:
             return self
@@ -169,10 +180,10 @@ class Profile:
         shared out). A single chunk is one rank's share, as the planner takes one entry: each
         stage gets it over the rank's ``num_stages / num_ranks`` stages (default: the
         stages are the ranks)."""
-        num_stages = _stage_count(num_stages)
+        num_stages = _positive_count("num_stages", num_stages)
         n = self.num_chunks
         if n == 1 and num_stages > 1:
-            ranks = num_stages if num_ranks is None else _stage_count(num_ranks)
+            ranks = num_stages if num_ranks is None else _positive_count("num_ranks", num_ranks)
             if num_stages % ranks != 0:
                 raise ValueError(f"{num_stages} stages do not share out over {ranks} ranks")
             k = num_stages // ranks
@@ -291,14 +302,8 @@ def profile(
             "example_microbatch must be (inputs, target) for one microbatch, e.g. "
             "(tokens[:8], targets[:8])"
         )
-    for name, value in (("warmup", warmup), ("iterations", iterations)):
-        try:
-            index = operator.index(value)
-        except TypeError:
-            index = None
-        if isinstance(value, bool) or index is None:
-            raise TypeError(f"{name} must be a whole number, got {value!r}")
-    warmup, iterations = operator.index(warmup), operator.index(iterations)
+    warmup = whole_number("warmup", warmup)
+    iterations = whole_number("iterations", iterations)
     if warmup < 0 or iterations < 1:
         raise ValueError("warmup must be >= 0 and iterations >= 1")
     if not torch.is_grad_enabled():

@@ -182,10 +182,9 @@ pub fn save_run(
     let name = step_dir_name(ckpt.meta.step);
     let dir = run.join(&name);
     // What `latest` stands for (itself, or a save killed before it moved).
-    let follows = match latest_step(run)? {
-        Some(_) => resolve(run).ok().and_then(|at| identity(&at)),
-        None => None,
-    };
+    let follows = latest_step(run)?
+        .and_then(|_| resolve(run).ok())
+        .and_then(|at| identity(&at));
     save_following(&dir, ckpt, follows)?;
     // A kill here leaves `latest` one save behind: `resolve` finds the new one by `follows`.
     replace_latest(run, &name)?;
@@ -216,34 +215,10 @@ pub fn save_run(
 /// never through a symlink) renamed over the old pointer, which [`latest_step`] checked is
 /// nobubble's.
 fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
-    // New pointers of saves killed before their rename: the saver holds the run's lock, so
-    // no other process is writing one.
-    for e in std::fs::read_dir(run)
-        .map_err(|e| io_err("list", run, e))?
-        .flatten()
-    {
-        let n = e.file_name().to_string_lossy().into_owned();
-        // Exactly the names below (`.latest.<pid>.<attempt>.tmp`), holding a step name or
-        // nothing yet: what this function writes, nothing of the user's.
-        let ours_by_name = (n.strip_prefix(&format!(".{LATEST}.")))
-            .and_then(|rest| rest.strip_suffix(".tmp"))
-            .and_then(|ids| ids.split_once('.'))
-            .is_some_and(|(pid, attempt)| {
-                [pid, attempt]
-                    .iter()
-                    .all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            });
-        let small_file = e.metadata().is_ok_and(|m| m.is_file() && m.len() < 64);
-        if ours_by_name && small_file {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            if text.trim().is_empty() || step_of(text.trim()).is_some() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    remove_stale_pointers(run)?;
     let mut attempt = 0u32;
     let (tmp, mut f) = loop {
-        let tmp = run.join(format!(".{LATEST}.{}.{attempt}.tmp", std::process::id()));
+        let tmp = run.join(pointer_name(std::process::id(), attempt));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -265,6 +240,39 @@ fn replace_latest(run: &Path, name: &str) -> Result<(), RuntimeError> {
         return Err(io_err("update", &run.join(LATEST), e));
     }
     sync_dir(run)
+}
+
+/// The name of a new `latest` pointer before its rename: `.latest.<pid>.<attempt>.tmp`.
+fn pointer_name(pid: u32, attempt: u32) -> String {
+    format!(".{LATEST}.{pid}.{attempt}.tmp")
+}
+
+/// Removes the new pointers of saves killed before their rename: only names
+/// [`pointer_name`] writes, holding a step name or nothing yet, so nothing of the user's
+/// (the saver holds the run's lock, so no other process is writing one).
+fn remove_stale_pointers(run: &Path) -> Result<(), RuntimeError> {
+    let ids = |n: &str| -> Option<(u32, u32)> {
+        let (pid, attempt) = n
+            .strip_prefix(&format!(".{LATEST}."))?
+            .strip_suffix(".tmp")?
+            .split_once('.')?;
+        Some((pid.parse().ok()?, attempt.parse().ok()?))
+    };
+    for e in std::fs::read_dir(run)
+        .map_err(|e| io_err("list", run, e))?
+        .flatten()
+    {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = ids(&n).is_some_and(|(pid, attempt)| pointer_name(pid, attempt) == n);
+        if !ours || !e.metadata().is_ok_and(|m| m.is_file() && m.len() < 64) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        if text.trim().is_empty() || step_of(text.trim()).is_some() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    Ok(())
 }
 
 /// The `tokenizer.json` recorded in the checkpoint at `dir` (a run or step directory), read

@@ -239,9 +239,8 @@ fn check_outputs(a: &TrainArgs, model: &GptConfig) -> Result<(), String> {
 /// file's device and inode, a new one's folder resolved (links, `..`) and name; `None` for
 /// what takes any number of writers (`-`, devices, FIFOs, terminals).
 fn same_file_key(path: &Path) -> Option<PathBuf> {
-    // By name too: in some containers /dev/null is a regular (empty) file.
-    let sinks = ["-", "/dev/null", "/dev/stdout", "/dev/stderr"];
-    if sinks.iter().any(|s| path.as_os_str() == *s) {
+    // /dev/null by name too: in some containers it is a regular (empty) file.
+    if crate::output::written_through(path) || path == Path::new("/dev/null") {
         return None;
     }
     if let Ok(meta) = std::fs::metadata(path) {

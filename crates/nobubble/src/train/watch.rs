@@ -202,13 +202,14 @@ impl Observer for Watch {
         // Emulated passes compute nothing: no loss, gradient norm or MFU (the sums of nothing
         // are a −0 that would pass for a value). NaN is Prometheus' "no value", as the log's
         // null.
-        let rates = match self.emulated {
-            true => StepRates {
+        let rates = if self.emulated {
+            StepRates {
                 loss: f64::NAN,
                 grad_norm: f64::NAN,
                 ..rates
-            },
-            false => rates,
+            }
+        } else {
+            rates
         };
         let (loss, grad_norm) = (!self.emulated)
             .then_some((rec.loss, rec.grad_norm))

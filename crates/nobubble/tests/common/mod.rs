@@ -30,6 +30,11 @@ pub fn fails(args: &[&str]) -> String {
     String::from_utf8(out.stderr).unwrap()
 }
 
+/// A command line written as one string (no argument holds a space).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// A `train` command line on the micro model for `steps` steps, followed by `extra`: the
 /// quick settings most tests share, written once.
 pub fn micro_train<'a>(steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

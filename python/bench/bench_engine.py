@@ -8,7 +8,8 @@ sequence 128, 8 microbatches of 8 sequences per step (8192 tokens), fp32, AdamW;
 704, 2 K/V heads, no biases) on both sides. Each round runs, in an order shuffled per round:
 
 - ``nobubble train`` on 2 ranks × 1 thread under zb-auto (the default), zb-v and 1f1b; zb-auto
-  again with ``NOBUBBLE_SIMD=avx2`` (the AVX2 kernels on the same CPU); and 1 rank × 2 threads
+  again with ``NOBUBBLE_SIMD=avx2`` (the AVX2 kernels on the same CPU) and with
+  ``NOBUBBLE_LEND_CORES=0`` (a waiting rank's core not lent to the other); and 1 rank × 2 threads
   (``--threads-per-rank 2``), the counterpart of PyTorch in one process;
 - PyTorch in one process with 2 threads: the whole 64-sequence batch per step;
 - PyTorch's pipeline runtime on 2 ranks × 1 thread (gloo): ``Schedule1F1B``,
@@ -44,6 +45,7 @@ NATIVE = {
     "nobubble zb-v": (["-p", "2", "-s", "zb-v"], {}),
     "nobubble 1f1b": (["-p", "2", "-s", "1f1b"], {}),
     "nobubble zb-auto, AVX2 kernels": (["-p", "2", "-s", "zb-auto"], {"NOBUBBLE_SIMD": "avx2"}),
+    "nobubble zb-auto, no lent cores": (["-p", "2", "-s", "zb-auto"], {"NOBUBBLE_LEND_CORES": "0"}),
     "nobubble 1 rank × 2 threads": (["-p", "1", "--threads-per-rank", "2"], {}),
 }
 

@@ -4,11 +4,13 @@
 use crate::backend::{Backend, NormBackward, NormForward, Task};
 use crate::error::Result;
 use crate::kernels;
+use crate::lending::CoreLender;
 use crate::sgemm::sgemm;
 use crate::simd::Simd;
 use crate::small_gemm;
 use crate::tensor::{check_product_shapes, MatMut, MatRef, Tensor};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Rows per block of a sum over rows (a norm backward's γ/β, bias gradients): sums run per
@@ -27,6 +29,10 @@ pub struct CpuBackend {
     /// The threads of a multi-threaded backend (`None` with one thread, or if the pool could
     /// not be made: then rayon's global pool is used).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// Cores that waiting ranks lend to this one's large products (single-threaded only).
+    lender: Option<Arc<CoreLender>>,
+    /// Products that ran on a lent core so far (shared by this backend's clones).
+    borrowed: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -59,7 +65,15 @@ impl CpuBackend {
             threads,
             simd: Simd::selected(),
             pool,
+            lender: None,
+            borrowed: Arc::default(),
         }
+    }
+
+    /// The same backend, borrowing `lender`'s cores for its large products while it has one
+    /// thread.
+    pub fn with_lender(self, lender: Option<Arc<CoreLender>>) -> Self {
+        CpuBackend { lender, ..self }
     }
 
     /// The same backend at another SIMD level; an error if this CPU lacks it.
@@ -68,6 +82,11 @@ impl CpuBackend {
             simd: simd.require()?,
             ..self
         })
+    }
+
+    /// Products that ran on a core another rank lent ([`CpuBackend::with_lender`]) so far.
+    pub fn borrowed_products(&self) -> u64 {
+        self.borrowed.load(Ordering::Relaxed)
     }
 
     /// The configured thread count.
@@ -213,6 +232,18 @@ impl CpuBackend {
             .for_each(|(d, s)| run(d, s));
     }
 
+    /// A borrowed core for a product of `mnk` multiply-adds, if it is large enough to gain
+    /// from a second thread and a waiting rank offers one.
+    fn large_product_loan(&self, mnk: usize) -> Option<crate::lending::Loan<'_>> {
+        const LARGE: usize = 1 << 25;
+        if self.threads > 1 || mnk < LARGE {
+            return None;
+        }
+        let loan = self.lender.as_ref()?.borrow()?;
+        self.borrowed.fetch_add(1, Ordering::Relaxed);
+        Some(loan)
+    }
+
     /// Rows per thread for a row-wise kernel over `rows × cols`: all rows (one group, on
     /// the caller's thread) when single-threaded or too small to be worth a split.
     fn rows_per_group(&self, rows: usize, cols: usize) -> usize {
@@ -258,6 +289,8 @@ impl Backend for CpuBackend {
             threads: 1,
             simd: self.simd,
             pool: None,
+            lender: None,
+            borrowed: self.borrowed.clone(),
         };
         let per_group = tasks.len().div_ceil(self.threads);
         tasks
@@ -284,13 +317,15 @@ impl Backend for CpuBackend {
             }
             return;
         }
+        let loan = self.large_product_loan(m * n * k);
+        let threads = if loan.is_some() { 2 } else { self.threads };
         // SAFETY: the views were bounds-checked at construction (every addressed
         // element lies inside its slice), strides are non-negative, and `dst` is a
         // unique borrow, so gemm writes only to memory we own exclusively.
-        unsafe {
+        let mut product = move || unsafe {
             sgemm(
                 self.simd,
-                self.threads,
+                threads,
                 (m, n, k),
                 (
                     dst.data.as_mut_ptr().add(dst.offset),
@@ -302,6 +337,10 @@ impl Backend for CpuBackend {
                 (b.data.as_ptr().add(b.offset), b.col_stride, b.row_stride),
                 scale,
             );
+        };
+        match (&loan, &self.lender) {
+            (Some(_), Some(lender)) => lender.run(product),
+            _ => product(),
         }
     }
 

@@ -191,3 +191,44 @@ fn gelu_output_rows_are_padded_where_they_would_alias_and_keep_their_bits() {
         }
     }
 }
+
+#[test]
+fn a_product_on_a_lent_core_has_the_same_bits() {
+    // Large enough to borrow (`CpuBackend::large_product_loan`).
+    let (m, k, n) = (512, 256, 384);
+    let a = Tensor::from_vec(
+        &[m, k],
+        (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+            .collect(),
+    )
+    .unwrap();
+    let b = Tensor::from_vec(
+        &[k, n],
+        (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0)
+            .collect(),
+    )
+    .unwrap();
+    let lender = crate::lending::CoreLender::new(2).unwrap();
+    let alone = CpuBackend::single_thread();
+    let lent = CpuBackend::single_thread().with_lender(Some(lender.clone()));
+    let mut want = Tensor::zeros(&[m, n]);
+    alone.matmul(want.mat_mut(), a.mat(), b.mat(), 0.5, false);
+    let mut got = Tensor::zeros(&[m, n]);
+    lent.matmul(got.mat_mut(), a.mat(), b.mat(), 0.5, false);
+    assert_eq!(
+        lent.borrowed_products(),
+        0,
+        "no rank waits: nothing to borrow"
+    );
+    lender.offer();
+    lent.matmul(got.mat_mut(), a.mat(), b.mat(), 0.5, false);
+    assert_eq!(lent.borrowed_products(), 1);
+    assert_eq!(got.data(), want.data(), "a lent core changed the bits");
+    // Small products keep to their own core.
+    let (sa, sb) = (Tensor::zeros(&[8, k]), Tensor::zeros(&[k, 8]));
+    let mut small = Tensor::zeros(&[8, 8]);
+    lent.matmul(small.mat_mut(), sa.mat(), sb.mat(), 1.0, false);
+    assert_eq!(lent.borrowed_products(), 1);
+}

@@ -20,6 +20,7 @@ pub mod generate;
 pub mod hf;
 mod kernels;
 pub mod layers;
+pub mod lending;
 pub mod memory;
 pub mod model;
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use crate::error::{nearest_cause, RuntimeError};
 use crate::transport::{InProcess, Transport};
+use nobubble_nn::lending::CoreLender;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,23 @@ pub struct RankContext {
     pub origin: Instant,
     /// Set when any rank fails (in-process ranks stop on it).
     pub abort: Arc<AtomicBool>,
+    /// The cores waiting ranks lend to working ones (in-process ranks that fit on this
+    /// machine's cores; `None` elsewhere).
+    pub lender: Option<Arc<CoreLender>>,
+}
+
+/// Whether `world` in-process ranks lend their cores while they wait: when they fit on the
+/// cores this process may use (more ranks than cores already share every core) and
+/// `NOBUBBLE_LEND_CORES` is not `0`. (Only ranks of one thread borrow.)
+pub fn lends_cores(world: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let off = std::env::var("NOBUBBLE_LEND_CORES").is_ok_and(|v| v.trim() == "0");
+    world > 1 && world <= cores && !off
+}
+
+/// The lender `world` in-process ranks share, if they lend ([`lends_cores`]).
+pub fn lender_for(world: usize) -> Option<Arc<CoreLender>> {
+    lends_cores(world).then(|| CoreLender::new(world)).flatten()
 }
 
 /// Runs `body` on `world` ranks that are threads of this process, connected by channels.
@@ -34,6 +52,7 @@ pub fn threads<R: Send>(
 ) -> Result<Vec<R>, RuntimeError> {
     let abort = Arc::new(AtomicBool::new(false));
     let origin = Instant::now();
+    let lender = lender_for(world);
     let body = &body;
     let results: Vec<Result<R, RuntimeError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = InProcess::connect(world)
@@ -41,6 +60,7 @@ pub fn threads<R: Send>(
             .enumerate()
             .map(|(rank, t)| {
                 let abort = abort.clone();
+                let lender = lender.clone();
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
                     .spawn_scoped(scope, move || {
@@ -48,6 +68,7 @@ pub fn threads<R: Send>(
                             transport: Box::new(t),
                             origin,
                             abort: abort.clone(),
+                            lender,
                         };
                         guard(rank, &abort, || body(ctx))
                     })

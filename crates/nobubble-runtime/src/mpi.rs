@@ -240,6 +240,7 @@ pub fn rank_context() -> Result<(RankContext, MpiEnvironment), RuntimeError> {
             transport: Box::new(t),
             origin,
             abort: Arc::new(AtomicBool::new(false)),
+            lender: None,
         },
         env,
     ))

@@ -87,12 +87,14 @@ impl Pipeline {
         let (corpus, eval) = (Arc::new(corpus), Arc::new(eval));
         let abort = Arc::new(AtomicBool::new(false));
         let origin = Instant::now();
+        let lender = crate::launch::lender_for(world);
         let mut ranks = Vec::with_capacity(world);
         for t in InProcess::connect(world) {
             let ctx = crate::launch::RankContext {
                 transport: Box::new(t),
                 origin,
                 abort: abort.clone(),
+                lender: lender.clone(),
             };
             ranks.push(Rank::new(
                 &config,

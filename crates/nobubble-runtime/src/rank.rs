@@ -12,6 +12,7 @@ use crate::worker::{
     CommStats, Engine, Latency, Layout, RankStep, StepSummary, Worker, WorkerSetup,
 };
 use nobubble_nn::config::block_counts;
+use nobubble_nn::lending::CoreLender;
 use nobubble_nn::optim::AdamW;
 use nobubble_nn::{build_stages_where, Corpus, CpuBackend};
 use nobubble_schedule::{check_structure, check_weight_order, Action, CostModel, Schedule};
@@ -58,6 +59,7 @@ fn real_engine(
     config: &RunConfig,
     schedule: &Schedule,
     prank: usize,
+    lender: Option<Arc<CoreLender>>,
 ) -> Result<Engine, RuntimeError> {
     let n = schedule.stages;
     let m = config.train.microbatches;
@@ -75,7 +77,7 @@ fn real_engine(
     let mut stages = BTreeMap::new();
     // The rank's cores: one backend (one thread pool, one buffer cache per worker) shared by
     // all its stages.
-    let backend = Arc::new(CpuBackend::with_threads(config.train.threads));
+    let backend = Arc::new(CpuBackend::with_threads(config.train.threads).with_lender(lender));
     for (s, mut st) in mine {
         // Each microbatch's loss counts 1/(D·m) of the global batch's.
         st.set_loss_grad_scale(1.0 / (m * replicas) as f32);
@@ -87,7 +89,11 @@ fn real_engine(
         .iter()
         .map(|(&s, st)| (s, AdamW::new(config.train.optimizer, &st.params())))
         .collect();
-    Ok(Engine::Real { stages, optimizers })
+    Ok(Engine::Real {
+        stages,
+        optimizers,
+        backend,
+    })
 }
 
 /// Passes that sleep for `costs` (ms per stage), and the emulated latencies of messages.
@@ -138,7 +144,7 @@ impl Rank {
         let rank = ctx.transport.rank();
         let (engine, latency) = match &config.compute {
             Compute::Real => (
-                real_engine(config, schedule, rank % schedule.ranks)?,
+                real_engine(config, schedule, rank % schedule.ranks, ctx.lender.clone())?,
                 Latency::default(),
             ),
             Compute::Emulated {

@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 mod common;
-use common::{fails, micro_train, nobubble, ok};
+use common::{fails, micro_train, nobubble, ok, words};
 
 fn temp_file(name: &str, content: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nobubble-cli-{}", std::process::id()));
@@ -1108,4 +1108,42 @@ fn an_emulated_run_logs_no_loss_gradient_norm_or_mfu() {
         }
         assert!(v["bubble_fraction"].is_number(), "{line}");
     }
+}
+
+#[test]
+fn lent_cores_change_no_bit() {
+    // Two rank threads of one thread each: where the machine has two cores, a waiting rank
+    // lends its core to the other's large products (the tiny preset's are).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let run = |lend: bool| {
+        let tag = if lend { "on" } else { "off" };
+        let log = temp_file(&format!("lend-{tag}.jsonl"), "");
+        let report = temp_file(&format!("lend-{tag}.json"), "");
+        let args = format!(
+            "train --model tiny --layers 2 -p 2 -m 4 --steps 2 --threads-per-rank 1 --log {} --report {}",
+            log.display(),
+            report.display()
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nobubble"))
+            .args(words(&args))
+            .env("NOBUBBLE_LEND_CORES", if lend { "1" } else { "0" })
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        let lending = lend && cores >= 2;
+        assert_eq!(err.contains("cores lent while waiting"), lending, "{err}");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let borrowed: f64 = (r["communication_per_step"].as_array().unwrap().iter())
+            .map(|c| c["borrowed_products"].as_f64().unwrap())
+            .sum();
+        assert_eq!(borrowed > 0.0, lending, "{r}");
+        let losses: Vec<String> = (std::fs::read_to_string(&log).unwrap().lines())
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].to_string())
+            .collect();
+        assert_eq!(losses.len(), 2);
+        losses
+    };
+    assert_eq!(run(true), run(false), "lent cores changed the losses");
 }

@@ -84,7 +84,9 @@ fn with_tied_moments(state: &AdamWState) -> AdamWState {
 /// A rank's stages and optimizers, for [`crate::Pipeline::export_state`].
 pub(crate) fn export_engine(engine: &Engine) -> Result<Vec<StageState>, RuntimeError> {
     match engine {
-        Engine::Real { stages, optimizers } => stages
+        Engine::Real {
+            stages, optimizers, ..
+        } => stages
             .iter()
             .map(|(&s, st)| {
                 let opt = optimizers.get(&s).ok_or_else(|| {
@@ -121,7 +123,9 @@ pub(crate) fn import_engine(
     state: &TrainingState,
 ) -> Result<BTreeSet<String>, RuntimeError> {
     match engine {
-        Engine::Real { stages, optimizers } => {
+        Engine::Real {
+            stages, optimizers, ..
+        } => {
             let mut names = BTreeSet::new();
             for (s, st) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).ok_or_else(|| {

@@ -72,7 +72,14 @@ impl Worker {
         let started = Instant::now();
         let since = self.now();
         let deadline = started + self.recv_timeout;
+        let lender = self.lender.clone();
+        if let Some(l) = &lender {
+            l.offer();
+        }
         let r = self.wait_inner(key, action, what, started, since, deadline, interrupt);
+        if let Some(l) = &lender {
+            l.withdraw();
+        }
         self.comm.wait_seconds += started.elapsed().as_secs_f64();
         r
     }

@@ -18,8 +18,9 @@ use crate::error::RuntimeError;
 use crate::launch::RankContext;
 use crate::run::RunConfig;
 use crate::transport::{Key, Message, Transport};
+use nobubble_nn::lending::CoreLender;
 use nobubble_nn::optim::{AdamW, AdamWSnapshot};
-use nobubble_nn::{Corpus, GptConfig, Stage, TrainConfig};
+use nobubble_nn::{Corpus, CpuBackend, GptConfig, Stage, TrainConfig};
 use nobubble_schedule::{Action, CostModel};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -68,6 +69,9 @@ pub struct CommStats {
     pub latency_sum: f64,
     /// Pipeline messages whose latency was measured.
     pub latency_count: u64,
+    /// Matrix products that ran on a core a waiting rank lent (in-process ranks).
+    #[serde(default)]
+    pub borrowed_products: u64,
 }
 
 impl CommStats {
@@ -83,6 +87,7 @@ impl CommStats {
             reduce_seconds: self.reduce_seconds - earlier.reduce_seconds,
             latency_sum: self.latency_sum - earlier.latency_sum,
             latency_count: self.latency_count - earlier.latency_count,
+            borrowed_products: self.borrowed_products - earlier.borrowed_products,
         }
     }
 
@@ -132,6 +137,8 @@ pub(crate) enum Engine {
     Real {
         stages: BTreeMap<usize, Stage>,
         optimizers: BTreeMap<usize, AdamW>,
+        /// The backend all of them share (for its counters).
+        backend: Arc<CpuBackend>,
     },
     /// Sleep for each pass's cost (milliseconds per stage).
     Emulated(CostModel),
@@ -206,6 +213,8 @@ pub(crate) struct Worker {
     /// The clock all timelines and send times use.
     origin: Instant,
     latency: Latency,
+    /// Where this rank offers its core while it waits.
+    lender: Option<Arc<CoreLender>>,
     comm: CommStats,
     /// Collective rounds so far (every rank counts the same rounds: SPMD).
     round: u64,
@@ -254,6 +263,7 @@ impl Worker {
             settled: Vec::new(),
             origin: ctx.origin,
             latency,
+            lender: ctx.lender,
             comm: CommStats::default(),
             round: 0,
         }
@@ -281,7 +291,14 @@ impl Worker {
 
     /// Communication so far.
     pub(crate) fn comm(&self) -> CommStats {
-        self.comm
+        let borrowed_products = match &self.engine {
+            Engine::Real { backend, .. } => backend.borrowed_products(),
+            Engine::Emulated(_) => 0,
+        };
+        CommStats {
+            borrowed_products,
+            ..self.comm
+        }
     }
 
     /// The transport's description.

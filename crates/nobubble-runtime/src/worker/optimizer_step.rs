@@ -279,7 +279,10 @@ impl Worker {
         norms: &[(usize, f64)],
     ) -> Result<(), RuntimeError> {
         self.optimistic.clear();
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
+        if let Engine::Real {
+            stages, optimizers, ..
+        } = &mut self.engine
+        {
             for (s, stage) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).expect("one optimizer per stage");
                 let finite = norms.iter().any(|&(k, n)| k == *s && n.is_finite());
@@ -300,7 +303,10 @@ impl Worker {
     /// a redo must use it, not the one a restore brings back), then zeroes the gradients.
     fn validate(&mut self, verdict: Verdict, lr: f32) -> Result<(), RuntimeError> {
         let mode = self.post_validate.unwrap_or(Rollback::Copy);
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
+        if let Engine::Real {
+            stages, optimizers, ..
+        } = &mut self.engine
+        {
             for (s, stage) in stages.iter_mut() {
                 let opt = optimizers.get_mut(s).expect("one optimizer per stage");
                 let (snapshot, stepped) = self.optimistic.remove(s).unwrap_or((None, false));
@@ -328,7 +334,10 @@ impl Worker {
     /// The synchronous optimizer step: AdamW with the global clip factor (or skip on a
     /// non-finite norm), then zero the gradients.
     fn apply(&mut self, scale: Option<f32>, lr: f32) -> Result<(), RuntimeError> {
-        if let Engine::Real { stages, optimizers } = &mut self.engine {
+        if let Engine::Real {
+            stages, optimizers, ..
+        } = &mut self.engine
+        {
             for (s, stage) in stages.iter_mut() {
                 if let Some(scale) = scale {
                     let opt = optimizers.get_mut(s).expect("one optimizer per stage");

@@ -380,7 +380,7 @@ impl Worker {
         order: &[Action],
         eval: bool,
     ) -> Result<RankStep, RuntimeError> {
-        let before = self.comm;
+        let before = self.comm();
         // Evaluation reads the weights everywhere: the pending verdict first. Training steps
         // settle it lazily, before their first backward pass.
         if eval {
@@ -413,7 +413,7 @@ impl Worker {
             peak_bytes,
             summary,
             settled: std::mem::take(&mut self.settled),
-            comm: self.comm.since(&before),
+            comm: self.comm().since(&before),
         })
     }
 }

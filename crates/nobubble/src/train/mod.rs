@@ -424,12 +424,22 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Llama => format!("{} heads, {} K/V heads", model.heads, model.kv_heads()),
         Arch::Gpt => format!("{} heads", model.heads),
     };
+    let threads = job.session.run.train.threads;
+    let lent = if transport == "threads"
+        && threads == 1
+        && job.session.emulated.is_none()
+        && launch::lends_cores(job.session.ranks * a.data_parallel.max(1))
+    {
+        ", cores lent while waiting"
+    } else {
+        ""
+    };
     tell!(
-        "nobubble train: {schedule} on {} rank{}{dp} ({transport}, {} thread{} each, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
+        "nobubble train: {schedule} on {} rank{}{dp} ({transport}, {} thread{} each{lent}, {} kernels), {} microbatches of {}×{} tokens, model {} {} ({} layers, h {}, {heads}, {:.2} M parameters), {}",
         job.session.ranks,
         if job.session.ranks == 1 { "" } else { "s" },
-        job.session.run.train.threads,
-        if job.session.run.train.threads == 1 { "" } else { "s" },
+        threads,
+        if threads == 1 { "" } else { "s" },
         nobubble_nn::Simd::selected(),
         job.session.run.train.microbatches,
         model.microbatch_size,

@@ -212,6 +212,12 @@ fn print_memory_and_comm(r: &TrainReport, real: bool) {
                 1e3 * c.reduce_seconds
             ));
         }
+        if c.borrowed_products > 0.0 {
+            line.push_str(&format!(
+                "; {:.0} matrix products per step on a core lent by a waiting rank",
+                c.borrowed_products
+            ));
+        }
         say!("{line}");
     }
 }
@@ -307,6 +313,7 @@ struct StepComm {
     send_seconds: f64,
     wait_seconds: f64,
     reduce_seconds: f64,
+    borrowed_products: f64,
 }
 
 /// Per-rank means over the steps the report covers (each step's own traffic, so setup,
@@ -319,6 +326,7 @@ fn per_step_comm(r: &TrainReport) -> Vec<StepComm> {
         send_seconds: c.send_seconds / k,
         wait_seconds: c.wait_seconds / k,
         reduce_seconds: c.reduce_seconds / k,
+        borrowed_products: c.borrowed_products as f64 / k,
     };
     if r.tail.is_empty() {
         let k = r.trained.max(1) as f64;
@@ -339,6 +347,7 @@ fn per_step_comm(r: &TrainReport) -> Vec<StepComm> {
                 send_seconds: parts.iter().map(|c| c.send_seconds).sum(),
                 wait_seconds: parts.iter().map(|c| c.wait_seconds).sum(),
                 reduce_seconds: parts.iter().map(|c| c.reduce_seconds).sum(),
+                borrowed_products: parts.iter().map(|c| c.borrowed_products).sum(),
             }
         })
         .collect()
@@ -387,7 +396,7 @@ fn json_report(
         "communication_per_step": per_step_comm(r).iter().enumerate().map(|(rank, c)| json!({
             "rank": rank, "messages": c.sent, "sent_bytes": c.sent_bytes,
             "send_seconds": c.send_seconds, "wait_seconds": c.wait_seconds,
-            "reduce_seconds": c.reduce_seconds,
+            "reduce_seconds": c.reduce_seconds, "borrowed_products": c.borrowed_products,
         })).collect::<Vec<_>>(),
         "loss": {
             "final_training": real.then_some(r.final_loss).filter(|l| l.is_finite()),

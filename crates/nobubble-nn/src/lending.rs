@@ -1,0 +1,108 @@
+//! Cores lent by waiting ranks to working ones.
+//!
+//! Why: ranks that are threads of one process each own a core, and a pipeline's ranks are
+//! never equally loaded (the embedding and the head sit on some ranks, the bubble idles the
+//! others at the start and end of a step). While a rank waits for a message its core does
+//! nothing; a [`CoreLender`] shared by the ranks lets a rank in a large matrix product take
+//! such a core for that product. The product's bits do not depend on its thread count
+//! (`gemm` splits the output, never the sum), so lending changes timing only.
+
+use std::sync::{Arc, Mutex};
+
+/// The cores of waiting ranks, offered to the others' products.
+pub struct CoreLender {
+    /// (cores offered by waiting ranks, cores borrowed now).
+    state: Mutex<(usize, usize)>,
+    /// The threads borrowing products run on, two each (its own core's and the borrowed
+    /// one's): as many as the ranks, so that every pair of a borrower and a lender has two.
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for CoreLender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (offered, borrowed) = *self.state.lock().unwrap_or_else(|e| e.into_inner());
+        write!(f, "CoreLender(offered={offered}, borrowed={borrowed})")
+    }
+}
+
+/// A borrowed core, given back when dropped.
+pub struct Loan<'a> {
+    lender: &'a CoreLender,
+}
+
+impl Drop for Loan<'_> {
+    fn drop(&mut self) {
+        self.lender.update(|s| s.1 -= 1);
+    }
+}
+
+impl CoreLender {
+    /// A lender for `ranks` rank threads; `None` if its threads cannot be made (then no core
+    /// is ever lent).
+    pub fn new(ranks: usize) -> Option<Arc<CoreLender>> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(ranks.max(2))
+            .thread_name(|i| format!("nobubble-lent-{i}"))
+            .build()
+            .ok()?;
+        Some(Arc::new(CoreLender {
+            state: Mutex::new((0, 0)),
+            pool,
+        }))
+    }
+
+    fn update<R>(&self, f: impl FnOnce(&mut (usize, usize)) -> R) -> R {
+        f(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A rank starts waiting: its core may be borrowed.
+    pub fn offer(&self) {
+        self.update(|s| s.0 += 1);
+    }
+
+    /// The rank stops waiting. If its core is borrowed, the product that has it finishes
+    /// on it (one product's time at most), sharing the core with the rank meanwhile.
+    pub fn withdraw(&self) {
+        self.update(|s| s.0 = s.0.saturating_sub(1));
+    }
+
+    /// A core nobody uses, if one is offered.
+    pub fn borrow(&self) -> Option<Loan<'_>> {
+        self.update(|s| {
+            (s.0 > s.1).then(|| {
+                s.1 += 1;
+            })
+        })
+        .map(|()| Loan { lender: self })
+    }
+
+    /// Runs `work` on the lender's threads (the caller's thread waits meanwhile); `work` asks
+    /// for two of them.
+    pub fn run<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(work)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_offered_core_that_nobody_has_is_lent() {
+        let lender = CoreLender::new(2).unwrap();
+        assert!(lender.borrow().is_none(), "nobody waits yet");
+        lender.offer();
+        let loan = lender.borrow().expect("one core offered");
+        assert!(lender.borrow().is_none(), "the one core is out");
+        // Its rank stops waiting while the core is out: the loan runs to its end, and the
+        // core is not lent again.
+        lender.withdraw();
+        drop(loan);
+        assert!(lender.borrow().is_none());
+        lender.offer();
+        lender.offer();
+        let (a, b) = (lender.borrow(), lender.borrow());
+        assert!(a.is_some() && b.is_some() && lender.borrow().is_none());
+        assert_eq!(lender.run(rayon::current_num_threads), 2);
+    }
+}

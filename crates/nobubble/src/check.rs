@@ -20,8 +20,8 @@ pub struct CheckArgs {
     /// Print the JSON report instead of the text summary.
     #[arg(long)]
     pub json: bool,
-    /// Width of the text timeline in columns.
-    #[arg(long, default_value_t = 100)]
+    /// Width of the text timeline in columns (10 to 100000).
+    #[arg(long, default_value_t = 100, value_parser = crate::output::timeline_width)]
     pub width: usize,
 }
 

@@ -207,12 +207,29 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
             } else {
                 String::new()
             };
-            let counts = nobubble_schedule::split::even_counts(*layers, x.stages);
-            let split = if layers % x.stages == 0 {
-                String::new()
-            } else {
-                let c: Vec<String> = counts.iter().map(|c| c.to_string()).collect();
-                format!(" (split {} over the stages)", c.join(","))
+            // As the runtime splits them; a V row splits over twice as many chunks.
+            let split_over = |n: usize| {
+                let c = nobubble_schedule::split::even_counts(*layers, n);
+                c.iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let v_rows = rows
+                .iter()
+                .any(|r| r.schedule == nobubble_schedule::ScheduleKind::ZbV.name());
+            let split = match (
+                layers % x.stages == 0,
+                !v_rows || layers % (2 * x.stages) == 0,
+            ) {
+                (true, true) => String::new(),
+                (true, false) => format!(" (split {} over a V's chunks)", split_over(2 * x.stages)),
+                (false, true) => format!(" (split {} over the stages)", split_over(x.stages)),
+                (false, false) => format!(
+                    " (split {} over the stages, {} over a V's chunks)",
+                    split_over(x.stages),
+                    split_over(2 * x.stages)
+                ),
             };
             format!("{layers} layers{split}, h {hidden}, {heads} heads{head}")
         }

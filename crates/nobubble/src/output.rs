@@ -273,3 +273,16 @@ pub fn install_stdout_failure_hook() {
         default(info);
     }));
 }
+
+/// `--width`: a text timeline's columns. Fewer than 10 cannot show a block's label; more
+/// than 100000 would build lines of gigabytes (each rank's line is held in memory).
+pub fn timeline_width(s: &str) -> Result<usize, String> {
+    let w: usize = (s.trim().parse())
+        .map_err(|_| format!("'{s}' is not a whole number of columns (e.g. --width 120)"))?;
+    if !(10..=100_000).contains(&w) {
+        return Err(format!(
+            "{w} columns is outside 10 to 100000; the default is 100, a terminal's width suits"
+        ));
+    }
+    Ok(w)
+}

@@ -30,8 +30,8 @@ pub struct PlanArgs {
     /// Write to this file instead of stdout.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Width of the text timeline in columns.
-    #[arg(long, default_value_t = 100)]
+    /// Width of the text timeline in columns (10 to 100000).
+    #[arg(long, default_value_t = 100, value_parser = crate::output::timeline_width)]
     pub width: usize,
 }
 

@@ -274,6 +274,18 @@ fn flags_that_would_be_ignored_or_misread_are_refused() {
     assert!(e.contains("stages"), "{e}");
     let e = fails(&words("plan -s gpip -p 2 -m 2"));
     assert!(e.contains("did you mean gpipe?"), "{e}");
+    // A timeline narrower than a label, or lines of gigabytes: refused, not widened or
+    // allocated.
+    for w in ["5", "10000000000"] {
+        let e = fails(&words(&format!("plan -s 1f1b -p 2 -m 2 --width {w}")));
+        assert!(e.contains("outside 10 to 100000"), "{e}");
+    }
+    let out = ok(&words("plan -s 1f1b -p 2 -m 2 --width 10"));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("rank  0 |") && l.len() == 20),
+        "{out}"
+    );
 }
 
 #[test]

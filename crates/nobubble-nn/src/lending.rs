@@ -7,12 +7,16 @@
 //! such a core for that product. The product's bits do not depend on its thread count
 //! (`gemm` splits the output, never the sum), so lending changes timing only.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The cores of waiting ranks, offered to the others' products.
 pub struct CoreLender {
     /// (cores offered by waiting ranks, cores borrowed now).
     state: Mutex<(usize, usize)>,
+    /// Off while pass times are measured for planning: a pass that borrowed would look
+    /// faster than its rank alone runs it.
+    enabled: AtomicBool,
     /// The threads borrowing products run on, two each (its own core's and the borrowed
     /// one's): as many as the ranks, so that every pair of a borrower and a lender has two.
     pool: rayon::ThreadPool,
@@ -47,6 +51,7 @@ impl CoreLender {
             .ok()?;
         Some(Arc::new(CoreLender {
             state: Mutex::new((0, 0)),
+            enabled: AtomicBool::new(true),
             pool,
         }))
     }
@@ -66,8 +71,16 @@ impl CoreLender {
         self.update(|s| s.0 = s.0.saturating_sub(1));
     }
 
-    /// A core nobody uses, if one is offered.
+    /// Lends (`true`, the default) or stops lending.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// A core nobody uses, if one is offered (and lending is on).
     pub fn borrow(&self) -> Option<Loan<'_>> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
         self.update(|s| {
             (s.0 > s.1).then(|| {
                 s.1 += 1;
@@ -103,6 +116,11 @@ mod tests {
         lender.offer();
         let (a, b) = (lender.borrow(), lender.borrow());
         assert!(a.is_some() && b.is_some() && lender.borrow().is_none());
+        drop((a, b));
+        lender.set_enabled(false);
+        assert!(lender.borrow().is_none(), "lending is off");
+        lender.set_enabled(true);
+        assert!(lender.borrow().is_some());
         assert_eq!(lender.run(rayon::current_num_threads), 2);
     }
 }

@@ -266,6 +266,12 @@ impl Rank {
         self.worker.broadcast(root, bytes)
     }
 
+    /// Whether this rank's products may borrow the cores of waiting ranks (in-process ranks;
+    /// off while pass times are measured for planning).
+    pub fn lend_cores(&self, on: bool) {
+        self.worker.lend_cores(on);
+    }
+
     /// Posts this rank's report of `step` to rank 0 without waiting.
     pub fn post_report(&mut self, step: u64, bytes: Vec<u8>) -> Result<(), RuntimeError> {
         self.worker.post_report(step, bytes)

@@ -315,6 +315,10 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
     /// One step: run it, file the summaries it settled, post this rank's report to rank 0
     /// and, at rank 0, record the steps that are complete.
     fn step(&mut self, step: u64) -> Result<(), RuntimeError> {
+        // The steps a re-plan measures run without lent cores: their pass times are what
+        // each rank does alone, as the planner models them.
+        let measuring = !self.replanned && self.job.replan_after > 0;
+        self.session.rank.lend_cores(!measuring);
         let t0 = Instant::now();
         let rs = self.session.step()?;
         let wall = t0.elapsed().as_secs_f64();

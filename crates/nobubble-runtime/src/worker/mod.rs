@@ -289,6 +289,13 @@ impl Worker {
         self.layout.microbatches
     }
 
+    /// Turns the shared lender on or off (no lender: nothing to do).
+    pub(crate) fn lend_cores(&self, on: bool) {
+        if let Some(l) = &self.lender {
+            l.set_enabled(on);
+        }
+    }
+
     /// Communication so far.
     pub(crate) fn comm(&self) -> CommStats {
         let borrowed_products = match &self.engine {

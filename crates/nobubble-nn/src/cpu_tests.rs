@@ -222,7 +222,7 @@ fn a_product_on_a_lent_core_has_the_same_bits() {
         0,
         "no rank waits: nothing to borrow"
     );
-    lender.offer();
+    let offer = lender.offer();
     lent.matmul(got.mat_mut(), a.mat(), b.mat(), 0.5, false);
     assert_eq!(lent.borrowed_products(), 1);
     assert_eq!(got.data(), want.data(), "a lent core changed the bits");
@@ -231,4 +231,33 @@ fn a_product_on_a_lent_core_has_the_same_bits() {
     let mut small = Tensor::zeros(&[8, 8]);
     lent.matmul(small.mat_mut(), sa.mat(), sb.mat(), 1.0, false);
     assert_eq!(lent.borrowed_products(), 1);
+    // Several depth blocks (gemm's kc), odd sizes, a transposed operand, accumulating: the
+    // depth is still summed in one order on a lent core.
+    let (m, k, n) = (301, 2500, 263);
+    let a = Tensor::from_vec(
+        &[m, k],
+        (0..m * k)
+            .map(|i| ((i * 7 % 19) as f32 - 9.0) / 5.0)
+            .collect(),
+    )
+    .unwrap();
+    let bt = Tensor::from_vec(
+        &[n, k],
+        (0..n * k)
+            .map(|i| ((i * 3 % 23) as f32 - 11.0) / 7.0)
+            .collect(),
+    )
+    .unwrap();
+    let start: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut want = Tensor::from_vec(&[m, n], start.clone()).unwrap();
+    alone.matmul(want.mat_mut(), a.mat(), bt.mat().t(), 1.0, true);
+    let mut got = Tensor::from_vec(&[m, n], start).unwrap();
+    lent.matmul(got.mat_mut(), a.mat(), bt.mat().t(), 1.0, true);
+    assert_eq!(lent.borrowed_products(), 2);
+    assert_eq!(
+        got.data(),
+        want.data(),
+        "a lent core changed the bits of a deep product"
+    );
+    drop(offer);
 }

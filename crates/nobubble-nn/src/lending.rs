@@ -29,6 +29,18 @@ impl std::fmt::Debug for CoreLender {
     }
 }
 
+/// A waiting rank's core on offer, withdrawn when dropped (also when the wait fails or
+/// panics).
+pub struct Offer<'a> {
+    lender: &'a CoreLender,
+}
+
+impl Drop for Offer<'_> {
+    fn drop(&mut self) {
+        self.lender.update(|s| s.0 = s.0.saturating_sub(1));
+    }
+}
+
 /// A borrowed core, given back when dropped.
 pub struct Loan<'a> {
     lender: &'a CoreLender,
@@ -36,7 +48,7 @@ pub struct Loan<'a> {
 
 impl Drop for Loan<'_> {
     fn drop(&mut self) {
-        self.lender.update(|s| s.1 -= 1);
+        self.lender.update(|s| s.1 = s.1.saturating_sub(1));
     }
 }
 
@@ -60,15 +72,12 @@ impl CoreLender {
         f(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A rank starts waiting: its core may be borrowed.
-    pub fn offer(&self) {
+    /// A rank starts waiting: its core may be borrowed until the [`Offer`] is dropped. If
+    /// it is borrowed then, the product that has it finishes on it (one product's time at
+    /// most), sharing the core with the rank meanwhile.
+    pub fn offer(&self) -> Offer<'_> {
         self.update(|s| s.0 += 1);
-    }
-
-    /// The rank stops waiting. If its core is borrowed, the product that has it finishes
-    /// on it (one product's time at most), sharing the core with the rank meanwhile.
-    pub fn withdraw(&self) {
-        self.update(|s| s.0 = s.0.saturating_sub(1));
+        Offer { lender: self }
     }
 
     /// Lends (`true`, the default) or stops lending.
@@ -104,16 +113,15 @@ mod tests {
     fn only_an_offered_core_that_nobody_has_is_lent() {
         let lender = CoreLender::new(2).unwrap();
         assert!(lender.borrow().is_none(), "nobody waits yet");
-        lender.offer();
+        let offer = lender.offer();
         let loan = lender.borrow().expect("one core offered");
         assert!(lender.borrow().is_none(), "the one core is out");
         // Its rank stops waiting while the core is out: the loan runs to its end, and the
         // core is not lent again.
-        lender.withdraw();
+        drop(offer);
         drop(loan);
         assert!(lender.borrow().is_none());
-        lender.offer();
-        lender.offer();
+        let _offers = (lender.offer(), lender.offer());
         let (a, b) = (lender.borrow(), lender.borrow());
         assert!(a.is_some() && b.is_some() && lender.borrow().is_none());
         drop((a, b));
@@ -122,5 +130,27 @@ mod tests {
         lender.set_enabled(true);
         assert!(lender.borrow().is_some());
         assert_eq!(lender.run(rayon::current_num_threads), 2);
+    }
+
+    #[test]
+    fn offers_and_loans_balance_across_threads() {
+        let lender = CoreLender::new(4).unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let lender = &lender;
+                scope.spawn(move || {
+                    for i in 0..2000 {
+                        if (i + t) % 2 == 0 {
+                            let _offer = lender.offer();
+                            std::hint::spin_loop();
+                        } else if let Some(_loan) = lender.borrow() {
+                            let (offered, borrowed) = *lender.state.lock().unwrap();
+                            assert!(borrowed >= 1 && borrowed <= offered.max(borrowed));
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(*lender.state.lock().unwrap(), (0, 0));
     }
 }

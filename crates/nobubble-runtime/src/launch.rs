@@ -29,30 +29,34 @@ pub struct RankContext {
     pub lender: Option<Arc<CoreLender>>,
 }
 
-/// Whether `world` in-process ranks lend their cores while they wait: when they fit on the
-/// cores this process may use (more ranks than cores already share every core) and
-/// `NOBUBBLE_LEND_CORES` is not `0`. (Only ranks of one thread borrow.)
-pub fn lends_cores(world: usize) -> bool {
+/// Whether `world` in-process ranks of `threads` threads each lend their cores while they
+/// wait: with real compute, one thread each (a rank of more already has its cores), when they
+/// fit on the cores this process may use (more ranks than cores already share every core)
+/// and `NOBUBBLE_LEND_CORES` is not `0`.
+pub fn lends_cores(world: usize, threads: usize, real: bool) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let off = std::env::var("NOBUBBLE_LEND_CORES").is_ok_and(|v| v.trim() == "0");
-    world > 1 && world <= cores && !off
+    real && threads == 1 && world > 1 && world <= cores && !off
 }
 
-/// The lender `world` in-process ranks share, if they lend ([`lends_cores`]).
-pub fn lender_for(world: usize) -> Option<Arc<CoreLender>> {
-    lends_cores(world).then(|| CoreLender::new(world)).flatten()
+/// The lender such ranks share, if they lend ([`lends_cores`]).
+pub fn lender_for(world: usize, threads: usize, real: bool) -> Option<Arc<CoreLender>> {
+    (lends_cores(world, threads, real))
+        .then(|| CoreLender::new(world))
+        .flatten()
 }
 
-/// Runs `body` on `world` ranks that are threads of this process, connected by channels.
-/// Returns every rank's result in rank order, or the failure nearest the cause (a panic is
-/// caught and reported with its rank; the others stop within a fraction of a second).
+/// Runs `body` on `world` ranks that are threads of this process, connected by channels and
+/// sharing `lender` ([`lender_for`]; `None`: no rank lends its core). Returns every rank's
+/// result in rank order, or the failure nearest the cause (a panic is caught and reported
+/// with its rank; the others stop within a fraction of a second).
 pub fn threads<R: Send>(
     world: usize,
+    lender: Option<Arc<CoreLender>>,
     body: impl Fn(RankContext) -> Result<R, RuntimeError> + Sync,
 ) -> Result<Vec<R>, RuntimeError> {
     let abort = Arc::new(AtomicBool::new(false));
     let origin = Instant::now();
-    let lender = lender_for(world);
     let body = &body;
     let results: Vec<Result<R, RuntimeError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = InProcess::connect(world)

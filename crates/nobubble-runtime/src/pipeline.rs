@@ -87,7 +87,8 @@ impl Pipeline {
         let (corpus, eval) = (Arc::new(corpus), Arc::new(eval));
         let abort = Arc::new(AtomicBool::new(false));
         let origin = Instant::now();
-        let lender = crate::launch::lender_for(world);
+        let real = matches!(config.compute, crate::run::Compute::Real);
+        let lender = crate::launch::lender_for(world, config.train.threads, real);
         let mut ranks = Vec::with_capacity(world);
         for t in InProcess::connect(world) {
             let ctx = crate::launch::RankContext {

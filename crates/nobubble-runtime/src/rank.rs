@@ -266,10 +266,10 @@ impl Rank {
         self.worker.broadcast(root, bytes)
     }
 
-    /// Whether this rank's products may borrow the cores of waiting ranks (in-process ranks;
-    /// off while pass times are measured for planning).
-    pub fn lend_cores(&self, on: bool) {
-        self.worker.lend_cores(on);
+    /// Turns lending on or off for all the in-process ranks that share this one's lender
+    /// (off while pass times are measured for planning; no lender: nothing to do).
+    pub fn set_lending(&self, on: bool) {
+        self.worker.set_lending(on);
     }
 
     /// Posts this rank's report of `step` to rank 0 without waiting.

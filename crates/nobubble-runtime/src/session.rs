@@ -361,6 +361,14 @@ impl Session {
         Ok(plan)
     }
 
+    /// Whether [`Session::replan_on_measurements`] re-plans: an automatic schedule (not a
+    /// file) on real compute.
+    pub fn replans_on_measurements(&self) -> bool {
+        self.options.file.is_none()
+            && self.options.kind.uses_costs()
+            && self.options.emulated.is_none()
+    }
+
     /// Re-plans an automatic schedule on the median pass times this rank measured in
     /// `steps` (milliseconds), all-gathered with the other ranks' (a collective), keeping the
     /// measured memory and using the measured mean message latency as the link cost. Returns
@@ -369,11 +377,7 @@ impl Session {
         &mut self,
         steps: &[RankStep],
     ) -> Result<Option<Plan>, RuntimeError> {
-        if self.options.file.is_some()
-            || !self.options.kind.uses_costs()
-            || steps.is_empty()
-            || self.options.emulated.is_some()
-        {
+        if !self.replans_on_measurements() || steps.is_empty() {
             return Ok(None);
         }
         let n = self.plan.schedule.stages;

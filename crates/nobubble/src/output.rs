@@ -281,7 +281,7 @@ pub fn timeline_width(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("'{s}' is not a whole number of columns (e.g. --width 120)"))?;
     if !(10..=100_000).contains(&w) {
         return Err(format!(
-            "{w} columns is outside 10 to 100000; the default is 100, a terminal's width suits"
+            "{w} columns is outside 10 to 100000 (the default is 100; a terminal's width fits)"
         ));
     }
     Ok(w)

@@ -317,8 +317,8 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
     fn step(&mut self, step: u64) -> Result<(), RuntimeError> {
         // The steps a re-plan measures run without lent cores: their pass times are what
         // each rank does alone, as the planner models them.
-        let measuring = !self.replanned && self.job.replan_after > 0;
-        self.session.rank.lend_cores(!measuring);
+        let measuring = self.measuring();
+        self.session.rank.set_lending(!measuring);
         let t0 = Instant::now();
         let rs = self.session.step()?;
         let wall = t0.elapsed().as_secs_f64();
@@ -334,7 +334,7 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
             .post_report(step, serde_json::to_vec(&report).map_err(fail)?)?;
         let schedule = self.session.plan.schedule.name.clone();
         self.unrecorded.push((step, wall, schedule));
-        if !self.replanned && self.job.replan_after > 0 {
+        if measuring {
             self.measured.push(rs);
         }
         if self.root {
@@ -360,6 +360,15 @@ impl<'j, 'o> TrainingRun<'j, 'o> {
             s.step + 1,
             s.loss
         ));
+    }
+
+    /// Whether this step is one a re-plan will use: before the re-plan, of a schedule that is
+    /// re-planned, in a run long enough to reach it ([`Self::replan`] skips the last step).
+    fn measuring(&self) -> bool {
+        !self.replanned
+            && self.job.replan_after > 0
+            && self.first_step + self.job.replan_after < self.job.steps
+            && self.session.replans_on_measurements()
     }
 
     /// Re-plan: once, after `replan_after` measured steps (never after the last step), on

@@ -4,6 +4,7 @@
 use super::Worker;
 use crate::error::RuntimeError;
 use crate::transport::{Key, Message, Tag};
+use nobubble_nn::lending::CoreLender;
 use nobubble_schedule::Action;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -72,14 +73,7 @@ impl Worker {
         let started = Instant::now();
         let since = self.now();
         let deadline = started + self.recv_timeout;
-        let lender = self.lender.clone();
-        if let Some(l) = &lender {
-            l.offer();
-        }
         let r = self.wait_inner(key, action, what, started, since, deadline, interrupt);
-        if let Some(l) = &lender {
-            l.withdraw();
-        }
         self.comm.wait_seconds += started.elapsed().as_secs_f64();
         r
     }
@@ -108,6 +102,9 @@ impl Worker {
         deadline: Instant,
         interrupt: Option<&dyn Fn(&Worker) -> bool>,
     ) -> Result<Option<Message>, RuntimeError> {
+        // Offered once the wait blocks (not while it polls), withdrawn when it ends.
+        let lender = self.lender.clone();
+        let mut offered = None;
         loop {
             let now = Instant::now();
             let held_back = match self.ready_in(&key) {
@@ -138,6 +135,9 @@ impl Worker {
                 std::thread::yield_now();
                 Duration::ZERO
             } else {
+                if offered.is_none() {
+                    offered = lender.as_deref().map(CoreLender::offer);
+                }
                 (deadline - now).min(Duration::from_millis(20))
             };
             self.receive(slice, &key, since, action)?;

@@ -69,7 +69,8 @@ pub struct CommStats {
     pub latency_sum: f64,
     /// Pipeline messages whose latency was measured.
     pub latency_count: u64,
-    /// Matrix products that ran on a core a waiting rank lent (in-process ranks).
+    /// Matrix products that ran on a core a waiting rank lent (in-process ranks): compute,
+    /// not traffic, but the other side of the waits counted here.
     #[serde(default)]
     pub borrowed_products: u64,
 }
@@ -290,7 +291,7 @@ impl Worker {
     }
 
     /// Turns the shared lender on or off (no lender: nothing to do).
-    pub(crate) fn lend_cores(&self, on: bool) {
+    pub(crate) fn set_lending(&self, on: bool) {
         if let Some(l) = &self.lender {
             l.set_enabled(on);
         }

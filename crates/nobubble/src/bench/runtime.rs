@@ -95,7 +95,9 @@ fn train(
         max_nan_steps: 0,
         overwrite: false,
     };
-    launch::threads(p, |ctx| training::run(&job, ctx, None))
+    // No lent cores: the pass times are compared with the simulator's, which models each
+    // rank alone.
+    launch::threads(p, None, |ctx| training::run(&job, ctx, None))
         .map_err(|e| e.to_string())?
         .into_iter()
         .flatten()

@@ -280,7 +280,8 @@ fn run_job(a: &TrainArgs) -> Result<u8, String> {
             let label = format!("setting up {world} ranks: planning, building the stages");
             let _shown = crate::progress::show_until(&label, setup);
             let slot = std::sync::Mutex::new(Some(watch));
-            let results = launch::threads(world, |ctx: RankContext| {
+            let lender = launch::lender_for(world, threads, job.session.emulated.is_none());
+            let results = launch::threads(world, lender, |ctx: RankContext| {
                 if ctx.transport.rank() == 0 {
                     let mut watch = slot
                         .lock()
@@ -425,10 +426,9 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Gpt => format!("{} heads", model.heads),
     };
     let threads = job.session.run.train.threads;
+    let world = job.session.ranks * a.data_parallel.max(1);
     let lent = if transport == "threads"
-        && threads == 1
-        && job.session.emulated.is_none()
-        && launch::lends_cores(job.session.ranks * a.data_parallel.max(1))
+        && launch::lends_cores(world, threads, job.session.emulated.is_none())
     {
         ", cores lent while waiting"
     } else {

@@ -214,7 +214,7 @@ fn print_memory_and_comm(r: &TrainReport, real: bool) {
         }
         if c.borrowed_products > 0.0 {
             line.push_str(&format!(
-                "; {:.0} matrix products per step on a core lent by a waiting rank",
+                "; {:.1} matrix products per step on a core lent by a waiting rank",
                 c.borrowed_products
             ));
         }

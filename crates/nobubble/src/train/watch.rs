@@ -232,7 +232,8 @@ impl Observer for Watch {
                 "peak_activation_bytes": rec.peak_bytes, "schedule": schedule,
                 "sent_bytes": rec.comm.iter().map(|c| c.sent_bytes).collect::<Vec<_>>(),
                 "wait_seconds": rec.comm.iter().map(|c| c.wait_seconds).collect::<Vec<_>>(),
-                "reduce_seconds": rec.comm.iter().map(|c| c.reduce_seconds).collect::<Vec<_>>()});
+                "reduce_seconds": rec.comm.iter().map(|c| c.reduce_seconds).collect::<Vec<_>>(),
+                "borrowed_products": rec.comm.iter().map(|c| c.borrowed_products).collect::<Vec<_>>()});
             // One write per line: an interrupted run never leaves half a line behind.
             let mut text = line.to_string();
             text.push('\n');

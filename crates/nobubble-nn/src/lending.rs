@@ -144,8 +144,7 @@ mod tests {
                             let _offer = lender.offer();
                             std::hint::spin_loop();
                         } else if let Some(_loan) = lender.borrow() {
-                            let (offered, borrowed) = *lender.state.lock().unwrap();
-                            assert!(borrowed >= 1 && borrowed <= offered.max(borrowed));
+                            assert!(lender.state.lock().unwrap().1 >= 1, "a loan is counted");
                         }
                     }
                 });

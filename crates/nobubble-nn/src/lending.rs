@@ -97,11 +97,13 @@ impl CoreLender {
         })
         .map(|()| Loan { lender: self })
     }
+}
 
+impl Loan<'_> {
     /// Runs `work` on the lender's threads (the caller's thread waits meanwhile); `work` asks
-    /// for two of them.
+    /// for two of them: its own core's and the borrowed one's.
     pub fn run<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(work)
+        self.lender.pool.install(work)
     }
 }
 
@@ -128,8 +130,8 @@ mod tests {
         lender.set_enabled(false);
         assert!(lender.borrow().is_none(), "lending is off");
         lender.set_enabled(true);
-        assert!(lender.borrow().is_some());
-        assert_eq!(lender.run(rayon::current_num_threads), 2);
+        let loan = lender.borrow().expect("lending is on again");
+        assert_eq!(loan.run(rayon::current_num_threads), 2);
     }
 
     #[test]

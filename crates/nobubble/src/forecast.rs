@@ -218,18 +218,17 @@ pub fn run(a: &ForecastArgs) -> Result<(), String> {
             let v_rows = rows
                 .iter()
                 .any(|r| r.schedule == nobubble_schedule::ScheduleKind::ZbV.name());
-            let split = match (
-                layers % x.stages == 0,
-                !v_rows || layers % (2 * x.stages) == 0,
-            ) {
-                (true, true) => String::new(),
-                (true, false) => format!(" (split {} over a V's chunks)", split_over(2 * x.stages)),
-                (false, true) => format!(" (split {} over the stages)", split_over(x.stages)),
-                (false, false) => format!(
-                    " (split {} over the stages, {} over a V's chunks)",
-                    split_over(x.stages),
-                    split_over(2 * x.stages)
-                ),
+            let mut uneven = Vec::new();
+            if layers % x.stages != 0 {
+                uneven.push(format!("{} over the stages", split_over(x.stages)));
+            }
+            if v_rows && layers % (2 * x.stages) != 0 {
+                uneven.push(format!("{} over a V's chunks", split_over(2 * x.stages)));
+            }
+            let split = if uneven.is_empty() {
+                String::new()
+            } else {
+                format!(" (split {})", uneven.join(", "))
             };
             format!("{layers} layers{split}, h {hidden}, {heads} heads{head}")
         }

@@ -363,6 +363,14 @@ fn forecast_prices_layers_that_do_not_divide_at_the_busiest_stage() {
         text.contains("9 layers (split 1,2,1,1,1,1,1,1 over the stages)"),
         "{text}"
     );
+    // A V row splits over 2p chunks: shown where that split is uneven too.
+    let text = ok(&words(
+        "forecast --tokens 1T --layers 20 --hidden 4096 --heads 32 -p 4",
+    ));
+    assert!(
+        text.contains("20 layers (split 2,3,3,3,3,2,2,2 over a V's chunks)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -16,9 +16,10 @@
 use crate::simd::Simd;
 use crate::tensor::{check_product_shapes, MatMut, MatRef};
 
-/// Columns of a tile: two AVX2 vectors, one AVX-512 vector.
+/// Columns of an AVX2 (and portable) tile: two AVX2 vectors. The AVX-512 tile is larger
+/// (`x86::product_avx512`).
 const NR: usize = 16;
-/// Rows of a tile: 4 × 2 AVX2 accumulators plus the loads fit in 16 registers.
+/// Rows of an AVX2 tile: 4 × 2 AVX2 accumulators plus the loads fit in 16 registers.
 const MR: usize = 4;
 
 /// `dst = (accumulate ? dst : 0) + scale · a·b`, with `b`'s and `dst`'s rows contiguous
@@ -57,10 +58,16 @@ pub(crate) fn small_matmul(
     #[cfg(target_arch = "x86_64")]
     if simd != Simd::Portable && simd.is_supported() && p.k > 0 {
         p.check_bounds(dst.len(), a.len(), b.len());
-        // SAFETY: both non-portable levels include AVX2 and FMA, and this one is supported
-        // by this CPU (checked); with k > 0 every pointer the kernel forms lies inside the
-        // slices (checked just above).
-        return unsafe { x86::product(dst, a, b, &p) };
+        // SAFETY: both non-portable levels include AVX2 and FMA, the AVX-512 one also
+        // AVX-512F, and this one is supported by this CPU (checked); with k > 0 every element
+        // the kernels address lies inside the slices (checked just above).
+        return unsafe {
+            if simd == Simd::Avx512 {
+                x86::product_avx512(dst, a, b, &p)
+            } else {
+                x86::product(dst, a, b, &p)
+            }
+        };
     }
     let _ = simd;
     product(dst, a, b, &p)
@@ -156,12 +163,117 @@ impl Product {
     }
 }
 
-/// The AVX2 tile (also run at the AVX-512 level: two 8-lane vectors per row keep the
-/// registers' count the same and the bits are per element anyway).
+/// The AVX2 tile, and the AVX-512 one (twice the lanes per fused multiply-add; on a CPU with
+/// two 512-bit FMA units, twice the peak). Both compute each element as the portable tile
+/// does, so every level gives the same bits.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{tiled, Product, MR};
     use std::arch::x86_64::*;
+
+    /// Rows of an AVX-512 tile: 8 rows × 2 vectors of 16 columns are 16 accumulators, and
+    /// per step of `k` ten loads (two of `b`'s row, eight broadcasts of `a`) feed sixteen
+    /// fused multiply-adds, so the FMA units, not the loads, set the pace.
+    const MR_512: usize = 8;
+    /// Columns of an AVX-512 tile.
+    const NR_512: usize = 32;
+
+    /// [`super::product`] in AVX-512 tiles of up to 8 × 32: column panels outer (one panel of
+    /// `b` stays in L1 across the row tiles), a panel's last columns masked, the rows past
+    /// the last whole 8 one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA, and [`Product::check_bounds`] must hold
+    /// for the slices.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn product_avx512(dst: &mut [f32], a: &[f32], b: &[f32], p: &Product) {
+        let full_rows = p.m - p.m % MR_512;
+        for j0 in (0..p.n).step_by(NR_512) {
+            let cols = NR_512.min(p.n - j0);
+            // SAFETY (both loops): every tile lies inside the product (rows i0..i0+R ≤ m,
+            // columns j0..j0+cols ≤ n), whose addressed elements the caller checked;
+            // AVX-512F as the caller's.
+            unsafe {
+                for i0 in (0..full_rows).step_by(MR_512) {
+                    if cols > 16 {
+                        tile_avx512::<MR_512, 2>(dst, a, b, p, i0, j0, cols);
+                    } else {
+                        tile_avx512::<MR_512, 1>(dst, a, b, p, i0, j0, cols);
+                    }
+                }
+                for i0 in full_rows..p.m {
+                    if cols > 16 {
+                        tile_avx512::<1, 2>(dst, a, b, p, i0, j0, cols);
+                    } else {
+                        tile_avx512::<1, 1>(dst, a, b, p, i0, j0, cols);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lanes `0..cols` (of 16) as a mask; none when `cols` is 0.
+    #[inline(always)]
+    fn lanes(cols: usize) -> __mmask16 {
+        if cols >= 16 {
+            0xffff
+        } else {
+            ((1u32 << cols) - 1) as __mmask16
+        }
+    }
+
+    /// Rows `i0..i0+R`, columns `j0..j0+cols` (`cols` ≤ 16·V) in `R × V` AVX-512
+    /// accumulators. Masked loads and stores keep to the tile's columns: lanes past them
+    /// read nothing (a masked load does not fault) and are never written.
+    ///
+    /// # Safety
+    /// AVX-512F must be supported; the tile must lie inside the product and the product's
+    /// addressed elements inside the slices.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_avx512<const R: usize, const V: usize>(
+        dst: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        p: &Product,
+        i0: usize,
+        j0: usize,
+        cols: usize,
+    ) {
+        let masks: [__mmask16; V] = std::array::from_fn(|v| lanes(cols.saturating_sub(16 * v)));
+        // SAFETY (whole body): the caller guarantees the tile and `k` lie inside the
+        // product, whose addressed elements lie inside the slices; the masks keep every
+        // access to columns j0..j0+cols.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); V]; R];
+            let ap = a.as_ptr().add(i0 * p.a_rs);
+            let bp = b.as_ptr().add(j0);
+            for kk in 0..p.k {
+                let row = bp.add(kk * p.b_rs);
+                let bv: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], row.add(16 * v)));
+                let col = ap.add(kk * p.a_cs);
+                for (r, row_acc) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*col.add(r * p.a_rs));
+                    for (s, &y) in row_acc.iter_mut().zip(&bv) {
+                        *s = _mm512_fmadd_ps(x, y, *s);
+                    }
+                }
+            }
+            let scale = _mm512_set1_ps(p.scale);
+            for (r, row_acc) in acc.iter().enumerate() {
+                let out = dst.as_mut_ptr().add((i0 + r) * p.dst_rs + j0);
+                for (v, &sum) in row_acc.iter().enumerate() {
+                    let o = out.add(16 * v);
+                    let mut y = _mm512_mul_ps(scale, sum);
+                    if p.accumulate {
+                        y = _mm512_add_ps(_mm512_maskz_loadu_ps(masks[v], o), y);
+                    }
+                    _mm512_mask_storeu_ps(o, masks[v], y);
+                }
+            }
+        }
+    }
 
     /// [`super::product`] with the full tiles in AVX2 registers.
     ///
@@ -364,6 +476,11 @@ mod tests {
             (7, 33, 70),
             (4, 16, 0),
             (8, 32, 0),
+            // The attention core's causal blocks (16 rows, 16·j columns) and the AVX-512
+            // tile's tails: 8-row tiles and single rows, whole, masked and half panels.
+            (16, 48, 64),
+            (17, 112, 9),
+            (9, 7, 5),
         ] {
             let av = values(m * k + 3, 1);
             let bv = values(k * (n + 5) + 2, 2);

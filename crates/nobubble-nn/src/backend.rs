@@ -103,10 +103,11 @@ pub trait Backend: Send + Sync {
         self.matmul(dst, a, b, scale, accumulate)
     }
 
-    /// `src` copied into `dst` row-major, transposed (`[src.cols, src.rows]`) if asked: an
-    /// operand of [`Backend::small_matmul`] laid out for it.
-    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
-        crate::small_gemm::pack(crate::simd::Simd::Portable, src, dst, transpose)
+    /// `src` copied into `dst` row-major, transposed (`[src.cols, src.rows]`) if asked, with
+    /// `bias` (one value per column of `src`; empty: none) added: an operand of
+    /// [`Backend::small_matmul`] laid out for it, biased on the way.
+    fn pack(&self, src: MatRef<'_>, bias: &[f32], dst: &mut [f32], transpose: bool) {
+        crate::small_gemm::pack(crate::simd::Simd::Portable, src, bias, dst, transpose)
     }
 
     /// Adds `v` to every row of the row-major rows `x` (`v.len()` columns): a bias add.

@@ -355,8 +355,8 @@ impl Backend for CpuBackend {
         small_gemm::small_matmul(self.simd, dst, a, b, scale, accumulate);
     }
 
-    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
-        small_gemm::pack(self.simd, src, dst, transpose);
+    fn pack(&self, src: MatRef<'_>, bias: &[f32], dst: &mut [f32], transpose: bool) {
+        small_gemm::pack(self.simd, src, bias, dst, transpose);
     }
 
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {

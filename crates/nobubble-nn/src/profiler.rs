@@ -104,8 +104,8 @@ impl Backend for TimingBackend<'_> {
         })
     }
 
-    fn pack(&self, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
-        self.time("pack", || self.inner.pack(src, dst, transpose))
+    fn pack(&self, src: MatRef<'_>, bias: &[f32], dst: &mut [f32], transpose: bool) {
+        self.time("pack", || self.inner.pack(src, bias, dst, transpose))
     }
 
     fn add_row_vector(&self, x: &mut [f32], v: &[f32]) {

@@ -77,12 +77,40 @@ pub(crate) fn small_matmul(
 /// is false (`[src.rows, src.cols]`): an operand laid out so that [`small_matmul`] reads
 /// its rows contiguously, and in few cache sets (a head's rows inside the fused QKV rows lie
 /// 3·h apart, a stride that maps them onto a handful of the L1 cache's sets).
-pub(crate) fn pack(simd: Simd, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+///
+/// `bias` (one value per column of `src`, or empty) is added to the packed copy while it is
+/// in L1: the attention core's Q, K and V get the QKV projection's bias here instead of in a
+/// pass over the whole product's output, and each element is `src + bias` rounded once, as
+/// that pass gave.
+pub(crate) fn pack(simd: Simd, src: MatRef<'_>, bias: &[f32], dst: &mut [f32], transpose: bool) {
     let (rows, cols) = (src.rows, src.cols);
     assert!(dst.len() >= rows * cols, "pack: destination too short");
+    assert!(
+        bias.is_empty() || bias.len() == cols,
+        "pack: a bias of {} values for {cols} columns",
+        bias.len()
+    );
     if rows == 0 || cols == 0 {
         return;
     }
+    copy_or_transpose(simd, src, dst, transpose);
+    if bias.is_empty() {
+        return;
+    }
+    if transpose {
+        for (out, &b) in dst.chunks_exact_mut(rows).zip(bias) {
+            out.iter_mut().for_each(|x| *x += b);
+        }
+    } else {
+        for out in dst.chunks_exact_mut(cols).take(rows) {
+            crate::kernels::add(simd, out, bias);
+        }
+    }
+}
+
+/// [`pack`] without the bias.
+fn copy_or_transpose(simd: Simd, src: MatRef<'_>, dst: &mut [f32], transpose: bool) {
+    let (rows, cols) = (src.rows, src.cols);
     let (rs, cs) = (src.row_stride as usize, src.col_stride as usize);
     let at = |r: usize, c: usize| src.data[src.offset + r * rs + c * cs];
     if !transpose {
@@ -555,7 +583,8 @@ mod tests {
     }
 
     /// A packed copy and a packed transpose hold the view's elements where `small_matmul`
-    /// reads them, for shapes with and without whole 8 × 8 blocks, at every level.
+    /// reads them, plus the bias of their column when there is one, for shapes with and
+    /// without whole 8 × 8 blocks, at every level.
     #[test]
     fn pack_copies_and_transposes_any_view() {
         for (rows, cols) in [(70, 4), (13, 19), (16, 64), (1, 9), (0, 5), (5, 0)] {
@@ -563,15 +592,21 @@ mod tests {
             let data = values(offset + rows * stride + 1, 4);
             let src = MatRef::new(&data, offset, rows, cols, stride as isize, 1);
             let at = |r: usize, c: usize| data[offset + r * stride + c];
-            for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
-                let mut copy = vec![f32::NAN; rows * cols];
-                pack(simd, src, &mut copy, false);
-                let mut t = vec![f32::NAN; rows * cols];
-                pack(simd, src, &mut t, true);
-                for r in 0..rows {
-                    for c in 0..cols {
-                        assert_eq!(copy[r * cols + c], at(r, c), "{simd} {rows}×{cols} copy");
-                        assert_eq!(t[c * rows + r], at(r, c), "{simd} {rows}×{cols} transpose");
+            let some_bias = values(cols, 5);
+            for bias in [&[][..], &some_bias] {
+                let plus = |c: usize| bias.get(c).copied().unwrap_or(0.0);
+                for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+                    let mut copy = vec![f32::NAN; rows * cols];
+                    pack(simd, src, bias, &mut copy, false);
+                    let mut t = vec![f32::NAN; rows * cols];
+                    pack(simd, src, bias, &mut t, true);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            let want = at(r, c) + plus(c);
+                            let what = format!("{simd} {rows}×{cols}, bias {}", bias.len());
+                            assert_eq!(copy[r * cols + c], want, "{what}: copy");
+                            assert_eq!(t[c * rows + r], want, "{what}: transpose");
+                        }
                     }
                 }
             }

@@ -150,6 +150,15 @@ impl CausalSelfAttention {
         MatRef::new(qkv, offset, s, self.head_dim(), w as isize, 1)
     }
 
+    /// The QKV projection's bias on the columns [`Self::head_rows`] views (empty: none).
+    fn head_bias(&self, head: usize, which: usize) -> &[f32] {
+        let bias = self.qkv.bias_values();
+        if bias.is_empty() {
+            return bias;
+        }
+        &bias[self.column(head, which)..][..self.head_dim()]
+    }
+
     /// Rotates Q and K of every row by its position (`inverse`: back, for gradients).
     fn rotate(&self, be: &dyn Backend, qkv: &mut Tensor, inverse: bool) {
         if let Some(rope) = &self.rope {
@@ -164,7 +173,7 @@ impl CausalSelfAttention {
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
         let mut qkv = self.qkv.apply_unbiased(be, x);
         self.rotate(be, &mut qkv, false);
-        let (ctx, _probs) = self.core_forward(be, &mut qkv);
+        let (ctx, _probs) = self.core_forward(be, &qkv);
         self.proj.apply_unbiased(be, &ctx)
     }
 
@@ -193,7 +202,7 @@ impl CausalSelfAttention {
         self.proj.check_forward(mb)?;
         let mut qkv = self.qkv.forward_unbiased(be, mb, x)?;
         self.rotate(be, &mut qkv, false);
-        let (ctx, probs) = self.core_forward(be, &mut qkv);
+        let (ctx, probs) = self.core_forward(be, &qkv);
         self.core.save_forward(mb, (qkv, probs))?;
         self.proj.forward_unbiased(be, mb, ctx)
     }
@@ -247,21 +256,21 @@ impl CausalSelfAttention {
     }
 
     /// Scores, causal softmax and context for the fused `qkv` rows of the projection without
-    /// its bias: `(context, probabilities)`; `qkv` leaves biased. Sequences are independent:
-    /// one task each, run in parallel on a multi-threaded backend.
+    /// its bias: `(context, probabilities)`. Sequences are independent: one task each, run in
+    /// parallel on a multi-threaded backend.
     ///
-    /// Each task adds the QKV bias to its sequence's rows just before reading them, rather
-    /// than the product accumulating onto a broadcast of it (a pass over the whole
-    /// `[n, (a + 2·kv)·d]` output less). The bits are the broadcast's while `h` fits in one of
+    /// `qkv` stays without its bias (and is saved so for the backward pass): the packs of a
+    /// head's Q, K and V add it ([`Self::head_bias`]) while the packed copy is in L1, rather
+    /// than the product accumulating onto a broadcast of it or a pass adding it to the whole
+    /// `[n, (a + 2·kv)·d]` output. The bits are the broadcast's while `h` fits in one of
     /// `gemm`'s depth blocks (512 and more; one rounding of `bias + Σ` either way); beyond,
     /// the bias follows the blocks' partial sums instead of preceding them, which moves last
     /// bits (the same in every schedule and in the reference trainer, which run this code).
     /// Adding it after the rotation is right only because rotary models have no QKV bias
     /// (Llama blocks are built without, and Hugging Face models with one are refused).
-    fn core_forward(&self, be: &dyn Backend, qkv: &mut Tensor) -> (Tensor, Tensor) {
-        let bias = self.qkv.bias_values();
+    fn core_forward(&self, be: &dyn Backend, qkv: &Tensor) -> (Tensor, Tensor) {
         debug_assert!(
-            bias.is_empty() || self.rope.is_none(),
+            self.qkv.bias_values().is_empty() || self.rope.is_none(),
             "a bias to add before rotating"
         );
         let (h, s, a, w) = (self.hidden(), self.seq_len, self.heads, self.qkv_width());
@@ -272,12 +281,9 @@ impl CausalSelfAttention {
             .data_mut()
             .chunks_mut(a * s * s)
             .zip(ctx.data_mut().chunks_mut(s * h))
-            .zip(qkv.data_mut().chunks_mut(s * w))
+            .zip(qkv.data().chunks(s * w))
             .map(|((probs, ctx), rows)| -> Task<'_> {
-                Box::new(move |be: &dyn Backend| {
-                    be.add_row_vector(rows, bias);
-                    self.sequence_forward(be, rows, probs, ctx)
-                })
+                Box::new(move |be: &dyn Backend| self.sequence_forward(be, rows, probs, ctx))
             })
             .collect();
         be.run_tasks(tasks);
@@ -296,11 +302,26 @@ impl CausalSelfAttention {
         let (keys_t, values) = rest.split_at_mut(s * d);
         for head in 0..a {
             let block = &mut probs[head * s * s..][..s * s];
-            be.pack(self.head_rows(qkv, 0, head, 0), queries, false);
+            be.pack(
+                self.head_rows(qkv, 0, head, 0),
+                self.head_bias(head, 0),
+                queries,
+                false,
+            );
             // Query heads sharing a K/V head share its packed K and V.
             if self.first_of_group(head) {
-                be.pack(self.head_rows(qkv, 0, head, 1), keys_t, true);
-                be.pack(self.head_rows(qkv, 0, head, 2), values, false);
+                be.pack(
+                    self.head_rows(qkv, 0, head, 1),
+                    self.head_bias(head, 1),
+                    keys_t,
+                    true,
+                );
+                be.pack(
+                    self.head_rows(qkv, 0, head, 2),
+                    self.head_bias(head, 2),
+                    values,
+                    false,
+                );
             }
             // Block by block of rows, while the block is in L1: scores only where the mask
             // lets them through (row block [r0, r1) needs columns [0, r1)), their softmax,
@@ -368,14 +389,15 @@ impl CausalSelfAttention {
         for head in 0..a {
             let pdata = &probs.data()[(seq * a + head) * s * s..][..s * s];
             let dout_rows = MatRef::new(dctx.data(), seq * s * h + head * d, s, d, h as isize, 1);
-            be.pack(dout_rows, douts, false);
-            be.pack(self.head_rows(qkv.data(), seq, head, 0), queries, false);
+            be.pack(dout_rows, &[], douts, false);
+            let rows = |which| self.head_rows(qkv.data(), seq, head, which);
+            be.pack(rows(0), self.head_bias(head, 0), queries, false);
             // The first query head of a group packs the K/V head's K and Vᵀ and writes its
             // gradient; the others reuse the packing and add.
             let first = self.first_of_group(head);
             if first {
-                be.pack(self.head_rows(qkv.data(), seq, head, 2), values_t, true);
-                be.pack(self.head_rows(qkv.data(), seq, head, 1), keys, false);
+                be.pack(rows(2), self.head_bias(head, 2), values_t, true);
+                be.pack(rows(1), self.head_bias(head, 1), keys, false);
             }
             let rs = w as isize;
             let dst = |which: usize, r0: usize| r0 * w + self.column(head, which);

@@ -217,8 +217,8 @@ fn attention_over_several_causal_blocks_matches_naive_and_finite_differences() {
 
 #[test]
 fn attention_in_whole_register_tiles_matches_naive_and_finite_differences() {
-    // d = 32: the small products run whole 4 × 16 tiles and the packing whole 8 × 8
-    // transposes; s = 70 adds the row and column tails.
+    // d = 32: the small products run whole 4 × 16 tiles (8 × 32 at AVX-512) and the packing
+    // whole 8 × 8 transposes; s = 70 adds the row and column tails.
     let (h, s, n) = (64, 70, 140);
     let cfg = GptConfig {
         layers: 2,

@@ -258,7 +258,6 @@ mod x86 {
     /// AVX-512F must be supported; the tile must lie inside the product and the product's
     /// addressed elements inside the slices.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn tile_avx512<const R: usize, const V: usize>(
         dst: &mut [f32],
         a: &[f32],

@@ -3,7 +3,8 @@
 //! positions on Q and K and grouped-query attention (several query heads share one K/V
 //! head), without biases.
 //!
-//! F saves the fused QKV activations (rotated) and the attention probabilities (the
+//! F saves the fused QKV activations (rotated, without the QKV bias, which the core's packs
+//! add) and the attention probabilities (the
 //! `5·a·s` per-token term of the paper's M_B). The score/softmax core and the rotation have
 //! no weights, so I frees both at once; only the two linears queue anything for W.
 
@@ -76,7 +77,8 @@ pub struct CausalSelfAttention {
     kv_heads: usize,
     seq_len: usize,
     rope: Option<Rope>,
-    /// Saved by F for I: (QKV activations `[n, (a + 2·kv)·d]`, probabilities `[b, a, s, s]`).
+    /// Saved by F for I: (QKV activations `[n, (a + 2·kv)·d]` without the QKV bias,
+    /// probabilities `[b, a, s, s]`).
     core: PassState<(Tensor, Tensor), ()>,
 }
 
@@ -220,7 +222,8 @@ impl CausalSelfAttention {
         cache: &mut KvRows,
     ) -> Tensor {
         let (a, kv, d) = (self.heads, self.kv_heads, self.head_dim());
-        // Biased as the core biases the window's rows, so cached keys and values are theirs.
+        // Biased with the same add as the core's packs of the window's Q, K and V, so cached
+        // keys and values are theirs.
         let mut qkv = self.qkv.apply_unbiased(be, x);
         be.add_row_vector(qkv.data_mut(), self.qkv.bias_values());
         if let Some(rope) = &self.rope {

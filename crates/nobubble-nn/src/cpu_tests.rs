@@ -2,6 +2,7 @@
 //! count, softmax masking, cross-entropy.
 
 use super::*;
+use crate::testutil::random_tensor;
 
 fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0; m * n];
@@ -196,20 +197,10 @@ fn gelu_output_rows_are_padded_where_they_would_alias_and_keep_their_bits() {
 fn a_product_on_a_lent_core_has_the_same_bits() {
     // Large enough to borrow (`CpuBackend::large_product_loan`).
     let (m, k, n) = (512, 256, 384);
-    let a = Tensor::from_vec(
-        &[m, k],
-        (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
-            .collect(),
-    )
-    .unwrap();
-    let b = Tensor::from_vec(
-        &[k, n],
-        (0..k * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0)
-            .collect(),
-    )
-    .unwrap();
+    let (a, b) = (
+        random_tensor(&[m, k], 1.0, 1),
+        random_tensor(&[k, n], 1.0, 2),
+    );
     let lender = crate::lending::CoreLender::new(2).unwrap();
     let alone = CpuBackend::single_thread();
     let lent = CpuBackend::single_thread().with_lender(Some(lender.clone()));
@@ -234,24 +225,14 @@ fn a_product_on_a_lent_core_has_the_same_bits() {
     // Several depth blocks (gemm's kc), odd sizes, a transposed operand, accumulating: the
     // depth is still summed in one order on a lent core.
     let (m, k, n) = (301, 2500, 263);
-    let a = Tensor::from_vec(
-        &[m, k],
-        (0..m * k)
-            .map(|i| ((i * 7 % 19) as f32 - 9.0) / 5.0)
-            .collect(),
-    )
-    .unwrap();
-    let bt = Tensor::from_vec(
-        &[n, k],
-        (0..n * k)
-            .map(|i| ((i * 3 % 23) as f32 - 11.0) / 7.0)
-            .collect(),
-    )
-    .unwrap();
-    let start: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 - 2.0).collect();
-    let mut want = Tensor::from_vec(&[m, n], start.clone()).unwrap();
+    let (a, bt) = (
+        random_tensor(&[m, k], 1.0, 3),
+        random_tensor(&[n, k], 1.0, 4),
+    );
+    let start = random_tensor(&[m, n], 1.0, 5);
+    let mut want = start.clone();
     alone.matmul(want.mat_mut(), a.mat(), bt.mat().t(), 1.0, true);
-    let mut got = Tensor::from_vec(&[m, n], start).unwrap();
+    let mut got = start;
     lent.matmul(got.mat_mut(), a.mat(), bt.mat().t(), 1.0, true);
     assert_eq!(lent.borrowed_products(), 2);
     assert_eq!(

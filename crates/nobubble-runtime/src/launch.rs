@@ -33,7 +33,7 @@ pub struct RankContext {
 /// wait: with real compute, one thread each (a rank of more already has its cores), when they
 /// fit on the cores this process may use (more ranks than cores already share every core)
 /// and `NOBUBBLE_LEND_CORES` is not `0`.
-pub fn lends_cores(world: usize, threads: usize, real: bool) -> bool {
+fn lends_cores(world: usize, threads: usize, real: bool) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let off = std::env::var("NOBUBBLE_LEND_CORES").is_ok_and(|v| v.trim() == "0");
     real && threads == 1 && world > 1 && world <= cores && !off
@@ -41,7 +41,7 @@ pub fn lends_cores(world: usize, threads: usize, real: bool) -> bool {
 
 /// The lender such ranks share, if they lend ([`lends_cores`]).
 pub fn lender_for(world: usize, threads: usize, real: bool) -> Option<Arc<CoreLender>> {
-    (lends_cores(world, threads, real))
+    lends_cores(world, threads, real)
         .then(|| CoreLender::new(world))
         .flatten()
 }

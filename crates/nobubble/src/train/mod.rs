@@ -270,9 +270,10 @@ fn run_job(a: &TrainArgs) -> Result<u8, String> {
             } else {
                 nobubble_runtime::machine::check_emulated(world, emulated_passes(&job.session))?;
             }
-            header(a, &job, "threads");
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let threads = job.session.run.train.threads;
+            let lender = launch::lender_for(world, threads, job.session.emulated.is_none());
+            header(a, &job, "threads", lender.is_some());
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (mut watch, _server) = watch(a, &job, (world * threads).min(cores))?;
             // Planning and building many ranks takes a while: say so until the plan is in use.
             let (setup_done, setup) = std::sync::mpsc::channel();
@@ -280,7 +281,6 @@ fn run_job(a: &TrainArgs) -> Result<u8, String> {
             let label = format!("setting up {world} ranks: planning, building the stages");
             let _shown = crate::progress::show_until(&label, setup);
             let slot = std::sync::Mutex::new(Some(watch));
-            let lender = launch::lender_for(world, threads, job.session.emulated.is_none());
             let results = launch::threads(world, lender, |ctx: RankContext| {
                 if ctx.transport.rank() == 0 {
                     let mut watch = slot
@@ -372,7 +372,8 @@ fn run_mpi(a: &TrainArgs, job: &TrainJob, _launched: usize) -> Result<u8, String
     };
     if rank == 0 {
         let _lock = lock_save(a).unwrap_or_else(|e| fail(e));
-        header(a, job, &transport);
+        // MPI ranks are processes: none lends its core to another.
+        header(a, job, &transport, false);
         // Each rank of an MPI job computes on a core of its own.
         let (mut watch, server) =
             watch(a, job, size * job.session.run.train.threads).unwrap_or_else(|e| fail(e));
@@ -410,7 +411,8 @@ fn run_mpi(_: &TrainArgs, _: &TrainJob, launched: usize) -> Result<u8, String> {
     ))
 }
 
-fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
+/// The run's first line; `lent`: the ranks share a lender ([`launch::lender_for`]).
+fn header(a: &TrainArgs, job: &TrainJob, transport: &str, lent: bool) {
     let model = &job.session.run.model;
     let dp = if a.data_parallel > 1 {
         format!(" × {} data-parallel replicas", a.data_parallel)
@@ -426,10 +428,7 @@ fn header(a: &TrainArgs, job: &TrainJob, transport: &str) {
         Arch::Gpt => format!("{} heads", model.heads),
     };
     let threads = job.session.run.train.threads;
-    let world = job.session.ranks * a.data_parallel.max(1);
-    let lent = if transport == "threads"
-        && launch::lends_cores(world, threads, job.session.emulated.is_none())
-    {
+    let lent = if lent {
         ", cores lent while waiting"
     } else {
         ""

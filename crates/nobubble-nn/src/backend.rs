@@ -26,6 +26,11 @@ pub struct NormForward {
     pub rstd: Vec<f32>,
 }
 
+/// Rows per block of a sum over rows ([`Backend::accumulate_column_sums`], a norm backward's
+/// γ/β): each block is summed from zero and the blocks' sums are then added in order, so that
+/// threads can take whole blocks without changing a bit.
+pub const SUM_ROWS: usize = 64;
+
 /// Outputs of a LayerNorm input-gradient pass: the input gradient plus this
 /// microbatch's (small, `2·h` floats) contribution to the γ/β gradients, which the
 /// layer keeps until its W pass adds it to the accumulators.
@@ -37,6 +42,21 @@ pub struct NormBackward {
     pub dgamma: Vec<f32>,
     /// Σ over rows of `dy` for this microbatch (empty for RMSNorm, which has no β).
     pub dbeta: Vec<f32>,
+    /// Σ over rows of `dx`, if [`NormGradExtras::column_sums`] asked for it (else empty).
+    pub dx_column_sums: Vec<f32>,
+}
+
+/// What a norm's input-gradient pass also does to its result, row by row while the row is
+/// in L1: in a pre-norm block the norm's input gradient is added to the residual branch's,
+/// and the sum feeds a linear layer whose bias gradient is its column sums. Done apart,
+/// these are two more passes over an `[n, h]` tensor each.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NormGradExtras<'a> {
+    /// Added to the input gradient (the shape of `dy`).
+    pub residual: Option<&'a Tensor>,
+    /// Sum the final input gradient's columns into [`NormBackward::dx_column_sums`], with
+    /// [`Backend::accumulate_column_sums`]'s bits.
+    pub column_sums: bool,
 }
 
 /// Independent work a layer hands to [`Backend::run_tasks`]: it computes with the backend
@@ -116,8 +136,15 @@ pub trait Backend: Send + Sync {
     /// A `[rows, v.len()]` tensor whose every row is `v` (a bias to accumulate onto).
     fn broadcast_rows(&self, v: &[f32], rows: usize) -> Tensor;
 
-    /// `dst[j] += Σ_rows x[row, j]`, rows summed in order (bias gradients).
+    /// `dst[j] += Σ_rows x[row, j]` (bias gradients): each block of [`SUM_ROWS`] rows summed
+    /// in order from zero, then the blocks' sums added to `dst` in order.
     fn accumulate_column_sums(&self, dst: &mut [f32], x: &Tensor);
+
+    /// `dst[j] += Σ_rows x[row, j]` over the rows of `x` (`dst.len()` columns each), in
+    /// order, on this thread: one block of [`Self::accumulate_column_sums`], for work that
+    /// has a block's rows at hand (adding such blocks' sums, each from zero, in block order
+    /// gives its bits).
+    fn column_sums_block(&self, dst: &mut [f32], x: &[f32]);
 
     /// `dst += src` elementwise (residuals and gradient accumulation).
     fn add_assign(&self, dst: &mut [f32], src: &[f32]);
@@ -125,25 +152,28 @@ pub trait Backend: Send + Sync {
     /// Row-wise LayerNorm.
     fn layernorm_forward(&self, x: &Tensor, gamma: &[f32], beta: &[f32], eps: f32) -> NormForward;
 
-    /// LayerNorm input gradient plus the per-microbatch γ/β partial sums.
+    /// LayerNorm input gradient (with `extras`) plus the per-microbatch γ/β partial sums.
     fn layernorm_backward(
         &self,
         dy: &Tensor,
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward;
 
     /// Row-wise RMSNorm: `xhat = x / sqrt(mean(x²) + eps)`, `y = xhat·γ`.
     fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward;
 
-    /// RMSNorm input gradient plus the per-microbatch γ partial sums (`dbeta` empty).
+    /// RMSNorm input gradient (with `extras`) plus the per-microbatch γ partial sums
+    /// (`dbeta` empty).
     fn rmsnorm_backward(
         &self,
         dy: &Tensor,
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward;
 
     /// SwiGLU of `u = [gate | up]` (`[n, 2f]`): `silu(gate) ⊙ up`, `[n, f]`.

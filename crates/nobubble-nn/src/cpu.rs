@@ -1,7 +1,7 @@
 //! CPU implementation of [`Backend`]: `gemm` for matrix products, loops with a fixed
 //! order (compiled per [`Simd`] level) for everything else.
 
-use crate::backend::{Backend, NormBackward, NormForward, Task};
+use crate::backend::{Backend, NormBackward, NormForward, NormGradExtras, Task, SUM_ROWS};
 use crate::error::Result;
 use crate::kernels;
 use crate::lending::CoreLender;
@@ -13,10 +13,13 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Rows per block of a sum over rows (a norm backward's γ/β, bias gradients): sums run per
-/// block and then over the blocks in order, so that threads can take whole blocks without
-/// changing a bit.
-const SUM_ROWS: usize = 64;
+/// One block of rows of a norm's backward inputs (`residual` empty without one).
+struct NormRows<'a> {
+    dy: &'a [f32],
+    xhat: &'a [f32],
+    rstd: &'a [f32],
+    residual: &'a [f32],
+}
 
 /// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
 /// one core uses `threads = 1`; a stage (or an unpipelined run) with more cores uses more.
@@ -123,35 +126,55 @@ impl CpuBackend {
         NormForward { y, xhat, rstd }
     }
 
-    /// A row-wise norm's backward, `kernel(dy, xhat, rstd, dx, dgamma, dbeta)` (`dbeta` empty
-    /// without β), over [`Self::row_block_sums`]' blocks: each block writes its rows of `dx`
-    /// and its γ/β partial sums.
+    /// A row-wise norm's backward, `kernel(rows, dx, dgamma, dbeta, dx_sums)` (`dbeta` empty
+    /// without β, `dx_sums` empty unless `extras` asks for them), over
+    /// [`Self::row_block_sums`]' blocks: each block writes its rows of `dx` and its partial
+    /// sums.
     fn norm_backward_rows(
         &self,
         dy: &Tensor,
         xhat: &Tensor,
         rstd: &[f32],
         with_beta: bool,
-        kernel: impl Fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
+        extras: NormGradExtras<'_>,
+        kernel: impl Fn(NormRows<'_>, &mut [f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
     ) -> NormBackward {
         assert_eq!(dy.shape(), xhat.shape());
         assert_eq!(rstd.len(), dy.rows());
+        let residual = extras.residual.map_or(&[][..], |r| {
+            assert_eq!(
+                r.shape(),
+                dy.shape(),
+                "the residual gradient has dy's shape"
+            );
+            r.data()
+        });
         let (n, h) = (dy.rows(), dy.cols());
         let beta_len = if with_beta { h } else { 0 };
+        let sums_len = if extras.column_sums { h } else { 0 };
         let mut dx = Tensor::for_overwrite(dy.shape());
         let dx_blocks = dx.data_mut().chunks_mut(SUM_ROWS * h.max(1)).collect();
-        let mut sums = vec![0.0f32; h + beta_len];
+        // Partial sums per block: [dγ | dβ | Σ dx].
+        let mut sums = vec![0.0f32; h + beta_len + sums_len];
         self.row_block_sums(n, h, &mut sums, dx_blocks, |rows, dx, part| {
             let span = rows.start * h..rows.end * h;
-            let (g, b) = part.split_at_mut(h);
-            let (dy, xhat) = (&dy.data()[span.clone()], &xhat.data()[span]);
-            kernel(dy, xhat, &rstd[rows], dx, g, b);
+            let (g, rest) = part.split_at_mut(h);
+            let (b, dx_sums) = rest.split_at_mut(beta_len);
+            let on = NormRows {
+                dy: &dy.data()[span.clone()],
+                xhat: &xhat.data()[span.clone()],
+                rstd: &rstd[rows],
+                residual: residual.get(span).unwrap_or_default(),
+            };
+            kernel(on, dx, g, b, dx_sums);
         });
+        let dx_column_sums = sums.split_off(h + beta_len);
         let dbeta = sums.split_off(h);
         NormBackward {
             dx,
             dgamma: sums,
             dbeta,
+            dx_column_sums,
         }
     }
 
@@ -403,6 +426,10 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn column_sums_block(&self, dst: &mut [f32], x: &[f32]) {
+        kernels::column_sums(self.simd, dst, x);
+    }
+
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len());
         let add = |dst: &mut [f32], src: &[f32]| kernels::add(self.simd, dst, src);
@@ -428,10 +455,19 @@ impl Backend for CpuBackend {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward {
         assert_eq!(gamma.len(), dy.cols());
-        self.norm_backward_rows(dy, xhat, rstd, true, |dy, xhat, rstd, dx, dg, db| {
-            kernels::layernorm_backward(self.simd, dy, xhat, rstd, gamma, dx, dg, db)
+        self.norm_backward_rows(dy, xhat, rstd, true, extras, |on, dx, dg, db, sums| {
+            let NormRows {
+                dy,
+                xhat,
+                rstd,
+                residual,
+            } = on;
+            kernels::layernorm_backward(
+                self.simd, dy, xhat, rstd, gamma, residual, dx, dg, db, sums,
+            )
         })
     }
 
@@ -448,10 +484,17 @@ impl Backend for CpuBackend {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward {
         assert_eq!(gamma.len(), dy.cols());
-        self.norm_backward_rows(dy, xhat, rstd, false, |dy, xhat, rstd, dx, dg, _| {
-            kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, dx, dg)
+        self.norm_backward_rows(dy, xhat, rstd, false, extras, |on, dx, dg, _, sums| {
+            let NormRows {
+                dy,
+                xhat,
+                rstd,
+                residual,
+            } = on;
+            kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, residual, dx, dg, sums)
         })
     }
 

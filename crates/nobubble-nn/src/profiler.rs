@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::backend::{Backend, NormBackward, NormForward, Task};
+use crate::backend::{Backend, NormBackward, NormForward, NormGradExtras, Task};
 use crate::tensor::{MatMut, MatRef, Tensor};
 
 /// Wraps `inner`, adding each call's time to its operation kind.
@@ -120,6 +120,10 @@ impl Backend for TimingBackend<'_> {
         self.time("bias grad", || self.inner.accumulate_column_sums(dst, x))
     }
 
+    fn column_sums_block(&self, dst: &mut [f32], x: &[f32]) {
+        self.time("bias grad", || self.inner.column_sums_block(dst, x))
+    }
+
     fn add_assign(&self, dst: &mut [f32], src: &[f32]) {
         self.time("add", || self.inner.add_assign(dst, src))
     }
@@ -136,9 +140,10 @@ impl Backend for TimingBackend<'_> {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward {
         self.time("layernorm", || {
-            self.inner.layernorm_backward(dy, xhat, rstd, gamma)
+            self.inner.layernorm_backward(dy, xhat, rstd, gamma, extras)
         })
     }
 
@@ -152,9 +157,10 @@ impl Backend for TimingBackend<'_> {
         xhat: &Tensor,
         rstd: &[f32],
         gamma: &[f32],
+        extras: NormGradExtras<'_>,
     ) -> NormBackward {
         self.time("rmsnorm", || {
-            self.inner.rmsnorm_backward(dy, xhat, rstd, gamma)
+            self.inner.rmsnorm_backward(dy, xhat, rstd, gamma, extras)
         })
     }
 

@@ -197,9 +197,9 @@ wide! {
     fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
-    fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]);
+    fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], residual: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32], dx_sums: &mut [f32]);
     fn rmsnorm_forward(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
-    fn rmsnorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], dx: &mut [f32], dgamma: &mut [f32]);
+    fn rmsnorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], residual: &[f32], dx: &mut [f32], dgamma: &mut [f32], dx_sums: &mut [f32]);
     fn swiglu_forward(u: &[f32], f: usize, y: &mut [f32]);
     fn swiglu_backward(u: &[f32], f: usize, dy: &[f32], du: &mut [f32]);
     fn rope(x: &mut [f32], cols: usize, first_row: usize, rope: RopeShape, cos: &[f32], sin: &[f32], inverse: bool);
@@ -463,14 +463,18 @@ mod portable {
     }
 
     #[inline(always)]
+    /// The input gradient of LayerNorm, plus `residual` (empty: none) and its column sums
+    /// into `dx_sums` (empty: none) — see [`finish_row`].
     pub fn layernorm_backward(
         dy: &[f32],
         xhat: &[f32],
         rstd: &[f32],
         gamma: &[f32],
+        residual: &[f32],
         dx: &mut [f32],
         dgamma: &mut [f32],
         dbeta: &mut [f32],
+        dx_sums: &mut [f32],
     ) {
         let h = gamma.len();
         for r in 0..rstd.len() {
@@ -487,6 +491,25 @@ mod portable {
             let mean_dx = lane_dot(out, xr) / h as f32;
             for j in 0..h {
                 out[j] = rstd[r] * (out[j] - mean_d - xr[j] * mean_dx);
+            }
+            finish_row(out, residual.get(r * h..(r + 1) * h), dx_sums);
+        }
+    }
+
+    /// A norm's input-gradient row, while it is in L1: a pre-norm block's residual gradient
+    /// added (`out + res`: the bits of the separate add it replaces, IEEE addition being
+    /// commutative), then the row added into `sums` if wanted (the bits of
+    /// [`column_sums`] over the same rows) — two passes over the `[n, h]` gradient less.
+    #[inline(always)]
+    fn finish_row(out: &mut [f32], residual: Option<&[f32]>, sums: &mut [f32]) {
+        if let Some(res) = residual {
+            for (o, &r) in out.iter_mut().zip(res) {
+                *o += r;
+            }
+        }
+        if !sums.is_empty() {
+            for (s, &o) in sums.iter_mut().zip(out.iter()) {
+                *s += o;
             }
         }
     }
@@ -520,8 +543,10 @@ mod portable {
         xhat: &[f32],
         rstd: &[f32],
         gamma: &[f32],
+        residual: &[f32],
         dx: &mut [f32],
         dgamma: &mut [f32],
+        dx_sums: &mut [f32],
     ) {
         let h = gamma.len();
         for r in 0..rstd.len() {
@@ -536,6 +561,7 @@ mod portable {
             for j in 0..h {
                 out[j] = rstd[r] * (out[j] - xr[j] * mean_dx);
             }
+            finish_row(out, residual.get(r * h..(r + 1) * h), dx_sums);
         }
     }
 

@@ -274,20 +274,60 @@ fn every_simd_build_gives_the_baseline_bits() {
         );
         portable::layernorm_forward(&u[..rows * h], &g, &g, 1e-5, &mut y2, &mut x2, &mut r2);
         assert_eq!((&y1, &x1, &r1), (&y2, &x2, &r2), "{simd}");
-        let (mut d1, mut g1, mut b1) = (vec![0.0; rows * h], vec![0.0; h], vec![0.0; h]);
-        let (mut d2, mut g2, mut b2) = (d1.clone(), g1.clone(), b1.clone());
-        layernorm_backward(
-            simd,
-            &u[..rows * h],
-            &x1,
-            &r1,
-            &g,
-            &mut d1,
-            &mut g1,
-            &mut b1,
-        );
-        portable::layernorm_backward(&u[..rows * h], &x1, &r1, &g, &mut d2, &mut g2, &mut b2);
-        assert_eq!((d1, g1, b1), (d2, g2, b2), "{simd}");
+        // With and without the residual gradient and the column sums.
+        let residual = &u[u.len() - rows * h..];
+        for (res, sums) in [(&[][..], 0), (residual, h)] {
+            let (mut d1, mut g1, mut b1) = (vec![0.0; rows * h], vec![0.0; h], vec![0.0; h]);
+            let mut s1 = vec![0.0; sums];
+            let (mut d2, mut g2, mut b2, mut s2) = (d1.clone(), g1.clone(), b1.clone(), s1.clone());
+            let dy = &u[..rows * h];
+            layernorm_backward(
+                simd, dy, &x1, &r1, &g, res, &mut d1, &mut g1, &mut b1, &mut s1,
+            );
+            portable::layernorm_backward(dy, &x1, &r1, &g, res, &mut d2, &mut g2, &mut b2, &mut s2);
+            assert_eq!((d1, g1, b1, s1), (d2, g2, b2, s2), "{simd}");
+        }
+    }
+}
+
+/// A norm backward's residual add and column sums give the bits of doing them apart: an
+/// add of the residual after it, and [`column_sums`] of the result.
+#[test]
+fn fused_residual_and_column_sums_match_separate_passes() {
+    let (rows, h) = (13, 40);
+    let u: Vec<f32> = (0..3 * rows * h)
+        .map(|i| ((i as f32) * 0.377).sin() * 2.0)
+        .collect();
+    let (dy, rest) = u.split_at(rows * h);
+    let (xhat, residual) = rest.split_at(rows * h);
+    let gamma: Vec<f32> = (0..h).map(|j| 0.5 + j as f32 * 0.03).collect();
+    let rstd: Vec<f32> = (0..rows).map(|r| 0.7 + r as f32 * 0.1).collect();
+    for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+        for rms in [false, true] {
+            let run = |res: &[f32], sums: &mut [f32]| {
+                let (mut dx, mut dg, mut db) = (vec![0.0; rows * h], vec![0.0; h], vec![0.0; h]);
+                if rms {
+                    rmsnorm_backward(simd, dy, xhat, &rstd, &gamma, res, &mut dx, &mut dg, sums);
+                } else {
+                    layernorm_backward(
+                        simd, dy, xhat, &rstd, &gamma, res, &mut dx, &mut dg, &mut db, sums,
+                    );
+                }
+                (dx, dg, db)
+            };
+            let (mut apart, dg, db) = run(&[], &mut []);
+            add(simd, &mut apart, residual);
+            let mut apart_sums = vec![0.0; h];
+            column_sums(simd, &mut apart_sums, &apart);
+            let mut sums = vec![0.0; h];
+            let fused = run(residual, &mut sums);
+            assert_eq!(fused, (apart.clone(), dg, db), "{simd} rms {rms}");
+            assert_eq!(sums, apart_sums, "{simd} rms {rms}");
+            // The fused sums are not the sums of the gradient without the residual.
+            let mut without = vec![0.0; h];
+            run(&[], &mut without);
+            assert_ne!(without, sums);
+        }
     }
 }
 
@@ -312,11 +352,13 @@ fn every_simd_build_gives_the_baseline_bits_for_llama_kernels() {
         rmsnorm_forward(simd, &u[..n], &g, 1e-5, &mut y1, &mut x1, &mut r1);
         portable::rmsnorm_forward(&u[..n], &g, 1e-5, &mut y2, &mut x2, &mut r2);
         assert_eq!((&y1, &x1, &r1), (&y2, &x2, &r2), "{simd}");
-        let (mut d1, mut g1) = (vec![0.0; n], vec![0.0; h]);
-        let (mut d2, mut g2) = (d1.clone(), g1.clone());
-        rmsnorm_backward(simd, &u[..n], &x1, &r1, &g, &mut d1, &mut g1);
-        portable::rmsnorm_backward(&u[..n], &x1, &r1, &g, &mut d2, &mut g2);
-        assert_eq!((d1, g1), (d2, g2), "{simd}");
+        for (res, sums) in [(&[][..], 0), (&u[u.len() - n..], h)] {
+            let (mut d1, mut g1, mut s1) = (vec![0.0; n], vec![0.0; h], vec![0.0; sums]);
+            let (mut d2, mut g2, mut s2) = (d1.clone(), g1.clone(), s1.clone());
+            rmsnorm_backward(simd, &u[..n], &x1, &r1, &g, res, &mut d1, &mut g1, &mut s1);
+            portable::rmsnorm_backward(&u[..n], &x1, &r1, &g, res, &mut d2, &mut g2, &mut s2);
+            assert_eq!((d1, g1, s1), (d2, g2, s2), "{simd}");
+        }
         let (mut a, mut b) = (vec![0.0; rows * f], vec![0.0; rows * f]);
         swiglu_forward(simd, &u, f, &mut a);
         portable::swiglu_forward(&u, f, &mut b);

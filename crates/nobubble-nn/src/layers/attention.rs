@@ -9,12 +9,13 @@
 //! no weights, so I frees both at once; only the two linears queue anything for W.
 
 use super::{add_bias, Linear, SplitLayer, INIT_STD};
-use crate::backend::{Backend, Task};
+use crate::backend::{Backend, Task, SUM_ROWS};
 use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
 use crate::param::Param;
 use crate::tensor::{MatMut, MatRef, Tensor};
+use std::iter;
 
 /// Row-block size of the causal attention products: blocks strictly above the
 /// diagonal are skipped (they are masked out anyway), which removes
@@ -343,28 +344,53 @@ impl CausalSelfAttention {
         }
     }
 
+    /// The QKV gradient of the core, and its column sums (the QKV bias gradient) if they were
+    /// taken on the way. They are when the layer has a QKV bias (so no rotation follows) and
+    /// sequences are whole blocks of [`SUM_ROWS`] rows: each sequence's task sums its blocks
+    /// while its rows are in L2, and the blocks are added in order here — the bits of
+    /// [`Backend::accumulate_column_sums`], without its pass over the `[n, (a + 2·kv)·d]`
+    /// gradient.
     fn core_backward(
         &self,
         be: &dyn Backend,
         qkv: &Tensor,
         probs: &Tensor,
         dctx: &Tensor,
-    ) -> Tensor {
+    ) -> (Tensor, Option<Vec<f32>>) {
         let (w, s) = (self.qkv_width(), self.seq_len);
         let n = qkv.rows();
         let mut dqkv = Tensor::for_overwrite(&[n, w]);
+        let sums =
+            !self.qkv.bias_values().is_empty() && self.rope.is_none() && s.is_multiple_of(SUM_ROWS);
+        let blocks_per_seq = if sums { s / SUM_ROWS } else { 0 };
+        let mut partials = vec![0.0f32; n / s * blocks_per_seq * w];
         let tasks = dqkv
             .data_mut()
             .chunks_mut(s * w)
+            .zip(
+                partials
+                    .chunks_mut((blocks_per_seq * w).max(1))
+                    .chain(iter::repeat_with(|| &mut [][..])),
+            )
             .enumerate()
-            .map(|(seq, dqkv)| -> Task<'_> {
+            .map(|(seq, (dqkv, partials))| -> Task<'_> {
                 Box::new(move |be: &dyn Backend| {
-                    self.sequence_backward(be, qkv, probs, dctx, seq, dqkv)
+                    self.sequence_backward(be, qkv, probs, dctx, seq, dqkv);
+                    for (part, rows) in partials.chunks_mut(w).zip(dqkv.chunks(SUM_ROWS * w)) {
+                        be.column_sums_block(part, rows);
+                    }
                 })
             })
             .collect();
         be.run_tasks(tasks);
-        dqkv
+        let dbias = sums.then(|| {
+            let mut dbias = vec![0.0f32; w];
+            for part in partials.chunks_exact(w) {
+                be.add_assign(&mut dbias, part);
+            }
+            dbias
+        });
+        (dqkv, dbias)
     }
 
     /// [`Self::core_backward`] of sequence `seq`, into its rows `[s, (a + 2·kv)·d]` of the
@@ -432,6 +458,25 @@ impl CausalSelfAttention {
         }
     }
 
+    /// I, with the output projection's bias gradient already summed by the caller (`dbias`,
+    /// see [`Linear::backward_input_given`]) or summed here (`None`).
+    pub(crate) fn backward_input_given(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        dy: Tensor,
+        dbias: Option<Vec<f32>>,
+    ) -> Result<Tensor> {
+        self.core.check_input_grad(mb)?;
+        self.qkv.check_input_grad(mb)?;
+        let dctx = self.proj.backward_input_given(be, mb, dy, dbias)?;
+        let (qkv, probs) = self.core.take_forward(mb)?;
+        let (mut dqkv, dbias) = self.core_backward(be, &qkv, &probs, &dctx);
+        drop((qkv, probs, dctx));
+        self.rotate(be, &mut dqkv, true);
+        self.qkv.backward_input_given(be, mb, dqkv, dbias)
+    }
+
     /// Whether query head `head` is the first of the heads sharing its K/V head.
     fn first_of_group(&self, head: usize) -> bool {
         head.is_multiple_of(self.heads / self.kv_heads)
@@ -451,14 +496,7 @@ impl SplitLayer for CausalSelfAttention {
     }
 
     fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
-        self.core.check_input_grad(mb)?;
-        self.qkv.check_input_grad(mb)?;
-        let dctx = self.proj.backward_input(be, mb, dy)?;
-        let (qkv, probs) = self.core.take_forward(mb)?;
-        let mut dqkv = self.core_backward(be, &qkv, &probs, &dctx);
-        drop((qkv, probs, dctx));
-        self.rotate(be, &mut dqkv, true);
-        self.qkv.backward_input(be, mb, dqkv)
+        self.backward_input_given(be, mb, dy, None)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

@@ -4,7 +4,7 @@
 //! The residual adds need nothing saved; the block's F/I/W are its sub-layers' passes.
 
 use super::{Activation, CausalSelfAttention, Mlp, Norm, SplitLayer};
-use crate::backend::Backend;
+use crate::backend::{Backend, NormGradExtras};
 use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::param::Param;
@@ -119,15 +119,24 @@ impl SplitLayer for Block {
         self.ln1.check_input_grad(mb)?;
         // Each branch's last linear keeps the gradient it is handed for its W; the residual
         // sum reads it back from there rather than from a copy made before (two copies of
-        // the residual gradient less per I). `a + b` is `b + a` in IEEE arithmetic, so the
-        // sums are the same bits either way round.
+        // the residual gradient less per I). The norms' input-gradient passes add it to
+        // their rows while those are in L1, and ln2's also sums the output projection's
+        // bias gradient: no passes of their own over `[n, h]`. `a + b` is `b + a` in IEEE
+        // arithmetic, so the sums are the bits of a separate add.
         let dm = self.mlp.backward_input(be, mb, dy)?;
-        let mut dh = self.ln2.backward_input(be, mb, dm)?;
-        be.add_assign(dh.data_mut(), self.mlp.fc2.queued_output_grad(mb)?.data());
-        let da = self.attn.backward_input(be, mb, dh)?;
-        let mut dx = self.ln1.backward_input(be, mb, da)?;
-        be.add_assign(dx.data_mut(), self.attn.proj.queued_output_grad(mb)?.data());
-        Ok(dx)
+        let extras = NormGradExtras {
+            residual: Some(self.mlp.fc2.queued_output_grad(mb)?),
+            column_sums: !self.attn.output_bias().is_empty(),
+        };
+        let (dh, dproj_bias) = self.ln2.backward_input_with(be, mb, dm, extras)?;
+        let da = self
+            .attn
+            .backward_input_given(be, mb, dh, Some(dproj_bias))?;
+        let extras = NormGradExtras {
+            residual: Some(self.attn.proj.queued_output_grad(mb)?),
+            column_sums: false,
+        };
+        Ok(self.ln1.backward_input_with(be, mb, da, extras)?.0)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

@@ -7,7 +7,7 @@
 //! (bit-identity).
 
 use super::SplitLayer;
-use crate::backend::{Backend, NormForward};
+use crate::backend::{Backend, NormBackward, NormForward, NormGradExtras};
 use crate::config::Arch;
 use crate::error::{MicrobatchId, NnError, Result};
 use crate::memory::PassState;
@@ -102,14 +102,17 @@ impl Norm {
         self.state.save_forward(mb, (out.xhat, out.rstd))?;
         Ok(out.y)
     }
-}
 
-impl SplitLayer for Norm {
-    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        self.forward_ref(be, mb, &x)
-    }
-
-    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+    /// I, doing `extras` on the way (a pre-norm block's residual gradient and the next
+    /// linear's bias gradient): the input gradient, and its column sums if asked (else
+    /// empty).
+    pub(crate) fn backward_input_with(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        dy: Tensor,
+        extras: NormGradExtras<'_>,
+    ) -> Result<(Tensor, Vec<f32>)> {
         self.state.check_input_grad(mb)?;
         if dy.cols() != self.gamma.value.len() {
             return Err(NnError::BadInput(format!(
@@ -132,12 +135,30 @@ impl SplitLayer for Norm {
         let (xhat, rstd) = self.state.take_forward(mb)?;
         let gamma = self.gamma.value.data();
         let out = match self.beta {
-            Some(_) => be.layernorm_backward(&dy, &xhat, &rstd, gamma),
-            None => be.rmsnorm_backward(&dy, &xhat, &rstd, gamma),
+            Some(_) => be.layernorm_backward(&dy, &xhat, &rstd, gamma, extras),
+            None => be.rmsnorm_backward(&dy, &xhat, &rstd, gamma, extras),
         };
         drop((xhat, rstd));
-        self.state.queue_weight_grad(mb, (out.dgamma, out.dbeta));
-        Ok(out.dx)
+        let NormBackward {
+            dx,
+            dgamma,
+            dbeta,
+            dx_column_sums,
+        } = out;
+        self.state.queue_weight_grad(mb, (dgamma, dbeta));
+        Ok((dx, dx_column_sums))
+    }
+}
+
+impl SplitLayer for Norm {
+    fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
+        self.forward_ref(be, mb, &x)
+    }
+
+    fn backward_input(&mut self, be: &dyn Backend, mb: MicrobatchId, dy: Tensor) -> Result<Tensor> {
+        Ok(self
+            .backward_input_with(be, mb, dy, NormGradExtras::default())?
+            .0)
     }
 
     fn backward_weight(&mut self, be: &dyn Backend, mb: MicrobatchId) -> Result<()> {

@@ -235,6 +235,37 @@ fn attention_in_whole_register_tiles_matches_naive_and_finite_differences() {
 }
 
 #[test]
+fn attention_summing_its_qkv_bias_gradient_per_sequence_matches_naive_and_the_separate_sums() {
+    // s = 128: two whole blocks of SUM_ROWS rows per sequence, so the core's tasks sum the
+    // QKV bias gradient themselves (shorter sequences leave it to the linear layer).
+    let (h, s, n) = (32, 128, 256);
+    assert!(s % crate::backend::SUM_ROWS == 0 && s > crate::backend::SUM_ROWS);
+    let cfg = GptConfig {
+        layers: 2,
+        hidden: h,
+        heads: 2,
+        seq_len: s,
+        ..GptConfig::micro()
+    };
+    let mut l = CausalSelfAttention::new("attn", &cfg, 1);
+    randomize(l.params_mut(), 51);
+    let x = random_tensor(&[n, h], 1.0, 52);
+    check_layer(&mut l, x.clone(), &|p, x, dy| naive_attn(p, x, dy, n, 2, s));
+    // The bits of the linear layer's own sums over the same gradient.
+    let be = CpuBackend::single_thread();
+    l.params_mut().into_iter().for_each(|p| p.zero_grad());
+    let y = l.forward(&be, 1, x).unwrap();
+    l.backward_input(&be, 1, random_tensor(y.shape(), 1.0, 53))
+        .unwrap();
+    let dqkv = l.qkv.queued_output_grad(1).unwrap();
+    let mut separate = vec![0.0f32; dqkv.cols()];
+    be.accumulate_column_sums(&mut separate, dqkv);
+    l.backward_weight(&be, 1).unwrap();
+    let fused = l.qkv.bias.as_ref().unwrap().grad.data();
+    assert_eq!(fused, &separate[..]);
+}
+
+#[test]
 fn mlp_matches_naive_and_finite_differences() {
     let mut l = Mlp::new("mlp", H, 4 * H, Activation::Gelu, 2, 1);
     randomize(l.params_mut(), 7);

@@ -32,10 +32,19 @@ pub struct CpuBackend {
     /// The threads of a multi-threaded backend (`None` with one thread, or if the pool could
     /// not be made: then rayon's global pool is used).
     pool: Option<Arc<rayon::ThreadPool>>,
-    /// Cores that waiting ranks lend to this one's large products (single-threaded only).
+    /// Cores that waiting ranks lend to this one's large products, large row-wise kernels and
+    /// attention cores (single-threaded only).
     lender: Option<Arc<CoreLender>>,
-    /// Products that ran on a lent core so far (shared by this backend's clones).
-    borrowed: Arc<AtomicU64>,
+    /// What ran on a lent core so far (shared by this backend's clones).
+    borrowed: Arc<Borrowed>,
+}
+
+/// Counts of the work that ran on cores other ranks lent.
+#[derive(Debug, Default)]
+struct Borrowed {
+    products: AtomicU64,
+    /// Row-wise kernels and independent tasks (attention cores).
+    row_work: AtomicU64,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -89,7 +98,12 @@ impl CpuBackend {
 
     /// Products that ran on a core another rank lent ([`CpuBackend::with_lender`]) so far.
     pub fn borrowed_products(&self) -> u64 {
-        self.borrowed.load(Ordering::Relaxed)
+        self.borrowed.products.load(Ordering::Relaxed)
+    }
+
+    /// Row-wise kernels and attention cores that ran on a lent core so far.
+    pub fn borrowed_row_work(&self) -> u64 {
+        self.borrowed.row_work.load(Ordering::Relaxed)
     }
 
     /// The configured thread count.
@@ -203,14 +217,24 @@ impl CpuBackend {
             block(r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(rows), out, part)
         };
         let parts = partials.chunks_mut(width);
-        if self.rows_per_group(rows, cols) >= rows {
+        let loan = (blocks > 1)
+            .then(|| self.row_work_loan(rows * cols))
+            .flatten();
+        if loan.is_none() && self.rows_per_group(rows, cols) >= rows {
             outs.into_iter().zip(parts).enumerate().for_each(run);
         } else {
+            let threads = if loan.is_some() { 2 } else { self.threads };
             let parts: Vec<&mut [f32]> = parts.collect();
-            (outs.into_par_iter().zip(parts))
-                .enumerate()
-                .with_min_len(blocks.div_ceil(self.threads))
-                .for_each(run);
+            let blocks_in_parallel = || {
+                (outs.into_par_iter().zip(parts))
+                    .enumerate()
+                    .with_min_len(blocks.div_ceil(threads))
+                    .for_each(run)
+            };
+            match &loan {
+                Some(loan) => loan.run(blocks_in_parallel),
+                None => blocks_in_parallel(),
+            }
         }
         for part in partials.chunks_exact(width) {
             kernels::add(self.simd, sums, part);
@@ -246,13 +270,25 @@ impl CpuBackend {
                 kernel(s, &mut d[..cols]);
             }
         };
-        let group = self.rows_per_group(rows, cols);
+        let loan = (rows > 1)
+            .then(|| self.row_work_loan(rows * cols))
+            .flatten();
+        let group = match loan {
+            Some(_) => rows.div_ceil(2),
+            None => self.rows_per_group(rows, cols),
+        };
         if group >= rows {
             return run(dst, src.data());
         }
-        (dst.par_chunks_mut(group * stride))
-            .zip(src.data().par_chunks(group * cols))
-            .for_each(|(d, s)| run(d, s));
+        let mut groups_in_parallel = || {
+            (dst.par_chunks_mut(group * stride))
+                .zip(src.data().par_chunks(group * cols))
+                .for_each(|(d, s)| run(d, s))
+        };
+        match &loan {
+            Some(loan) => loan.run(groups_in_parallel),
+            None => groups_in_parallel(),
+        }
     }
 
     /// A borrowed core for a product of `mnk` multiply-adds, if it is large enough to gain
@@ -263,7 +299,21 @@ impl CpuBackend {
             return None;
         }
         let loan = self.lender.as_ref()?.borrow()?;
-        self.borrowed.fetch_add(1, Ordering::Relaxed);
+        self.borrowed.products.fetch_add(1, Ordering::Relaxed);
+        Some(loan)
+    }
+
+    /// A borrowed core for row-wise work over `elements` floats or for a pass's independent
+    /// tasks (`elements`: their inputs' size), if the work is large enough for two threads
+    /// to gain (a quarter of a million floats: a few hundred microseconds) and a waiting rank
+    /// offers one. Rows and tasks are independent, so the bits do not change.
+    fn row_work_loan(&self, elements: usize) -> Option<crate::lending::Loan<'_>> {
+        const LARGE: usize = 1 << 18;
+        if self.threads > 1 || elements < LARGE {
+            return None;
+        }
+        let loan = self.lender.as_ref()?.borrow()?;
+        self.borrowed.row_work.fetch_add(1, Ordering::Relaxed);
         Some(loan)
     }
 
@@ -299,8 +349,13 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// With one thread, on two when a waiting rank lends a core (the attention core's
+    /// sequences: a tenth of a block's passes).
     fn run_tasks(&self, tasks: Vec<Task<'_>>) {
-        if self.threads <= 1 || tasks.len() <= 1 {
+        let loan = (self.threads <= 1 && tasks.len() > 1)
+            .then(|| self.row_work_loan(usize::MAX))
+            .flatten();
+        if (self.threads <= 1 && loan.is_none()) || tasks.len() <= 1 {
             for task in tasks {
                 task(self);
             }
@@ -315,11 +370,18 @@ impl Backend for CpuBackend {
             lender: None,
             borrowed: self.borrowed.clone(),
         };
-        let per_group = tasks.len().div_ceil(self.threads);
-        tasks
-            .into_par_iter()
-            .with_min_len(per_group)
-            .for_each(|task| task(&single));
+        let threads = if loan.is_some() { 2 } else { self.threads };
+        let per_group = tasks.len().div_ceil(threads);
+        let tasks_in_parallel = || {
+            tasks
+                .into_par_iter()
+                .with_min_len(per_group)
+                .for_each(|task| task(&single))
+        };
+        match &loan {
+            Some(loan) => loan.run(tasks_in_parallel),
+            None => tasks_in_parallel(),
+        }
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {

@@ -242,3 +242,69 @@ fn a_product_on_a_lent_core_has_the_same_bits() {
     );
     drop(offer);
 }
+
+#[test]
+fn row_wise_kernels_and_tasks_on_a_lent_core_have_the_same_bits() {
+    use crate::backend::NormGradExtras;
+    let lender = crate::lending::CoreLender::new(2).unwrap();
+    let alone = CpuBackend::single_thread();
+    let lent = CpuBackend::single_thread().with_lender(Some(lender.clone()));
+    // GELU over 517 rows of 1000 (two uneven row groups), with a bias.
+    let u = random_tensor(&[517, 1000], 2.0, 11);
+    let bias = random_tensor(&[1000], 0.5, 12);
+    let want = alone.gelu_forward(&u, bias.data());
+    // A norm backward with every extra (its blocks of rows in parallel).
+    let (rows, h) = (1100, 256);
+    let (dy, xhat, res) = (
+        random_tensor(&[rows, h], 1.0, 13),
+        random_tensor(&[rows, h], 1.0, 14),
+        random_tensor(&[rows, h], 1.0, 15),
+    );
+    let rstd: Vec<f32> = (0..rows).map(|r| 0.5 + (r % 7) as f32 * 0.1).collect();
+    let gamma = random_tensor(&[h], 1.0, 16);
+    let extras = NormGradExtras {
+        residual: Some(&res),
+        column_sums: true,
+    };
+    let norm = |be: &CpuBackend| be.layernorm_backward(&dy, &xhat, &rstd, gamma.data(), extras);
+    let want_norm = norm(&alone);
+    // Tasks, each writing its own part.
+    fn tasks(out: &mut [usize]) -> Vec<crate::backend::Task<'_>> {
+        out.iter_mut()
+            .enumerate()
+            .map(|(i, o)| -> crate::backend::Task<'_> {
+                Box::new(move |be: &dyn Backend| *o = 10 * i + be.threads())
+            })
+            .collect()
+    }
+    let offer = lender.offer();
+    assert_eq!(lent.gelu_forward(&u, bias.data()).data(), want.data());
+    assert_eq!(lent.borrowed_row_work(), 1);
+    let got_norm = norm(&lent);
+    assert_eq!(lent.borrowed_row_work(), 2);
+    assert_eq!(got_norm.dx.data(), want_norm.dx.data());
+    assert_eq!(
+        (&got_norm.dgamma, &got_norm.dbeta, &got_norm.dx_column_sums),
+        (
+            &want_norm.dgamma,
+            &want_norm.dbeta,
+            &want_norm.dx_column_sums
+        )
+    );
+    let mut out = vec![0; 8];
+    lent.run_tasks(tasks(&mut out));
+    assert_eq!(lent.borrowed_row_work(), 3);
+    assert_eq!(
+        out,
+        (0..8).map(|i| 10 * i + 1).collect::<Vec<_>>(),
+        "tasks run single-threaded"
+    );
+    // Small work keeps to its own core.
+    lent.gelu_forward(&random_tensor(&[4, 64], 1.0, 17), &[]);
+    assert_eq!(lent.borrowed_row_work(), 3);
+    drop(offer);
+    // Nothing offered: nothing borrowed.
+    lent.run_tasks(tasks(&mut out));
+    assert_eq!(lent.borrowed_row_work(), 3);
+    assert_eq!(lent.borrowed_products(), 0);
+}

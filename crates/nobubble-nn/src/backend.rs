@@ -165,6 +165,28 @@ pub trait Backend: Send + Sync {
     /// Row-wise RMSNorm: `xhat = x / sqrt(mean(x²) + eps)`, `y = xhat·γ`.
     fn rmsnorm_forward(&self, x: &Tensor, gamma: &[f32], eps: f32) -> NormForward;
 
+    /// [`Self::layernorm_forward`] of `x`, then `bias` (one value per column, or empty) added
+    /// to every row of `x` in the same pass: a pre-norm block's residual stream gets the next
+    /// branch's output bias while its rows are in L1, and the branch's last product then
+    /// accumulates onto the stream — no residual-add pass.
+    fn layernorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward;
+
+    /// [`Self::rmsnorm_forward`] with [`Self::layernorm_forward_then_bias`]'s bias.
+    fn rmsnorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward;
+
     /// RMSNorm input gradient (with `extras`) plus the per-microbatch γ partial sums
     /// (`dbeta` empty).
     fn rmsnorm_backward(

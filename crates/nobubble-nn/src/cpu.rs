@@ -140,6 +140,47 @@ impl CpuBackend {
         NormForward { y, xhat, rstd }
     }
 
+    /// [`Self::norm_forward_rows`] of a residual stream `x` that the kernel also writes
+    /// (`kernel(x, y, xhat, rstd)`, adding a bias to it).
+    fn norm_forward_rows_mut(
+        &self,
+        x: &mut Tensor,
+        bias: &[f32],
+        kernel: impl Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
+    ) -> NormForward {
+        let h = x.cols();
+        assert!(
+            bias.is_empty() || bias.len() == h,
+            "one bias value per column"
+        );
+        let mut y = Tensor::for_overwrite(x.shape());
+        let mut xhat = Tensor::for_overwrite(x.shape());
+        let mut rstd = vec![0.0f32; x.rows()];
+        let loan = (x.rows() > 1)
+            .then(|| self.row_work_loan(x.len()))
+            .flatten();
+        let rows = match loan {
+            Some(_) => x.rows().div_ceil(2),
+            None => self.rows_per_group(x.rows(), h),
+        };
+        if rows >= x.rows() {
+            kernel(x.data_mut(), y.data_mut(), xhat.data_mut(), &mut rstd);
+            return NormForward { y, xhat, rstd };
+        }
+        let mut groups_in_parallel = || {
+            (y.data_mut().par_chunks_mut(rows * h))
+                .zip(xhat.data_mut().par_chunks_mut(rows * h))
+                .zip(rstd.par_chunks_mut(rows))
+                .zip(x.data_mut().par_chunks_mut(rows * h))
+                .for_each(|(((y, xhat), rstd), x)| kernel(x, y, xhat, rstd))
+        };
+        match &loan {
+            Some(loan) => loan.run(groups_in_parallel),
+            None => groups_in_parallel(),
+        }
+        NormForward { y, xhat, rstd }
+    }
+
     /// A row-wise norm's backward, `kernel(rows, dx, dgamma, dbeta, dx_sums)` (`dbeta` empty
     /// without β, `dx_sums` empty unless `extras` asks for them), over
     /// [`Self::row_block_sums`]' blocks: each block writes its rows of `dx` and its partial
@@ -530,6 +571,35 @@ impl Backend for CpuBackend {
             kernels::layernorm_backward(
                 self.simd, dy, xhat, rstd, gamma, residual, dx, dg, db, sums,
             )
+        })
+    }
+
+    fn layernorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward {
+        assert!(gamma.len() == x.cols() && beta.len() == x.cols());
+        self.norm_forward_rows_mut(x, bias, |x, y, xhat, rstd| {
+            kernels::layernorm_forward_then_bias(
+                self.simd, x, gamma, beta, eps, bias, y, xhat, rstd,
+            )
+        })
+    }
+
+    fn rmsnorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward {
+        assert_eq!(gamma.len(), x.cols());
+        self.norm_forward_rows_mut(x, bias, |x, y, xhat, rstd| {
+            kernels::rmsnorm_forward_then_bias(self.simd, x, gamma, eps, bias, y, xhat, rstd)
         })
     }
 

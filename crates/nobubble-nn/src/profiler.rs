@@ -151,6 +151,32 @@ impl Backend for TimingBackend<'_> {
         self.time("rmsnorm", || self.inner.rmsnorm_forward(x, gamma, eps))
     }
 
+    fn layernorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward {
+        self.time("layernorm", || {
+            self.inner
+                .layernorm_forward_then_bias(x, gamma, beta, eps, bias)
+        })
+    }
+
+    fn rmsnorm_forward_then_bias(
+        &self,
+        x: &mut Tensor,
+        gamma: &[f32],
+        eps: f32,
+        bias: &[f32],
+    ) -> NormForward {
+        self.time("rmsnorm", || {
+            self.inner.rmsnorm_forward_then_bias(x, gamma, eps, bias)
+        })
+    }
+
     fn rmsnorm_backward(
         &self,
         dy: &Tensor,

@@ -197,8 +197,10 @@ wide! {
     fn causal_softmax_backward(p: &[f32], dp: &mut [f32], n: usize);
     fn softmax_rows(x: &mut [f32], cols: usize, maxes: &mut [f32], sums: &mut [f32]);
     fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
+    fn layernorm_forward_then_bias(x: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32, bias: &[f32], y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn layernorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], residual: &[f32], dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32], dx_sums: &mut [f32]);
     fn rmsnorm_forward(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
+    fn rmsnorm_forward_then_bias(x: &mut [f32], gamma: &[f32], eps: f32, bias: &[f32], y: &mut [f32], xhat: &mut [f32], rstd: &mut [f32]);
     fn rmsnorm_backward(dy: &[f32], xhat: &[f32], rstd: &[f32], gamma: &[f32], residual: &[f32], dx: &mut [f32], dgamma: &mut [f32], dx_sums: &mut [f32]);
     fn swiglu_forward(u: &[f32], f: usize, y: &mut [f32]);
     fn swiglu_backward(u: &[f32], f: usize, dy: &[f32], du: &mut [f32]);
@@ -462,6 +464,40 @@ mod portable {
         }
     }
 
+    /// [`layernorm_forward`] row by row, each row of `x` then getting `bias` (empty: none)
+    /// added in place while it is in L1 — see [`then_bias`].
+    #[inline(always)]
+    pub fn layernorm_forward_then_bias(
+        x: &mut [f32],
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f32,
+        bias: &[f32],
+        y: &mut [f32],
+        xhat: &mut [f32],
+        rstd: &mut [f32],
+    ) {
+        then_bias(x, gamma.len(), bias, |r, row| {
+            let span = r * row.len()..(r + 1) * row.len();
+            let (y, xhat) = (&mut y[span.clone()], &mut xhat[span]);
+            layernorm_forward(row, gamma, beta, eps, y, xhat, &mut rstd[r..r + 1]);
+        });
+    }
+
+    /// `norm(r, row)` on each row of `x` (`h` wide), then `bias` added to the row: a
+    /// pre-norm block's residual stream gets the next branch's output bias in the pass that
+    /// normalizes it (the branch's last product then accumulates onto the stream), not in a
+    /// pass of its own.
+    #[inline(always)]
+    fn then_bias(x: &mut [f32], h: usize, bias: &[f32], mut norm: impl FnMut(usize, &[f32])) {
+        for (r, row) in x.chunks_exact_mut(h.max(1)).enumerate() {
+            norm(r, row);
+            for (v, &b) in row.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
+    }
+
     #[inline(always)]
     /// The input gradient of LayerNorm, plus `residual` (empty: none) and its column sums
     /// into `dx_sums` (empty: none) — see [`finish_row`].
@@ -535,6 +571,24 @@ mod portable {
                 yr[j] = xh[j] * gamma[j];
             }
         }
+    }
+
+    /// [`rmsnorm_forward`] with [`then_bias`].
+    #[inline(always)]
+    pub fn rmsnorm_forward_then_bias(
+        x: &mut [f32],
+        gamma: &[f32],
+        eps: f32,
+        bias: &[f32],
+        y: &mut [f32],
+        xhat: &mut [f32],
+        rstd: &mut [f32],
+    ) {
+        then_bias(x, gamma.len(), bias, |r, row| {
+            let span = r * row.len()..(r + 1) * row.len();
+            let (y, xhat) = (&mut y[span.clone()], &mut xhat[span]);
+            rmsnorm_forward(row, gamma, eps, y, xhat, &mut rstd[r..r + 1]);
+        });
     }
 
     #[inline(always)]

@@ -410,3 +410,63 @@ fn rotary_positions_rotate_back_and_keep_norms() {
         assert!((a - b).abs() < 1e-6);
     }
 }
+
+/// A norm that adds a bias to its input rows after normalizing them gives the plain norm's
+/// outputs and, in `x`, the bits of a separate add — at every level.
+#[test]
+fn a_norm_then_bias_matches_the_norm_and_a_separate_add() {
+    let (rows, h) = (11, 48);
+    let u: Vec<f32> = (0..rows * h + 2 * h)
+        .map(|i| ((i as f32) * 0.291).cos() * 3.0)
+        .collect();
+    let (x, rest) = u.split_at(rows * h);
+    let (gamma, bias) = rest.split_at(h);
+    for simd in Simd::ALL.into_iter().filter(|s| s.is_supported()) {
+        for rms in [false, true] {
+            let norm = |x: &[f32]| {
+                let (mut y, mut xh, mut r) =
+                    (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);
+                if rms {
+                    rmsnorm_forward(simd, x, gamma, 1e-5, &mut y, &mut xh, &mut r);
+                } else {
+                    layernorm_forward(simd, x, gamma, bias, 1e-5, &mut y, &mut xh, &mut r);
+                }
+                (y, xh, r)
+            };
+            let want = norm(x);
+            let mut want_x = x.to_vec();
+            add_with_bias(simd, &mut want_x, &vec![0.0; rows * h], bias);
+            for portable_too in [false, true] {
+                let mut got_x = x.to_vec();
+                let (mut y, mut xh, mut r) =
+                    (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);
+                match (rms, portable_too) {
+                    (false, false) => layernorm_forward_then_bias(
+                        simd, &mut got_x, gamma, bias, 1e-5, bias, &mut y, &mut xh, &mut r,
+                    ),
+                    (false, true) => portable::layernorm_forward_then_bias(
+                        &mut got_x, gamma, bias, 1e-5, bias, &mut y, &mut xh, &mut r,
+                    ),
+                    (true, false) => rmsnorm_forward_then_bias(
+                        simd, &mut got_x, gamma, 1e-5, bias, &mut y, &mut xh, &mut r,
+                    ),
+                    (true, true) => portable::rmsnorm_forward_then_bias(
+                        &mut got_x, gamma, 1e-5, bias, &mut y, &mut xh, &mut r,
+                    ),
+                }
+                assert_eq!(
+                    (&y, &xh, &r),
+                    (&want.0, &want.1, &want.2),
+                    "{simd} rms {rms}"
+                );
+                assert_eq!(got_x, want_x, "{simd} rms {rms}");
+            }
+            // Without a bias the input is left as it was.
+            let mut same = x.to_vec();
+            let (mut y, mut xh, mut r) =
+                (vec![0.0; rows * h], vec![0.0; rows * h], vec![0.0; rows]);
+            rmsnorm_forward_then_bias(simd, &mut same, gamma, 1e-5, &[], &mut y, &mut xh, &mut r);
+            assert_eq!(same, x);
+        }
+    }
+}

@@ -8,7 +8,7 @@
 //! `5·a·s` per-token term of the paper's M_B). The score/softmax core and the rotation have
 //! no weights, so I frees both at once; only the two linears queue anything for W.
 
-use super::{add_bias, Linear, SplitLayer, INIT_STD};
+use super::{broadcast_bias, Linear, SplitLayer, INIT_STD};
 use crate::backend::{Backend, Task, SUM_ROWS};
 use crate::config::{Arch, GptConfig};
 use crate::error::{MicrobatchId, NnError, Result};
@@ -171,28 +171,29 @@ impl CausalSelfAttention {
         }
     }
 
-    /// The output without the projection's bias ([`Self::output_bias`], which the block's
-    /// residual add adds): inference, nothing saved.
-    pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+    /// The output without the projection's bias ([`Self::output_bias`]) added onto `dst`
+    /// (a block's residual stream, which has the bias already): inference, nothing saved.
+    pub(crate) fn apply_onto(&self, be: &dyn Backend, x: &Tensor, dst: &mut Tensor) {
         let mut qkv = self.qkv.apply_unbiased(be, x);
         self.rotate(be, &mut qkv, false);
         let (ctx, _probs) = self.core_forward(be, &qkv);
-        self.proj.apply_unbiased(be, &ctx)
+        self.proj.apply_onto(be, &ctx, dst)
     }
 
-    /// The output projection's bias, which the `…_unbiased` passes leave to the caller
-    /// (empty: none).
+    /// The output projection's bias, which the `…_onto` passes leave to the caller (empty:
+    /// none).
     pub(crate) fn output_bias(&self) -> &[f32] {
         self.proj.bias_values()
     }
 
-    /// F without the projection's bias ([`Self::output_bias`]).
-    pub(crate) fn forward_unbiased(
+    /// F, its output without the projection's bias ([`Self::output_bias`]) added onto `dst`.
+    pub(crate) fn forward_onto(
         &mut self,
         be: &dyn Backend,
         mb: MicrobatchId,
         x: Tensor,
-    ) -> Result<Tensor> {
+        dst: &mut Tensor,
+    ) -> Result<()> {
         if !x.rows().is_multiple_of(self.seq_len) {
             return Err(NnError::BadInput(format!(
                 "attention `{}`: {} token rows are not a whole number of sequences of length {}",
@@ -207,21 +208,22 @@ impl CausalSelfAttention {
         self.rotate(be, &mut qkv, false);
         let (ctx, probs) = self.core_forward(be, &qkv);
         self.core.save_forward(mb, (qkv, probs))?;
-        self.proj.forward_unbiased(be, mb, ctx)
+        self.proj.forward_onto(be, mb, ctx, dst)
     }
 
     /// One new token at position `pos` (`x`: its `[1, h]` normed input) against the keys and
     /// values of the earlier positions in `cache`, which it extends: incremental decoding.
-    /// The same products and softmax as [`Self::apply_unbiased`] on one row, so the output
+    /// The same products and softmax as [`Self::apply_onto`] on one row, so the output
     /// matches the full window's row `pos` up to the rounding of the products' shorter sums;
-    /// like it, without the projection's bias.
-    pub(crate) fn decode_unbiased(
+    /// like it, without the projection's bias and added onto `dst` (the token's residual row).
+    pub(crate) fn decode_onto(
         &self,
         be: &dyn Backend,
         x: &Tensor,
         pos: usize,
         cache: &mut KvRows,
-    ) -> Tensor {
+        dst: &mut Tensor,
+    ) {
         let (a, kv, d) = (self.heads, self.kv_heads, self.head_dim());
         // Biased with the same add as the core's packs of the window's Q, K and V, so cached
         // keys and values are theirs.
@@ -256,7 +258,7 @@ impl CausalSelfAttention {
             let out = MatMut::new(ctx.data_mut(), head * d, 1, d, (a * d) as isize, 1);
             be.small_matmul(out, p, values, 1.0, false);
         }
-        self.proj.apply_unbiased(be, &ctx)
+        self.proj.apply_onto(be, &ctx, dst)
     }
 
     /// Scores, causal softmax and context for the fused `qkv` rows of the projection without
@@ -490,8 +492,8 @@ fn packed_rows(data: &[f32], d: usize, r0: usize, r1: usize) -> MatRef<'_> {
 
 impl SplitLayer for CausalSelfAttention {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        let mut y = self.forward_unbiased(be, mb, x)?;
-        add_bias(be, &mut y, self.output_bias());
+        let mut y = broadcast_bias(be, self.output_bias(), x.rows(), self.hidden());
+        self.forward_onto(be, mb, x, &mut y)?;
         Ok(y)
     }
 

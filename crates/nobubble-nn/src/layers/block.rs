@@ -1,7 +1,10 @@
 //! Pre-norm transformer block: `x + attn(ln1(x))`, then `h + mlp(ln2(h))` — LayerNorm
 //! and GELU for GPT, RMSNorm and SwiGLU for Llama.
 //!
-//! The residual adds need nothing saved; the block's F/I/W are its sub-layers' passes.
+//! The residual adds need nothing saved; the block's F/I/W are its sub-layers' passes. They
+//! have no passes of their own either: in F each branch's last product accumulates onto the
+//! stream (the norm before it added the branch's output bias), in I each norm's backward adds
+//! the residual gradient.
 
 use super::{Activation, CausalSelfAttention, Mlp, Norm, SplitLayer};
 use crate::backend::{Backend, NormGradExtras};
@@ -52,11 +55,11 @@ impl Block {
 
     /// The output alone (inference: nothing saved).
     pub(crate) fn apply(&self, be: &dyn Backend, x: Tensor) -> Tensor {
-        self.around(be, x, |n| self.attn.apply_unbiased(be, n))
+        self.around(be, x, |n, x| self.attn.apply_onto(be, n, x))
     }
 
     /// One token at position `pos` (`x`: its `[1, h]` input) through the block, extending
-    /// `cache` with its keys and values (see [`CausalSelfAttention::decode_unbiased`]).
+    /// `cache` with its keys and values (see [`CausalSelfAttention::decode_onto`]).
     pub(crate) fn decode(
         &self,
         be: &dyn Backend,
@@ -64,21 +67,24 @@ impl Block {
         pos: usize,
         cache: &mut super::KvRows,
     ) -> Tensor {
-        self.around(be, x, |n| self.attn.decode_unbiased(be, n, pos, cache))
+        self.around(be, x, |n, x| self.attn.decode_onto(be, n, pos, cache, x))
     }
 
-    /// The pre-norm residual block around `attention` (of the normed input, without its
-    /// output bias: the residual add adds it).
+    /// The pre-norm residual block around `attention(normed, stream)`, which adds its output
+    /// without its bias onto the residual stream (the norm before added the bias): the
+    /// forward's operations, in its order.
     fn around(
         &self,
         be: &dyn Backend,
         mut x: Tensor,
-        attention: impl FnOnce(&Tensor) -> Tensor,
+        attention: impl FnOnce(&Tensor, &mut Tensor),
     ) -> Tensor {
-        let a = attention(&self.ln1.apply(be, &x));
-        be.add_with_bias(&mut x, &a, self.attn.output_bias());
-        let m = self.mlp.apply_unbiased(be, &self.ln2.apply(be, &x));
-        be.add_with_bias(&mut x, &m, self.mlp.output_bias());
+        let n = self
+            .ln1
+            .apply_then_bias(be, &mut x, self.attn.output_bias());
+        attention(&n, &mut x);
+        let n = self.ln2.apply_then_bias(be, &mut x, self.mlp.output_bias());
+        self.mlp.apply_onto(be, &n, &mut x);
         x
     }
 
@@ -101,14 +107,16 @@ impl SplitLayer for Block {
         self.attn.check_forward(mb)?;
         self.ln2.check_forward(mb)?;
         self.mlp.check_forward(mb)?;
-        // The sub-layers' output biases go into the residual adds (a pass over the
-        // output less each).
-        let a = self.ln1.forward_ref(be, mb, &x)?;
-        let a = self.attn.forward_unbiased(be, mb, a)?;
-        be.add_with_bias(&mut x, &a, self.attn.output_bias());
-        let m = self.ln2.forward_ref(be, mb, &x)?;
-        let m = self.mlp.forward_unbiased(be, mb, m)?;
-        be.add_with_bias(&mut x, &m, self.mlp.output_bias());
+        // No residual-add passes: each norm adds the next branch's output bias to the
+        // stream as it reads it, and the branch's last product accumulates onto the stream.
+        let a = self
+            .ln1
+            .forward_then_bias(be, mb, &mut x, self.attn.output_bias())?;
+        self.attn.forward_onto(be, mb, a, &mut x)?;
+        let m = self
+            .ln2
+            .forward_then_bias(be, mb, &mut x, self.mlp.output_bias())?;
+        self.mlp.forward_onto(be, mb, m, &mut x)?;
         Ok(x)
     }
 

@@ -148,13 +148,37 @@ impl Linear {
         self.forward_with(be, mb, x, Self::apply_unbiased)
     }
 
-    fn forward_with(
+    /// F adding `x·W` onto `dst` (the bias left to the caller, see [`Self::apply_onto`]); the
+    /// same state is saved as by [`SplitLayer::forward`].
+    pub(crate) fn forward_onto(
         &mut self,
         be: &dyn Backend,
         mb: MicrobatchId,
         x: Tensor,
-        apply: impl FnOnce(&Self, &dyn Backend, &Tensor) -> Tensor,
-    ) -> Result<Tensor> {
+        dst: &mut Tensor,
+    ) -> Result<()> {
+        self.forward_with(be, mb, x, |l, be, x| l.apply_onto(be, x, dst))
+    }
+
+    /// `dst += x·W`, the bias left to the caller: a residual branch's last layer adds its
+    /// product onto the residual stream itself (the product reads `dst` as it writes it),
+    /// not into a tensor of its own that a pass then adds.
+    pub(crate) fn apply_onto(&self, be: &dyn Backend, x: &Tensor, dst: &mut Tensor) {
+        assert_eq!(
+            dst.shape(),
+            [x.rows(), self.out_features()],
+            "the residual stream has the output's shape"
+        );
+        be.matmul(dst.mat_mut(), x.mat(), self.w(), 1.0, true);
+    }
+
+    fn forward_with<T>(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: Tensor,
+        apply: impl FnOnce(&Self, &dyn Backend, &Tensor) -> T,
+    ) -> Result<T> {
         if x.cols() != self.in_features() {
             return Err(NnError::BadInput(format!(
                 "layer `{}` expects {} input features, got shape {:?}",

@@ -5,7 +5,7 @@
 //! F saves the activation's input (the linears save their own inputs). I frees it at once;
 //! W is the two linears' weight gradients.
 
-use super::{add_bias, Linear, SplitLayer, INIT_STD};
+use super::{add_bias, broadcast_bias, Linear, SplitLayer, INIT_STD};
 use crate::backend::Backend;
 use crate::error::{MicrobatchId, Result};
 use crate::memory::PassState;
@@ -79,27 +79,29 @@ impl Mlp {
         }
     }
 
-    /// The output without fc2's bias ([`Self::output_bias`], which the block's residual add
-    /// adds): inference, nothing saved.
-    pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
+    /// The output without fc2's bias ([`Self::output_bias`]) added onto `dst` (a block's
+    /// residual stream, which has the bias already): inference, nothing saved.
+    pub(crate) fn apply_onto(&self, be: &dyn Backend, x: &Tensor, dst: &mut Tensor) {
         let g = self.activate(be, &mut self.fc1.apply_unbiased(be, x));
-        self.fc2.apply_unbiased(be, &g)
+        self.fc2.apply_onto(be, &g, dst)
     }
 
-    /// F without fc2's bias ([`Self::output_bias`]): the block adds it in its residual add.
-    /// fc1's bias goes into GELU the same way, so neither costs a pass of its own.
-    pub(crate) fn forward_unbiased(
+    /// F, its output without fc2's bias ([`Self::output_bias`]) added onto `dst`: the block's
+    /// ln2 adds the bias to the stream. fc1's bias goes into GELU, so neither costs a pass
+    /// of its own.
+    pub(crate) fn forward_onto(
         &mut self,
         be: &dyn Backend,
         mb: MicrobatchId,
         x: Tensor,
-    ) -> Result<Tensor> {
+        dst: &mut Tensor,
+    ) -> Result<()> {
         self.act.check_forward(mb)?;
         self.fc2.check_forward(mb)?;
         let mut u = self.fc1.forward_unbiased(be, mb, x)?;
         let g = self.activate(be, &mut u);
         self.act.save_forward(mb, u)?;
-        self.fc2.forward_unbiased(be, mb, g)
+        self.fc2.forward_onto(be, mb, g, dst)
     }
 
     /// fc2's bias, which [`Self::forward_unbiased`] leaves to the caller (empty: none).
@@ -110,8 +112,8 @@ impl Mlp {
 
 impl SplitLayer for Mlp {
     fn forward(&mut self, be: &dyn Backend, mb: MicrobatchId, x: Tensor) -> Result<Tensor> {
-        let mut y = self.forward_unbiased(be, mb, x)?;
-        add_bias(be, &mut y, self.output_bias());
+        let mut y = broadcast_bias(be, self.output_bias(), x.rows(), self.fc2.out_features());
+        self.forward_onto(be, mb, x, &mut y)?;
         Ok(y)
     }
 

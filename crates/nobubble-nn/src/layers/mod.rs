@@ -67,8 +67,19 @@ pub trait SplitLayer {
     fn params_mut(&mut self) -> Vec<&mut Param>;
 }
 
-/// Adds a bias left out by an `…_unbiased` pass (nothing if empty): what a sub-layer run on
-/// its own does with the bias a block adds inside its residual add.
+/// `rows` rows of `bias` (zeros without one, `cols` wide): what a sub-layer run on its own
+/// adds its `…_onto` output onto, where a block has its residual stream (with the bias
+/// added by the norm before, [`Norm::forward_then_bias`]).
+pub(crate) fn broadcast_bias(be: &dyn Backend, bias: &[f32], rows: usize, cols: usize) -> Tensor {
+    if bias.is_empty() {
+        Tensor::zeros(&[rows, cols])
+    } else {
+        assert_eq!(bias.len(), cols, "one bias value per column");
+        be.broadcast_rows(bias, rows)
+    }
+}
+
+/// Adds a bias left out by an `…_unbiased` pass (nothing if empty).
 pub(crate) fn add_bias(be: &dyn Backend, y: &mut Tensor, bias: &[f32]) {
     if !bias.is_empty() {
         assert_eq!(y.cols(), bias.len(), "one bias value per column");

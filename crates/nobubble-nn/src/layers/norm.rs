@@ -89,6 +89,54 @@ impl Norm {
         mb: MicrobatchId,
         x: &Tensor,
     ) -> Result<Tensor> {
+        self.check_input(mb, x)?;
+        let out = self.normalize(be, x);
+        self.state.save_forward(mb, (out.xhat, out.rstd))?;
+        Ok(out.y)
+    }
+
+    /// F on a pre-norm block's residual stream `x`, which then gets `then_bias` (the next
+    /// branch's output bias; empty: none) added in the same pass
+    /// ([`Backend::layernorm_forward_then_bias`]).
+    pub(crate) fn forward_then_bias(
+        &mut self,
+        be: &dyn Backend,
+        mb: MicrobatchId,
+        x: &mut Tensor,
+        then_bias: &[f32],
+    ) -> Result<Tensor> {
+        self.check_input(mb, x)?;
+        let out = self.normalize_then_bias(be, x, then_bias);
+        self.state.save_forward(mb, (out.xhat, out.rstd))?;
+        Ok(out.y)
+    }
+
+    /// [`Self::forward_then_bias`]'s output alone (inference: nothing saved).
+    pub(crate) fn apply_then_bias(
+        &self,
+        be: &dyn Backend,
+        x: &mut Tensor,
+        then_bias: &[f32],
+    ) -> Tensor {
+        self.normalize_then_bias(be, x, then_bias).y
+    }
+
+    fn normalize_then_bias(
+        &self,
+        be: &dyn Backend,
+        x: &mut Tensor,
+        then_bias: &[f32],
+    ) -> NormForward {
+        let gamma = self.gamma.value.data();
+        match &self.beta {
+            Some(beta) => {
+                be.layernorm_forward_then_bias(x, gamma, beta.value.data(), self.eps, then_bias)
+            }
+            None => be.rmsnorm_forward_then_bias(x, gamma, self.eps, then_bias),
+        }
+    }
+
+    fn check_input(&self, mb: MicrobatchId, x: &Tensor) -> Result<()> {
         if x.cols() != self.gamma.value.len() {
             return Err(NnError::BadInput(format!(
                 "layer `{}` expects {} features, got shape {:?}",
@@ -97,10 +145,7 @@ impl Norm {
                 x.shape()
             )));
         }
-        self.state.check_forward(mb)?;
-        let out = self.normalize(be, x);
-        self.state.save_forward(mb, (out.xhat, out.rstd))?;
-        Ok(out.y)
+        self.state.check_forward(mb)
     }
 
     /// I, doing `extras` on the way (a pre-norm block's residual gradient and the next

@@ -234,10 +234,6 @@ pub trait Backend: Send + Sync {
     /// padded rows (the MLP's does: fc2's input gradient, which fc1's W reads).
     fn gelu_backward(&self, u: &Tensor, bias: &[f32], dy: &mut Tensor, bias_grad: &mut [f32]);
 
-    /// `dst[r, j] += src[r, j] + bias[j]` (`bias` empty: `dst += src`): a residual add that
-    /// also adds the bias of the linear layer that produced `src`.
-    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]);
-
     /// In-place causal softmax of rows `first..` of an `n×n` row-major score block (`scores`
     /// holds whole rows of `n`): row `i` keeps columns `0..=i`, later columns become exactly 0.
     /// Rows are independent, so a block of rows gives the bits of the whole.

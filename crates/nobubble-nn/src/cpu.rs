@@ -739,13 +739,6 @@ impl Backend for CpuBackend {
         });
     }
 
-    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
-        assert_eq!(dst.shape(), src.shape());
-        self.by_row_groups(src, bias, dst.data_mut(), src.cols(), |src, dst| {
-            kernels::add_with_bias(self.simd, dst, src, bias)
-        });
-    }
-
     fn causal_softmax(&self, scores: &mut [f32], n: usize, first: usize) {
         kernels::causal_softmax(self.simd, scores, n, first);
     }

@@ -223,10 +223,6 @@ impl Backend for TimingBackend<'_> {
         self.time("gelu", || self.inner.gelu_backward(u, bias, dy, bias_grad))
     }
 
-    fn add_with_bias(&self, dst: &mut Tensor, src: &Tensor, bias: &[f32]) {
-        self.time("add", || self.inner.add_with_bias(dst, src, bias))
-    }
-
     fn causal_softmax(&self, scores: &mut [f32], n: usize, first: usize) {
         self.time("softmax", || self.inner.causal_softmax(scores, n, first))
     }

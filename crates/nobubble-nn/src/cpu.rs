@@ -335,13 +335,7 @@ impl CpuBackend {
     /// A borrowed core for a product of `mnk` multiply-adds, if it is large enough to gain
     /// from a second thread and a waiting rank offers one.
     fn large_product_loan(&self, mnk: usize) -> Option<crate::lending::Loan<'_>> {
-        const LARGE: usize = 1 << 25;
-        if self.threads > 1 || mnk < LARGE {
-            return None;
-        }
-        let loan = self.lender.as_ref()?.borrow()?;
-        self.borrowed.products.fetch_add(1, Ordering::Relaxed);
-        Some(loan)
+        self.loan(mnk >= 1 << 25, &self.borrowed.products)
     }
 
     /// A borrowed core for row-wise work over `elements` floats or for a pass's independent
@@ -349,12 +343,17 @@ impl CpuBackend {
     /// to gain (a quarter of a million floats: a few hundred microseconds) and a waiting rank
     /// offers one. Rows and tasks are independent, so the bits do not change.
     fn row_work_loan(&self, elements: usize) -> Option<crate::lending::Loan<'_>> {
-        const LARGE: usize = 1 << 18;
-        if self.threads > 1 || elements < LARGE {
+        self.loan(elements >= 1 << 18, &self.borrowed.row_work)
+    }
+
+    /// A core a waiting rank offers, for `large` enough work on a single-threaded backend,
+    /// counted in `count`.
+    fn loan(&self, large: bool, count: &AtomicU64) -> Option<crate::lending::Loan<'_>> {
+        if self.threads > 1 || !large {
             return None;
         }
         let loan = self.lender.as_ref()?.borrow()?;
-        self.borrowed.row_work.fetch_add(1, Ordering::Relaxed);
+        count.fetch_add(1, Ordering::Relaxed);
         Some(loan)
     }
 

@@ -82,8 +82,9 @@ pub trait Backend: Send + Sync {
         1
     }
 
-    /// Runs independent tasks, on up to [`Backend::threads`] threads; each task gets a
-    /// single-threaded backend of the same kind. Why: the attention core is many small
+    /// Runs independent tasks, on up to [`Backend::threads`] threads (a single-threaded CPU
+    /// backend: on two while a waiting rank lends it a core); each task gets a
+    /// single-threaded backend of the same kind that borrows nothing. Why: the attention core is many small
     /// products (one per sequence and head), too small to split one by one, but the
     /// sequences are independent. Each task computes exactly what it would sequentially,
     /// so the results do not depend on the thread count.

@@ -82,8 +82,8 @@ impl CpuBackend {
         }
     }
 
-    /// The same backend, borrowing `lender`'s cores for its large products while it has one
-    /// thread.
+    /// The same backend, borrowing `lender`'s cores for its large products, large row-wise
+    /// kernels and attention cores while it has one thread.
     pub fn with_lender(self, lender: Option<Arc<CoreLender>>) -> Self {
         CpuBackend { lender, ..self }
     }
@@ -338,10 +338,9 @@ impl CpuBackend {
         self.loan(mnk >= 1 << 25, &self.borrowed.products)
     }
 
-    /// A borrowed core for row-wise work over `elements` floats or for a pass's independent
-    /// tasks (`elements`: their inputs' size), if the work is large enough for two threads
-    /// to gain (a quarter of a million floats: a few hundred microseconds) and a waiting rank
-    /// offers one. Rows and tasks are independent, so the bits do not change.
+    /// A borrowed core for row-wise work over `elements` floats, if the work is large enough
+    /// for two threads to gain (a quarter of a million floats: a few hundred microseconds)
+    /// and a waiting rank offers one. Rows are independent, so the bits do not change.
     fn row_work_loan(&self, elements: usize) -> Option<crate::lending::Loan<'_>> {
         self.loan(elements >= 1 << 18, &self.borrowed.row_work)
     }
@@ -392,8 +391,10 @@ impl Backend for CpuBackend {
     /// With one thread, on two when a waiting rank lends a core (the attention core's
     /// sequences: a tenth of a block's passes).
     fn run_tasks(&self, tasks: Vec<Task<'_>>) {
+        // No size threshold: the tasks are a pass's whole attention core (milliseconds at
+        // the sizes pipelines train; a tiny model's loan costs a lock and a wake-up).
         let loan = (self.threads <= 1 && tasks.len() > 1)
-            .then(|| self.row_work_loan(usize::MAX))
+            .then(|| self.loan(true, &self.borrowed.row_work))
             .flatten();
         if (self.threads <= 1 && loan.is_none()) || tasks.len() <= 1 {
             for task in tasks {

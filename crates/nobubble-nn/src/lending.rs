@@ -3,9 +3,10 @@
 //! Why: ranks that are threads of one process each own a core, and a pipeline's ranks are
 //! never equally loaded (the embedding and the head sit on some ranks, the bubble idles the
 //! others at the start and end of a step). While a rank waits for a message its core does
-//! nothing; a [`CoreLender`] shared by the ranks lets a rank in a large matrix product take
-//! such a core for that product. The product's bits do not depend on its thread count
-//! (`gemm` splits the output, never the sum), so lending changes timing only.
+//! nothing; a [`CoreLender`] shared by the ranks lets a rank in a large matrix product, a
+//! large row-wise kernel or an attention core take such a core for that operation. Their
+//! bits do not depend on the thread count (`gemm` splits the output, never the sum; rows and
+//! sequences are independent), so lending changes timing only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ pub struct CoreLender {
     /// Off while pass times are measured for planning: a pass that borrowed would look
     /// faster than its rank alone runs it.
     enabled: AtomicBool,
-    /// The threads borrowing products run on, two each (its own core's and the borrowed
+    /// The threads borrowing operations run on, two each (its own core's and the borrowed
     /// one's): as many as the ranks, so that every pair of a borrower and a lender has two.
     pool: rayon::ThreadPool,
 }
@@ -73,8 +74,9 @@ impl CoreLender {
     }
 
     /// A rank starts waiting: its core may be borrowed until the [`Offer`] is dropped. If
-    /// it is borrowed then, the product that has it finishes on it (one product's time at
-    /// most), sharing the core with the rank meanwhile.
+    /// it is borrowed then, the operation that has it finishes on it (one product's, row-wise
+    /// kernel's or attention core's time at most: a few milliseconds at the sizes that
+    /// borrow), sharing the core with the rank meanwhile.
     pub fn offer(&self) -> Offer<'_> {
         self.update(|s| s.0 += 1);
         Offer { lender: self }

@@ -364,8 +364,8 @@ mod portable {
         });
     }
 
-    /// `dst[r, j] += src[r, j] + bias[j]` (a residual add that also adds the producing
-    /// linear's bias).
+    /// `dst[r, j] += src[r, j] + bias[j]` (`bias` empty: `dst += src`, what [`super::add`]
+    /// runs).
     #[inline(always)]
     pub fn add_with_bias(dst: &mut [f32], src: &[f32], bias: &[f32]) {
         biased(src, bias, dst, |x, d| *d += x);

@@ -117,8 +117,8 @@ impl Linear {
     }
 
     /// `x·W` alone, the bias left to the caller ([`Self::bias_values`]): for an output that
-    /// goes straight into a kernel that loads every element anyway (GELU, a residual add),
-    /// which adds the bias there — a pass over the output less than [`Self::apply`] pays.
+    /// goes straight into a kernel that loads every element anyway (GELU, the attention
+    /// core's packs), which adds the bias there — a pass over the output less than [`Self::apply`] pays.
     pub(crate) fn apply_unbiased(&self, be: &dyn Backend, x: &Tensor) -> Tensor {
         let mut y = Tensor::for_overwrite(&[x.rows(), self.out_features()]);
         be.matmul(y.mat_mut(), x.mat(), self.w(), 1.0, false);

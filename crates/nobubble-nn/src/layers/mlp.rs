@@ -104,7 +104,7 @@ impl Mlp {
         self.fc2.forward_onto(be, mb, g, dst)
     }
 
-    /// fc2's bias, which [`Self::forward_unbiased`] leaves to the caller (empty: none).
+    /// fc2's bias, which [`Self::forward_onto`] leaves to the caller (empty: none).
     pub(crate) fn output_bias(&self) -> &[f32] {
         self.fc2.bias_values()
     }

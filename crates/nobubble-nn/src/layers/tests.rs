@@ -306,6 +306,19 @@ fn block_matches_naive_and_finite_differences() {
 }
 
 #[test]
+fn a_biased_block_applies_what_its_forward_computes_bit_for_bit() {
+    // Every bias non-zero: the residual stream gets the output projection's and fc2's biases
+    // from the norms before their branches, in the same order in F and in inference.
+    let mut l = Block::new(0, &config(S), 1);
+    randomize(l.params_mut(), 61);
+    assert!(!l.attn.output_bias().is_empty() && !l.mlp.output_bias().is_empty());
+    let x = random_tensor(&[N, H], 1.0, 62);
+    let be = CpuBackend::single_thread();
+    let y = l.forward(&be, 0, x.clone()).unwrap();
+    assert_eq!(l.apply(&be, x).data(), y.data());
+}
+
+#[test]
 fn embedding_matches_naive_and_finite_differences() {
     let be = CpuBackend::single_thread();
     let (vocab, s) = (11, 4);

@@ -4,7 +4,7 @@
 use crate::backend::{Backend, NormBackward, NormForward, NormGradExtras, Task, SUM_ROWS};
 use crate::error::Result;
 use crate::kernels;
-use crate::lending::CoreLender;
+use crate::lending::{CoreLender, Loan};
 use crate::sgemm::sgemm;
 use crate::simd::Simd;
 use crate::small_gemm;
@@ -13,12 +13,18 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// One block of rows of a norm's backward inputs (`residual` empty without one).
-struct NormRows<'a> {
-    dy: &'a [f32],
-    xhat: &'a [f32],
-    rstd: &'a [f32],
-    residual: &'a [f32],
+/// A norm backward's kernel on one block of rows: `(dy, xhat, rstd, residual, dx, dgamma,
+/// dbeta, dx_sums)` (`residual`, `dbeta` and `dx_sums` empty when not wanted).
+type NormBackwardKernel<'k> = dyn Fn(&[f32], &[f32], &[f32], &[f32], &mut [f32], &mut [f32], &mut [f32], &mut [f32])
+    + Sync
+    + 'k;
+
+/// `work` on the threads of `loan`'s lent core and this one, or here without a loan.
+fn on_loan<R: Send>(loan: &Option<Loan<'_>>, work: impl FnOnce() -> R + Send) -> R {
+    match loan {
+        Some(loan) => loan.run(work),
+        None => work(),
+    }
 }
 
 /// CPU backend. `threads` is the thread count per operation: a pipeline stage that owns
@@ -127,16 +133,18 @@ impl CpuBackend {
         let mut xhat = Tensor::for_overwrite(x.shape());
         let mut rstd = vec![0.0f32; x.rows()];
         let h = x.cols();
-        let rows = self.rows_per_group(x.rows(), h);
+        let (rows, loan) = self.row_groups(x.rows(), h);
         if rows >= x.rows() {
             kernel(x.data(), y.data_mut(), xhat.data_mut(), &mut rstd);
             return NormForward { y, xhat, rstd };
         }
-        (y.data_mut().par_chunks_mut(rows * h))
-            .zip(xhat.data_mut().par_chunks_mut(rows * h))
-            .zip(rstd.par_chunks_mut(rows))
-            .zip(x.data().par_chunks(rows * h))
-            .for_each(|(((y, xhat), rstd), x)| kernel(x, y, xhat, rstd));
+        on_loan(&loan, || {
+            (y.data_mut().par_chunks_mut(rows * h))
+                .zip(xhat.data_mut().par_chunks_mut(rows * h))
+                .zip(rstd.par_chunks_mut(rows))
+                .zip(x.data().par_chunks(rows * h))
+                .for_each(|(((y, xhat), rstd), x)| kernel(x, y, xhat, rstd))
+        });
         NormForward { y, xhat, rstd }
     }
 
@@ -156,28 +164,18 @@ impl CpuBackend {
         let mut y = Tensor::for_overwrite(x.shape());
         let mut xhat = Tensor::for_overwrite(x.shape());
         let mut rstd = vec![0.0f32; x.rows()];
-        let loan = (x.rows() > 1)
-            .then(|| self.row_work_loan(x.len()))
-            .flatten();
-        let rows = match loan {
-            Some(_) => x.rows().div_ceil(2),
-            None => self.rows_per_group(x.rows(), h),
-        };
+        let (rows, loan) = self.row_groups(x.rows(), h);
         if rows >= x.rows() {
             kernel(x.data_mut(), y.data_mut(), xhat.data_mut(), &mut rstd);
             return NormForward { y, xhat, rstd };
         }
-        let mut groups_in_parallel = || {
+        on_loan(&loan, || {
             (y.data_mut().par_chunks_mut(rows * h))
                 .zip(xhat.data_mut().par_chunks_mut(rows * h))
                 .zip(rstd.par_chunks_mut(rows))
                 .zip(x.data_mut().par_chunks_mut(rows * h))
                 .for_each(|(((y, xhat), rstd), x)| kernel(x, y, xhat, rstd))
-        };
-        match &loan {
-            Some(loan) => loan.run(groups_in_parallel),
-            None => groups_in_parallel(),
-        }
+        });
         NormForward { y, xhat, rstd }
     }
 
@@ -192,7 +190,7 @@ impl CpuBackend {
         rstd: &[f32],
         with_beta: bool,
         extras: NormGradExtras<'_>,
-        kernel: impl Fn(NormRows<'_>, &mut [f32], &mut [f32], &mut [f32], &mut [f32]) + Sync,
+        kernel: &NormBackwardKernel<'_>,
     ) -> NormBackward {
         assert_eq!(dy.shape(), xhat.shape());
         assert_eq!(rstd.len(), dy.rows());
@@ -215,13 +213,9 @@ impl CpuBackend {
             let span = rows.start * h..rows.end * h;
             let (g, rest) = part.split_at_mut(h);
             let (b, dx_sums) = rest.split_at_mut(beta_len);
-            let on = NormRows {
-                dy: &dy.data()[span.clone()],
-                xhat: &xhat.data()[span.clone()],
-                rstd: &rstd[rows],
-                residual: residual.get(span).unwrap_or_default(),
-            };
-            kernel(on, dx, g, b, dx_sums);
+            let (dy, xhat) = (&dy.data()[span.clone()], &xhat.data()[span.clone()]);
+            let residual = residual.get(span).unwrap_or_default();
+            kernel(dy, xhat, &rstd[rows], residual, dx, g, b, dx_sums);
         });
         let dx_column_sums = sums.split_off(h + beta_len);
         let dbeta = sums.split_off(h);
@@ -258,24 +252,18 @@ impl CpuBackend {
             block(r * SUM_ROWS..(r * SUM_ROWS + SUM_ROWS).min(rows), out, part)
         };
         let parts = partials.chunks_mut(width);
-        let loan = (blocks > 1)
-            .then(|| self.row_work_loan(rows * cols))
-            .flatten();
-        if loan.is_none() && self.rows_per_group(rows, cols) >= rows {
+        let (group, loan) = self.row_groups(rows, cols);
+        if group >= rows {
             outs.into_iter().zip(parts).enumerate().for_each(run);
         } else {
             let threads = if loan.is_some() { 2 } else { self.threads };
             let parts: Vec<&mut [f32]> = parts.collect();
-            let blocks_in_parallel = || {
+            on_loan(&loan, || {
                 (outs.into_par_iter().zip(parts))
                     .enumerate()
                     .with_min_len(blocks.div_ceil(threads))
                     .for_each(run)
-            };
-            match &loan {
-                Some(loan) => loan.run(blocks_in_parallel),
-                None => blocks_in_parallel(),
-            }
+            });
         }
         for part in partials.chunks_exact(width) {
             kernels::add(self.simd, sums, part);
@@ -311,43 +299,40 @@ impl CpuBackend {
                 kernel(s, &mut d[..cols]);
             }
         };
-        let loan = (rows > 1)
-            .then(|| self.row_work_loan(rows * cols))
-            .flatten();
-        let group = match loan {
-            Some(_) => rows.div_ceil(2),
-            None => self.rows_per_group(rows, cols),
-        };
+        let (group, loan) = self.row_groups(rows, cols);
         if group >= rows {
             return run(dst, src.data());
         }
-        let mut groups_in_parallel = || {
+        on_loan(&loan, || {
             (dst.par_chunks_mut(group * stride))
                 .zip(src.data().par_chunks(group * cols))
                 .for_each(|(d, s)| run(d, s))
-        };
-        match &loan {
-            Some(loan) => loan.run(groups_in_parallel),
-            None => groups_in_parallel(),
-        }
+        });
     }
 
     /// A borrowed core for a product of `mnk` multiply-adds, if it is large enough to gain
     /// from a second thread and a waiting rank offers one.
-    fn large_product_loan(&self, mnk: usize) -> Option<crate::lending::Loan<'_>> {
+    fn large_product_loan(&self, mnk: usize) -> Option<Loan<'_>> {
         self.loan(mnk >= 1 << 25, &self.borrowed.products)
     }
 
-    /// A borrowed core for row-wise work over `elements` floats, if the work is large enough
-    /// for two threads to gain (a quarter of a million floats: a few hundred microseconds)
-    /// and a waiting rank offers one. Rows are independent, so the bits do not change.
-    fn row_work_loan(&self, elements: usize) -> Option<crate::lending::Loan<'_>> {
-        self.loan(elements >= 1 << 18, &self.borrowed.row_work)
+    /// Rows per group of row-wise work over `rows × cols`, and the core a waiting rank lends
+    /// for it: two groups on a lent core if the work is large enough for two threads to gain
+    /// (a quarter of a million floats: a few hundred microseconds), else
+    /// [`Self::rows_per_group`]'s. Rows are independent, so the bits do not change.
+    fn row_groups(&self, rows: usize, cols: usize) -> (usize, Option<Loan<'_>>) {
+        let loan = (rows > 1)
+            .then(|| self.loan(rows * cols >= 1 << 18, &self.borrowed.row_work))
+            .flatten();
+        match loan {
+            Some(_) => (rows.div_ceil(2), loan),
+            None => (self.rows_per_group(rows, cols), None),
+        }
     }
 
     /// A core a waiting rank offers, for `large` enough work on a single-threaded backend,
     /// counted in `count`.
-    fn loan(&self, large: bool, count: &AtomicU64) -> Option<crate::lending::Loan<'_>> {
+    fn loan(&self, large: bool, count: &AtomicU64) -> Option<Loan<'_>> {
         if self.threads > 1 || !large {
             return None;
         }
@@ -413,16 +398,12 @@ impl Backend for CpuBackend {
         };
         let threads = if loan.is_some() { 2 } else { self.threads };
         let per_group = tasks.len().div_ceil(threads);
-        let tasks_in_parallel = || {
+        on_loan(&loan, || {
             tasks
                 .into_par_iter()
                 .with_min_len(per_group)
                 .for_each(|task| task(&single))
-        };
-        match &loan {
-            Some(loan) => loan.run(tasks_in_parallel),
-            None => tasks_in_parallel(),
-        }
+        });
     }
 
     fn matmul(&self, dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, scale: f32, accumulate: bool) {
@@ -561,17 +542,17 @@ impl Backend for CpuBackend {
         extras: NormGradExtras<'_>,
     ) -> NormBackward {
         assert_eq!(gamma.len(), dy.cols());
-        self.norm_backward_rows(dy, xhat, rstd, true, extras, |on, dx, dg, db, sums| {
-            let NormRows {
-                dy,
-                xhat,
-                rstd,
-                residual,
-            } = on;
-            kernels::layernorm_backward(
-                self.simd, dy, xhat, rstd, gamma, residual, dx, dg, db, sums,
-            )
-        })
+        let simd = self.simd;
+        self.norm_backward_rows(
+            dy,
+            xhat,
+            rstd,
+            true,
+            extras,
+            &|dy, xhat, rstd, res, dx, dg, db, sums| {
+                kernels::layernorm_backward(simd, dy, xhat, rstd, gamma, res, dx, dg, db, sums)
+            },
+        )
     }
 
     fn layernorm_forward_then_bias(
@@ -619,15 +600,17 @@ impl Backend for CpuBackend {
         extras: NormGradExtras<'_>,
     ) -> NormBackward {
         assert_eq!(gamma.len(), dy.cols());
-        self.norm_backward_rows(dy, xhat, rstd, false, extras, |on, dx, dg, _, sums| {
-            let NormRows {
-                dy,
-                xhat,
-                rstd,
-                residual,
-            } = on;
-            kernels::rmsnorm_backward(self.simd, dy, xhat, rstd, gamma, residual, dx, dg, sums)
-        })
+        let simd = self.simd;
+        self.norm_backward_rows(
+            dy,
+            xhat,
+            rstd,
+            false,
+            extras,
+            &|dy, xhat, rstd, res, dx, dg, _, sums| {
+                kernels::rmsnorm_backward(simd, dy, xhat, rstd, gamma, res, dx, dg, sums)
+            },
+        )
     }
 
     fn swiglu_forward(&self, u: &Tensor) -> Tensor {

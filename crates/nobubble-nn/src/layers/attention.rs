@@ -365,6 +365,8 @@ impl CausalSelfAttention {
         let sums =
             !self.qkv.bias_values().is_empty() && self.rope.is_none() && s.is_multiple_of(SUM_ROWS);
         let blocks_per_seq = if sums { s / SUM_ROWS } else { 0 };
+        // One chunk of block sums per sequence; without sums none, and each task gets an
+        // empty one.
         let mut partials = vec![0.0f32; n / s * blocks_per_seq * w];
         let tasks = dqkv
             .data_mut()

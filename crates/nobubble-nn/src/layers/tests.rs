@@ -168,6 +168,17 @@ pub(super) const HEADS: usize = 2;
 pub(super) const S: usize = 4;
 
 /// A GPT model of the test shape: width [`H`], [`HEADS`] heads, sequences of `s`, 2 blocks.
+/// A 2-layer micro model of hidden size `h` with two heads and sequences of `s`.
+fn two_heads(h: usize, s: usize) -> GptConfig {
+    GptConfig {
+        layers: 2,
+        hidden: h,
+        heads: 2,
+        seq_len: s,
+        ..GptConfig::micro()
+    }
+}
+
 pub(super) fn config(s: usize) -> GptConfig {
     GptConfig {
         layers: 2,
@@ -220,14 +231,7 @@ fn attention_in_whole_register_tiles_matches_naive_and_finite_differences() {
     // d = 32: the small products run whole 4 × 16 tiles (8 × 32 at AVX-512) and the packing
     // whole 8 × 8 transposes; s = 70 adds the row and column tails.
     let (h, s, n) = (64, 70, 140);
-    let cfg = GptConfig {
-        layers: 2,
-        hidden: h,
-        heads: 2,
-        seq_len: s,
-        ..GptConfig::micro()
-    };
-    let mut l = CausalSelfAttention::new("attn", &cfg, 1);
+    let mut l = CausalSelfAttention::new("attn", &two_heads(h, s), 1);
     randomize(l.params_mut(), 31);
     check_layer(&mut l, random_tensor(&[n, h], 1.0, 32), &|p, x, dy| {
         naive_attn(p, x, dy, n, 2, s)
@@ -240,14 +244,7 @@ fn attention_summing_its_qkv_bias_gradient_per_sequence_matches_naive_and_the_se
     // QKV bias gradient themselves (shorter sequences leave it to the linear layer).
     let (h, s, n) = (32, 128, 256);
     assert!(s % crate::backend::SUM_ROWS == 0 && s > crate::backend::SUM_ROWS);
-    let cfg = GptConfig {
-        layers: 2,
-        hidden: h,
-        heads: 2,
-        seq_len: s,
-        ..GptConfig::micro()
-    };
-    let mut l = CausalSelfAttention::new("attn", &cfg, 1);
+    let mut l = CausalSelfAttention::new("attn", &two_heads(h, s), 1);
     randomize(l.params_mut(), 51);
     let x = random_tensor(&[n, h], 1.0, 52);
     check_layer(&mut l, x.clone(), &|p, x, dy| naive_attn(p, x, dy, n, 2, s));
